@@ -1,0 +1,291 @@
+"""Reading a rotating log set: everything in order, the last N cheaply, and ``tail -F``.
+
+Readers never trust file names alone: rotation renames files under them.  A scan opens
+every file of the set first (pinning the inodes), orders them by their first ``seq``,
+and skips any record at or below the last ``seq`` already seen, so a rotation during a
+read neither repeats nor loses a record that is still on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Final
+
+from dflashd.logs.records import Record, RecordError, decode
+from dflashd.logs.writer import DEFAULT_BASENAME
+
+_BLOCK: Final = 256 * 1024
+_OPEN_RETRIES: Final = 100
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFilter:
+    """Which records a reader keeps: by run number and by source (None keeps all)."""
+
+    run: int | None = None
+    src: str | None = None
+
+    def keeps(self, record: Record) -> bool:
+        """True when the record passes both criteria."""
+        if self.run is not None and record.run != self.run:
+            return False
+        return self.src is None or record.src == self.src
+
+
+KEEP_ALL: Final = RecordFilter()
+
+
+def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
+    """The files of one set as they are named now, oldest first."""
+    pattern = re.compile(re.escape(basename) + r"\.(\d+)$")
+    numbered: list[tuple[int, Path]] = []
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match:
+            numbered.append((int(match.group(1)), entry))
+    numbered.sort(reverse=True)
+    files = [path for _, path in numbered]
+    live = directory / basename
+    if live.exists():
+        files.append(live)
+    return files
+
+
+def _parse(raw: bytes) -> Record | None:
+    try:
+        return decode(raw)
+    except RecordError:
+        return None
+
+
+def _first_seq(fh: BinaryIO) -> int | None:
+    fh.seek(0)
+    for raw in fh:
+        if not raw.endswith(b"\n"):
+            return None
+        rec = _parse(raw)
+        if rec is not None:
+            return rec.seq
+    return None
+
+
+class _OpenSet:
+    """Every file of the set opened at once, deduplicated by inode, ordered by first seq."""
+
+    def __init__(self, directory: Path, basename: str) -> None:
+        self.handles: list[tuple[int, BinaryIO]] = []
+        self.live: BinaryIO | None = None
+        # A rotation between listing and opening shifts names by one: retry until the names
+        # still point at what we opened, so no renamed file slips between two names.
+        for _ in range(_OPEN_RETRIES):
+            if self._open_all(directory, basename):
+                break
+            self.close()
+            self.handles, self.live = [], None
+        self.handles.sort(key=lambda item: item[0])
+
+    def _open_all(self, directory: Path, basename: str) -> bool:
+        seen: set[tuple[int, int]] = set()
+        opened: list[tuple[Path, tuple[int, int]]] = []
+        live_path = directory / basename
+        names = log_files(directory, basename)
+        numbers = [int(p.name.rsplit(".", 1)[1]) for p in names if p != live_path]
+        if numbers != list(range(len(numbers), 0, -1)):
+            return False  # a hole: a rotation's rename chain is in flight, or the listing raced it
+        for path in names:
+            try:
+                fh = open(path, "rb")
+            except FileNotFoundError:
+                return False
+            st = os.fstat(fh.fileno())
+            inode = (st.st_dev, st.st_ino)
+            opened.append((path, inode))
+            if inode in seen:
+                fh.close()
+                continue
+            seen.add(inode)
+            first = _first_seq(fh)
+            if path == live_path:
+                self.live = fh
+            self.handles.append((first if first is not None else 1 << 62, fh))
+        for path, inode in opened:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return False
+            if (st.st_dev, st.st_ino) != inode:
+                return False
+        return True
+
+    def close(self, keep_live: bool = False) -> None:
+        for _, fh in self.handles:
+            if keep_live and fh is self.live:
+                continue
+            fh.close()
+
+
+def _read_from(fh: BinaryIO, min_seq: int, keep: RecordFilter, last: list[int]) -> Iterator[Record]:
+    """Records of one open file with seq >= min_seq; stops before a torn (unterminated) last line."""
+    fh.seek(0)
+    offset = 0
+    for raw in fh:
+        if not raw.endswith(b"\n"):
+            break
+        offset += len(raw)
+        rec = _parse(raw)
+        if rec is None or rec.seq < min_seq or rec.seq <= last[0]:
+            continue
+        last[0] = rec.seq
+        if keep.keeps(rec):
+            yield rec
+    fh.seek(offset)
+
+
+def read_records(
+    directory: Path | str,
+    keep: RecordFilter = KEEP_ALL,
+    *,
+    basename: str = DEFAULT_BASENAME,
+    min_seq: int = 0,
+) -> Iterator[Record]:
+    """All records of the set in seq order, filtered; tolerant of rotation while reading."""
+    opened = _OpenSet(Path(directory), basename)
+    try:
+        yield from _scan(opened, keep, min_seq, [min_seq - 1])
+    finally:
+        opened.close()
+
+
+def _scan(opened: _OpenSet, keep: RecordFilter, min_seq: int, last: list[int]) -> Iterator[Record]:
+    handles = opened.handles
+    # Skip whole files that end before min_seq: a file is needed only if the next one starts after it.
+    start = 0
+    for index in range(len(handles) - 1):
+        if handles[index + 1][0] <= min_seq:
+            start = index + 1
+    for _, fh in handles[start:]:
+        yield from _read_from(fh, min_seq, keep, last)
+
+
+def _reverse_lines(fh: BinaryIO) -> Iterator[bytes]:
+    """Complete lines of a file from the last to the first, reading blocks backwards."""
+    end = fh.seek(0, os.SEEK_END)
+    carry = b""
+    first_block = True
+    while end > 0:
+        start = max(0, end - _BLOCK)
+        fh.seek(start)
+        block = fh.read(end - start) + carry
+        end = start
+        lines = block.split(b"\n")
+        carry = lines[0]
+        tail = lines[1:]
+        if first_block:
+            # The text after the last newline is a torn or in-progress record: not yet a line.
+            tail = tail[:-1]
+            first_block = False
+        yield from reversed(tail)
+    if carry and not first_block:
+        yield carry
+
+
+def last_records(
+    directory: Path | str,
+    count: int,
+    keep: RecordFilter = KEEP_ALL,
+    *,
+    basename: str = DEFAULT_BASENAME,
+) -> list[Record]:
+    """The last ``count`` matching records, oldest first, reading only the end of the set."""
+    if count <= 0:
+        return []
+    found: deque[Record] = deque()
+    opened = _OpenSet(Path(directory), basename)
+    try:
+        for _, fh in reversed(opened.handles):
+            for raw in _reverse_lines(fh):
+                rec = _parse(raw)
+                if rec is None or not keep.keeps(rec):
+                    continue
+                if found and rec.seq >= found[0].seq:
+                    continue  # same record seen through a renamed file
+                found.appendleft(rec)
+                if len(found) >= count:
+                    return list(found)
+    finally:
+        opened.close()
+    return list(found)
+
+
+def follow(
+    directory: Path | str,
+    keep: RecordFilter = KEEP_ALL,
+    *,
+    basename: str = DEFAULT_BASENAME,
+    after_seq: int = 0,
+    poll_s: float = 0.1,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Iterator[Record]:
+    """Yield records with seq > after_seq as they are written, across rotations (like ``tail -F``).
+
+    Ends when ``should_stop()`` returns True (checked at least every ``poll_s``).
+    """
+    directory = Path(directory)
+    live_path = directory / basename
+    last = [after_seq]
+    live: BinaryIO | None = None
+    pending = b""
+    try:
+        while True:
+            if live is None:
+                opened = _OpenSet(directory, basename)
+                yield from _scan(opened, keep, last[0] + 1, last)
+                live = opened.live
+                opened.close(keep_live=True)
+                pending = b""
+                if live is None:
+                    if should_stop():
+                        return
+                    time.sleep(poll_s)
+                    continue
+            chunk = live.read(_BLOCK)
+            if chunk:
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for raw in complete:
+                    rec = _parse(raw + b"\n")
+                    if rec is None or rec.seq <= last[0]:
+                        continue
+                    last[0] = rec.seq
+                    if keep.keeps(rec):
+                        yield rec
+                continue
+            if _replaced(live, live_path):
+                live.close()
+                live = None  # rescan: picks up whatever was rotated past us
+                continue
+            if should_stop():
+                return
+            time.sleep(poll_s)
+    finally:
+        if live is not None:
+            live.close()
+
+
+def _replaced(fh: BinaryIO, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return True
+    own = os.fstat(fh.fileno())
+    return (st.st_dev, st.st_ino) != (own.st_dev, own.st_ino)

@@ -1,0 +1,157 @@
+"""The log record schema (DESIGN §4) and its JSON-lines codec.
+
+Every record carries ``ts`` (RFC 3339 UTC, microseconds), ``seq`` (+1 per record,
+never reused), ``run`` (launch number) and ``src`` (``stdout``, ``stderr`` or
+``dflashd``).  Child output is always a string in ``line``; a supervisor record
+has ``event`` plus free fields.  Because the ``src`` of a child line is set by
+the supervisor from the pipe it came from, no byte a child writes can become a
+``dflashd`` record: at worst it is a ``line`` that looks like JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import orjson
+
+Source = Literal["stdout", "stderr", "dflashd"]
+SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr", "dflashd")
+CHILD_SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr")
+
+# Keys that belong to the envelope of a supervisor record; an event's fields may not use them.
+ENVELOPE_KEYS: Final[frozenset[str]] = frozenset({"ts", "seq", "run", "src", "event", "line"})
+
+
+class RecordError(ValueError):
+    """A line that is not a valid dflashd record."""
+
+
+def utc_timestamp(epoch_s: float) -> str:
+    """Format a wall-clock time as RFC 3339 UTC with microseconds (``...T12:00:00.000123Z``)."""
+    moment = _dt.datetime.fromtimestamp(epoch_s, tz=_dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_timestamp(ts: str) -> float:
+    """Inverse of :func:`utc_timestamp`: epoch seconds."""
+    return _dt.datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.UTC).timestamp()
+
+
+@dataclass(frozen=True, slots=True)
+class LineRecord:
+    """One line (or a cut piece of one) that the child wrote to stdout or stderr."""
+
+    ts: str
+    seq: int
+    run: int
+    src: Literal["stdout", "stderr"]
+    line: str
+    partial: bool = False
+    # The terminator when it was not "\n": "\r\n" or "\r" (a progress-bar redraw).
+    eol: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of this record, optional fields only when set."""
+        out: dict[str, Any] = {
+            "ts": self.ts,
+            "seq": self.seq,
+            "run": self.run,
+            "src": self.src,
+            "line": self.line,
+        }
+        if self.partial:
+            out["partial"] = True
+        if self.eol is not None:
+            out["eol"] = self.eol
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """A record written by the supervisor itself (``src`` is always ``dflashd``)."""
+
+    ts: str
+    seq: int
+    run: int
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def src(self) -> Literal["dflashd"]:
+        """Always ``dflashd``."""
+        return "dflashd"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of this record: envelope first, then the event's fields."""
+        out: dict[str, Any] = {
+            "ts": self.ts,
+            "seq": self.seq,
+            "run": self.run,
+            "src": "dflashd",
+            "event": self.event,
+        }
+        for key, value in self.fields.items():
+            if key not in ENVELOPE_KEYS:
+                out[key] = value
+        return out
+
+
+Record = LineRecord | EventRecord
+
+
+def encode(record: Record) -> bytes:
+    """One record as one JSON line, newline included."""
+    return orjson.dumps(record.to_dict(), option=orjson.OPT_APPEND_NEWLINE)
+
+
+def decode(raw: bytes | str) -> Record:
+    """Parse one JSON line back into a record; raise :class:`RecordError` when it is not one."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RecordError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise RecordError("not a JSON object")
+    try:
+        ts, seq, run, src = obj["ts"], obj["seq"], obj["run"], obj["src"]
+    except KeyError as exc:
+        raise RecordError(f"missing field {exc.args[0]!r}") from None
+    if not isinstance(ts, str) or not isinstance(seq, int) or not isinstance(run, int):
+        raise RecordError("bad envelope types")
+    if src == "dflashd":
+        event = obj.get("event")
+        if not isinstance(event, str):
+            raise RecordError("dflashd record without an event")
+        fields = {k: v for k, v in obj.items() if k not in ENVELOPE_KEYS}
+        return EventRecord(ts=ts, seq=seq, run=run, event=event, fields=fields)
+    if src in CHILD_SOURCES:
+        line = obj.get("line")
+        if not isinstance(line, str):
+            raise RecordError("child record without a string line")
+        eol = obj.get("eol")
+        return LineRecord(
+            ts=ts,
+            seq=seq,
+            run=run,
+            src=src,
+            line=line,
+            partial=bool(obj.get("partial", False)),
+            eol=eol if isinstance(eol, str) else None,
+        )
+    raise RecordError(f"unknown src {src!r}")
+
+
+def reassemble(records: list[LineRecord]) -> str:
+    """The child's text back from its line records: each line plus its terminator.
+
+    A ``partial`` record has no terminator of its own (it was cut, or the stream ended),
+    so for valid UTF-8 input this gives back exactly what the child wrote.
+    """
+    parts: list[str] = []
+    for rec in records:
+        parts.append(rec.line)
+        if not rec.partial:
+            parts.append(rec.eol if rec.eol is not None else "\n")
+    return "".join(parts)

@@ -1,0 +1,177 @@
+"""A non-blocking front for :class:`RotatingLogWriter`: a bounded queue and one writer thread.
+
+Pipe readers hand frames to :meth:`LogSink.submit_frame`, which never raises.  While the
+writer thread makes progress, a full queue makes the submitter wait (back-pressure: a
+child that floods faster than we can write is slowed, like ``tee``; nothing is lost).
+When the writer has been stuck inside one write for ``stall_s`` (a hung NFS mount, a
+dying disk), frames are dropped and counted instead, so the child never freezes inside
+``print()``; a ``log_dropped`` record says so once writing works again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+from dflashd.logs.framer import Frame
+from dflashd.logs.writer import RotatingLogWriter, WriterStats
+
+DEFAULT_MAX_QUEUE_BYTES: Final = 32 * 1024 * 1024
+DEFAULT_STALL_S: Final = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class _FrameItem:
+    run: int
+    src: str
+    frame: Frame
+    wall_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _EventItem:
+    run: int
+    event: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SinkStats:
+    """Writer counters plus what the sink itself had to drop while the disk stalled."""
+
+    writer: WriterStats
+    queued_bytes: int
+    stalled_drops_records: int
+    stalled_drops_bytes: int
+
+
+class LogSink:
+    """Owns a writer thread; safe to call from any thread."""
+
+    def __init__(
+        self,
+        writer: RotatingLogWriter,
+        *,
+        max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+        stall_s: float = DEFAULT_STALL_S,
+    ) -> None:
+        self.writer = writer
+        self._max_queue_bytes = max_queue_bytes
+        self._stall_s = stall_s
+        self._cond = threading.Condition()
+        self._queue: deque[_FrameItem | _EventItem] = deque()
+        self._queued_bytes = 0
+        self._submitted = 0
+        self._done = 0
+        self._write_started: float | None = None
+        self._closing = False
+        self._drop_records = 0
+        self._drop_bytes = 0
+        self._unreported_drop_records = 0
+        self._unreported_drop_bytes = 0
+        self._thread = threading.Thread(target=self._run, name="dflashd-log-writer", daemon=True)
+        self._thread.start()
+
+    # -- producers ----------------------------------------------------------------------
+
+    def submit_frame(self, run: int, src: str, frame: Frame, wall_s: float | None = None) -> None:
+        """Queue one frame; waits only while the writer is making progress."""
+        if not frame.lines:
+            return
+        item = _FrameItem(run, src, frame, time.time() if wall_s is None else wall_s)
+        with self._cond:
+            while self._queued_bytes >= self._max_queue_bytes and not self._closing:
+                started = self._write_started
+                if started is not None and time.monotonic() - started > self._stall_s:
+                    self._drop_records += len(frame.lines)
+                    self._drop_bytes += frame.nbytes
+                    self._unreported_drop_records += len(frame.lines)
+                    self._unreported_drop_bytes += frame.nbytes
+                    return
+                self._cond.wait(timeout=self._stall_s / 4)
+            self._queue.append(item)
+            self._queued_bytes += frame.nbytes
+            self._submitted += 1
+            self._cond.notify_all()
+
+    def submit_event(self, run: int, event: str, fields: dict[str, Any] | None = None) -> int:
+        """Queue one supervisor record (never dropped for space); returns a ticket for :meth:`wait_written`."""
+        with self._cond:
+            self._queue.append(_EventItem(run, event, dict(fields or {})))
+            self._submitted += 1
+            ticket = self._submitted
+            self._cond.notify_all()
+            return ticket
+
+    def ticket(self) -> int:
+        """A ticket covering everything submitted so far."""
+        with self._cond:
+            return self._submitted
+
+    def wait_written(self, ticket: int, timeout_s: float) -> bool:
+        """Block until every item up to ``ticket`` has been handed to the writer (or the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._done < ticket:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(timeout=remaining)
+            return True
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until everything submitted so far is written."""
+        return self.wait_written(self.ticket(), timeout_s)
+
+    # -- the writer thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closing:
+                    self._cond.wait()
+                if not self._queue and self._closing:
+                    return
+                batch = list(self._queue)
+                self._queue.clear()
+                self._write_started = time.monotonic()
+                drops = (self._unreported_drop_records, self._unreported_drop_bytes)
+                self._unreported_drop_records = self._unreported_drop_bytes = 0
+            if drops[0]:
+                self.writer.write_event(
+                    self.writer.last_run,
+                    "log_dropped",
+                    {"records": drops[0], "bytes": drops[1], "error": "disk stalled"},
+                )
+            freed = 0
+            for item in batch:
+                # Per write, not per batch: a big batch on a slow but working disk is not a stall.
+                self._write_started = time.monotonic()
+                if isinstance(item, _FrameItem):
+                    self.writer.write_frame(item.run, item.src, item.frame, item.wall_s)
+                    freed += item.frame.nbytes
+                else:
+                    self.writer.write_event(item.run, item.event, item.fields)
+            with self._cond:
+                self._write_started = None
+                self._queued_bytes -= freed
+                self._done += len(batch)
+                self._cond.notify_all()
+
+    def stats(self) -> SinkStats:
+        """Counters for status and metrics."""
+        with self._cond:
+            queued, records, nbytes = self._queued_bytes, self._drop_records, self._drop_bytes
+        return SinkStats(self.writer.stats(), queued, records, nbytes)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued (up to the timeout), stop the thread and close the file."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.writer.close()

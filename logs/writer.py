@@ -1,0 +1,353 @@
+"""A rotating JSON-lines writer: whole records only, rotation by rename, bounded total.
+
+Files: ``<dir>/<base>`` is the live file, ``<base>.1`` the newest rotated one, up to
+``<base>.<backups>``.  A batch of records is one ``write(2)`` on an ``O_APPEND`` fd, so a
+reader never sees half a batch from a healthy disk, and a failed write is truncated
+back so the file holds whole records only.
+
+``seq`` is strictly increasing across rotations and across reopening the directory
+after a crash: the writer continues from the last complete record on disk and cuts
+off a torn last line.
+
+Write failures (disk full, file gone read-only) are counted, never raised: the caller
+is a pipe-draining path.  When writing works again, a ``log_dropped`` record says how
+much was lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import chain, repeat
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from dflashd.logs.framer import Frame
+from dflashd.logs.records import ENVELOPE_KEYS, utc_timestamp
+
+DEFAULT_BASENAME: Final = "dflashd.jsonl"
+DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
+DEFAULT_BACKUPS: Final = 10
+_TAIL_SCAN_BYTES: Final = 1 << 20
+_VANISH_CHECK_S: Final = 1.0
+
+
+class LogWriterError(Exception):
+    """The log cannot be opened at all (missing permission, not a directory): a clear, one-line cause."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStats:
+    """Counters a caller can report (``status``, metrics)."""
+
+    records_written: int
+    bytes_written: int
+    records_dropped: int
+    bytes_dropped: int
+    write_errors: int
+    rotations: int
+    last_error: str | None
+
+
+def rotated_paths(directory: Path, basename: str, backups: int) -> list[Path]:
+    """All file names of one log set, oldest first (``base.N`` … ``base.1``, ``base``)."""
+    return [directory / f"{basename}.{i}" for i in range(backups, 0, -1)] + [directory / basename]
+
+
+def _last_complete_line(path: Path) -> tuple[bytes | None, int]:
+    """The last newline-terminated line of ``path`` and the size of the file up to its end.
+
+    Scans backwards in blocks, so a 100 MiB file costs one or two reads.
+    """
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        end = size
+        tail = b""
+        while end > 0:
+            start = max(0, end - _TAIL_SCAN_BYTES)
+            fh.seek(start)
+            tail = fh.read(end - start) + tail
+            end = start
+            last_nl = tail.rfind(b"\n")
+            if last_nl == -1:
+                continue
+            good_size = end + last_nl + 1
+            prev_nl = tail.rfind(b"\n", 0, last_nl)
+            if prev_nl != -1 or end == 0:
+                return tail[prev_nl + 1 : last_nl], good_size
+        return None, 0
+
+
+class RotatingLogWriter:
+    """Appends records to a rotating set of JSON-lines files. Thread-safe."""
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        basename: str = DEFAULT_BASENAME,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        backups: int = DEFAULT_BACKUPS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_bytes < 1024:
+            raise ValueError("max_bytes must be at least 1024")
+        if backups < 0:
+            raise ValueError("backups must be >= 0")
+        self.directory = Path(directory)
+        self.basename = basename
+        self.path = self.directory / basename
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._records_written = 0
+        self._bytes_written = 0
+        self._records_dropped = 0
+        self._bytes_dropped = 0
+        self._unreported_records = 0
+        self._unreported_bytes = 0
+        self._write_errors = 0
+        self._rotations = 0
+        self._last_error: str | None = None
+        self._next_check = 0.0
+        self.torn_bytes = 0
+        self.last_run = 0
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.next_seq = self._recover()
+            self._fd = self._open()
+        except OSError as exc:
+            raise LogWriterError(f"cannot open log {self.path}: {exc.strerror or exc}") from None
+
+    # -- opening and recovery ---------------------------------------------------------
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        st = os.fstat(fd)
+        self._size = st.st_size
+        self._inode = (st.st_dev, st.st_ino)
+        return fd
+
+    def _recover(self) -> int:
+        """The next seq after the last complete record on disk; cuts a torn tail off the live file."""
+        for path in reversed(rotated_paths(self.directory, self.basename, self.backups)):
+            if not path.exists() or path.stat().st_size == 0:
+                continue
+            line, good_size = _last_complete_line(path)
+            size = path.stat().st_size
+            if path == self.path and good_size < size:
+                # A crash mid-write left a torn record: keep whole records only.
+                self.torn_bytes = size - good_size
+                os.truncate(path, good_size)
+            if line is None:
+                continue
+            try:
+                obj = orjson.loads(line)
+                self.last_run = int(obj.get("run", 0))
+                return int(obj["seq"]) + 1
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+        return 1
+
+    # -- encoding -----------------------------------------------------------------------
+
+    def _encode_frame(self, run: int, src: str, frame: Frame, ts: str, seq0: int) -> bytes:
+        count = len(frame.lines)
+        if frame.flags is None:
+            # Fast path: one orjson call for the whole frame.  Inside a JSON string every '"'
+            # is escaped, so '","' only ever occurs between two array elements.
+            parts = orjson.dumps(frame.lines)[2:-2].split(b'","')
+            if len(parts) == count:
+                head = b'{"ts":"' + ts.encode() + b'","seq":'
+                mid = b',"run":%d,"src":"%s","line":"' % (run, src.encode())
+                seqs = map(b"%d".__mod__, range(seq0, seq0 + count))
+                return b"".join(
+                    chain.from_iterable(
+                        zip(
+                            repeat(head, count),
+                            seqs,
+                            repeat(mid, count),
+                            parts,
+                            repeat(b'"}\n', count),
+                            strict=True,
+                        )
+                    )
+                )
+        flags = frame.flags if frame.flags is not None else [(False, None)] * count
+        out = []
+        for offset, (line, (partial, eol)) in enumerate(zip(frame.lines, flags, strict=True)):
+            obj: dict[str, Any] = {
+                "ts": ts,
+                "seq": seq0 + offset,
+                "run": run,
+                "src": src,
+                "line": line,
+            }
+            if partial:
+                obj["partial"] = True
+            if eol is not None:
+                obj["eol"] = eol
+            out.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+        return b"".join(out)
+
+    @staticmethod
+    def _encode_event(run: int, event: str, fields: dict[str, Any], ts: str, seq: int) -> bytes:
+        obj: dict[str, Any] = {"ts": ts, "seq": seq, "run": run, "src": "dflashd", "event": event}
+        for key, value in fields.items():
+            if key not in ENVELOPE_KEYS:
+                obj[key] = value
+        return orjson.dumps(
+            obj, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY, default=str
+        )
+
+    # -- writing ------------------------------------------------------------------------
+
+    def write_frame(self, run: int, src: str, frame: Frame, wall_s: float | None = None) -> bool:
+        """Write the lines of one frame as ``src`` records of ``run``. Never raises on I/O failure."""
+        if not frame.lines:
+            return True
+        ts = utc_timestamp(self._clock() if wall_s is None else wall_s)
+        with self._lock:
+            if self._unreported_records:
+                self._report_drops()
+            data = self._encode_frame(run, src, frame, ts, self.next_seq)
+            self.last_run = run
+            return self._append(data, len(frame.lines))
+
+    def write_event(self, run: int, event: str, fields: dict[str, Any] | None = None) -> int | None:
+        """Write one supervisor record; returns its seq, or None when it was dropped."""
+        ts = utc_timestamp(self._clock())
+        with self._lock:
+            if self._unreported_records:
+                self._report_drops()
+            seq = self.next_seq
+            data = self._encode_event(run, event, fields or {}, ts, seq)
+            self.last_run = run
+            return seq if self._append(data, 1) else None
+
+    def _append(self, data: bytes, count: int) -> bool:
+        if not self._write_all(data):
+            self._records_dropped += count
+            self._bytes_dropped += len(data)
+            self._unreported_records += count
+            self._unreported_bytes += len(data)
+            return False
+        self.next_seq += count
+        self._records_written += count
+        self._bytes_written += len(data)
+        if self._size >= self.max_bytes:
+            self._rotate()
+        return True
+
+    def _report_drops(self) -> None:
+        ts = utc_timestamp(self._clock())
+        fields = {
+            "records": self._unreported_records,
+            "bytes": self._unreported_bytes,
+            "error": self._last_error,
+        }
+        data = self._encode_event(self.last_run, "log_dropped", fields, ts, self.next_seq)
+        if self._write_all(data):
+            self.next_seq += 1
+            self._records_written += 1
+            self._bytes_written += len(data)
+            self._unreported_records = 0
+            self._unreported_bytes = 0
+
+    def _write_all(self, data: bytes) -> bool:
+        """One append; on failure the file is cut back so it holds whole records only."""
+        self._check_vanished()
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, view[written:])
+        except OSError as exc:
+            self._write_errors += 1
+            self._last_error = f"{errno.errorcode.get(exc.errno or 0, 'EIO')}: {exc.strerror}"
+            if written:
+                try:
+                    os.ftruncate(self._fd, self._size)
+                except OSError:
+                    pass
+            return False
+        self._size += written
+        return True
+
+    def _check_vanished(self) -> None:
+        """Reopen when the live file was deleted or replaced under us (at most once a second)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + _VANISH_CHECK_S
+        try:
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._inode:
+                return
+        except OSError:
+            pass
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = self._open()
+        except OSError as exc:
+            self._last_error = f"cannot reopen {self.path}: {exc.strerror}"
+            return
+        os.close(self._fd)
+        self._fd = fd
+
+    def _rotate(self) -> None:
+        os.close(self._fd)
+        try:
+            if self.backups == 0:
+                os.unlink(self.path)
+            else:
+                for i in range(self.backups - 1, 0, -1):
+                    older = self.directory / f"{self.basename}.{i}"
+                    if older.exists():
+                        os.rename(older, self.directory / f"{self.basename}.{i + 1}")
+                os.rename(self.path, self.directory / f"{self.basename}.1")
+        except FileNotFoundError:
+            pass  # someone removed the files; start a fresh one below
+        self._rotations += 1
+        try:
+            self._fd = self._open()
+        except OSError as exc:
+            self._last_error = f"cannot open {self.path} after rotation: {exc.strerror}"
+            self._fd = os.open(os.devnull, os.O_WRONLY)
+            self._inode = (-1, -1)
+            self._next_check = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def stats(self) -> WriterStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return WriterStats(
+                records_written=self._records_written,
+                bytes_written=self._bytes_written,
+                records_dropped=self._records_dropped,
+                bytes_dropped=self._bytes_dropped,
+                write_errors=self._write_errors,
+                rotations=self._rotations,
+                last_error=self._last_error,
+            )
+
+    def close(self) -> None:
+        """Close the live file (idempotent)."""
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> RotatingLogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

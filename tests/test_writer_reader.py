@@ -1,0 +1,172 @@
+"""The rotating writer and the readers, on real files."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from dflashd.logs import (
+    EventRecord,
+    Frame,
+    LineRecord,
+    LogSink,
+    LogWriterError,
+    RecordFilter,
+    RotatingLogWriter,
+    follow,
+    last_records,
+    log_files,
+    read_records,
+)
+
+
+def lines_frame(lines: list[str]) -> Frame:
+    """A fast-path frame of complete lines."""
+    return Frame(lines, None, sum(len(x) + 1 for x in lines))
+
+
+def write_numbered(
+    writer: RotatingLogWriter, count: int, run: int = 1, src: str = "stdout"
+) -> None:
+    """Write `count` lines, ten per frame, each naming its own number."""
+    for start in range(0, count, 10):
+        writer.write_frame(
+            run, src, lines_frame([f"line {i:06d}" for i in range(start, min(count, start + 10))])
+        )
+
+
+def test_rotation_keeps_whole_records_and_bounds_the_total(tmp_path: Path) -> None:
+    """Rotation renames at max_bytes, keeps `backups` files and only whole JSON lines."""
+    with RotatingLogWriter(tmp_path, max_bytes=4096, backups=3) as writer:
+        write_numbered(writer, 5000)
+        assert writer.stats().rotations > 10
+    files = log_files(tmp_path)
+    assert [p.name for p in files] == [
+        "dflashd.jsonl.3",
+        "dflashd.jsonl.2",
+        "dflashd.jsonl.1",
+        "dflashd.jsonl",
+    ]
+    for path in files:
+        data = path.read_bytes()
+        assert data == b"" or data.endswith(b"\n")
+        assert len(data) < 4096 + 2048  # one batch past the threshold at most
+    seqs = [r.seq for r in read_records(tmp_path)]
+    assert seqs == list(range(seqs[0], 5001))  # contiguous, ending with the last record
+
+
+def test_seq_continues_after_reopen_and_a_torn_last_line(tmp_path: Path) -> None:
+    """A crash mid-record leaves a torn line: reopening cuts it and continues the seq."""
+    with RotatingLogWriter(tmp_path, max_bytes=1 << 20) as writer:
+        write_numbered(writer, 30, run=4)
+    live = tmp_path / "dflashd.jsonl"
+    with open(live, "ab") as fh:
+        fh.write(b'{"ts":"2026-01-01T00:00:00.0Z","seq":31,"run":4,"src":"std')
+    with RotatingLogWriter(tmp_path, max_bytes=1 << 20) as writer:
+        assert writer.torn_bytes > 0
+        assert writer.next_seq == 31
+        assert writer.last_run == 4
+        writer.write_event(5, "spawn", {"argv": ["x"]})
+    records = list(read_records(tmp_path))
+    assert [r.seq for r in records] == list(range(1, 32))
+    assert isinstance(records[-1], EventRecord) and records[-1].event == "spawn"
+
+
+def test_seq_continues_from_rotated_file_when_live_file_is_empty(tmp_path: Path) -> None:
+    """Right after a rotation the live file is empty: the seq comes from the newest backup."""
+    with RotatingLogWriter(tmp_path, max_bytes=1024, backups=2) as writer:
+        write_numbered(writer, 40)
+        last = writer.next_seq
+    (tmp_path / "dflashd.jsonl").write_bytes(b"")
+    with RotatingLogWriter(tmp_path, max_bytes=1024, backups=2) as writer:
+        assert writer.next_seq == last
+
+
+def test_unopenable_directory_is_a_clear_error(tmp_path: Path) -> None:
+    """A log directory that cannot be created raises LogWriterError naming the path."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(LogWriterError, match=r"cannot open log .*file/logs"):
+        RotatingLogWriter(blocker / "logs")
+
+
+def test_disk_full_is_counted_then_reported(tmp_path: Path) -> None:
+    """Writes to a full device (/dev/full) are dropped and counted, then reported as log_dropped."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    writer = RotatingLogWriter(tmp_path, max_bytes=1 << 20)
+    writer.write_event(1, "spawn", {})
+    live = tmp_path / "dflashd.jsonl"
+    live.unlink()
+    live.symlink_to("/dev/full")
+    writer._next_check = 0.0  # look at the path again now instead of within a second
+    assert writer.write_frame(1, "stdout", lines_frame(["lost one", "lost two"])) is False
+    stats = writer.stats()
+    assert stats.records_dropped == 2 and stats.write_errors == 1
+    assert stats.last_error is not None and "ENOSPC" in stats.last_error
+    live.unlink()
+    writer._next_check = 0.0
+    assert writer.write_frame(1, "stdout", lines_frame(["back"])) is True
+    writer.close()
+    records = list(read_records(tmp_path))
+    assert isinstance(records[0], EventRecord) and records[0].event == "log_dropped"
+    assert records[0].fields["records"] == 2 and "ENOSPC" in records[0].fields["error"]
+    assert isinstance(records[1], LineRecord) and records[1].line == "back"
+    assert records[1].seq == records[0].seq + 1
+
+
+def test_last_records_reads_only_the_end(tmp_path: Path) -> None:
+    """last_records returns the last N matching records across files, in order."""
+    with RotatingLogWriter(tmp_path, max_bytes=2048, backups=50) as writer:
+        write_numbered(writer, 300, run=1, src="stdout")
+        write_numbered(writer, 5, run=2, src="stderr")
+        write_numbered(writer, 300, run=2, src="stdout")
+    tail = last_records(tmp_path, 7, RecordFilter(run=2, src="stderr"))
+    assert [r.line for r in tail if isinstance(r, LineRecord)] == [
+        f"line {i:06d}" for i in range(5)
+    ]
+    last3 = last_records(tmp_path, 3)
+    assert [r.seq for r in last3] == [603, 604, 605]
+
+
+def test_follow_survives_rotation_under_concurrent_writing(tmp_path: Path) -> None:
+    """A follower sees every record exactly once while the writer rotates many times."""
+    total = 20_000
+    writer = RotatingLogWriter(tmp_path, max_bytes=8192, backups=400)
+    done = threading.Event()
+    seen: list[int] = []
+
+    def produce() -> None:
+        write_numbered(writer, total)
+        done.set()
+
+    def consume() -> None:
+        for rec in follow(
+            tmp_path, poll_s=0.01, should_stop=lambda: done.is_set() and len(seen) >= total
+        ):
+            seen.append(rec.seq)
+
+    follower = threading.Thread(target=consume)
+    follower.start()
+    producer = threading.Thread(target=produce)
+    producer.start()
+    producer.join(60)
+    follower.join(60)
+    writer.close()
+    assert not follower.is_alive()
+    assert writer.stats().rotations > 50
+    assert seen == list(range(1, total + 1))
+
+
+def test_sink_writes_in_submission_order_and_flushes(tmp_path: Path) -> None:
+    """The sink's writer thread keeps order between frames and events; flush waits for both."""
+    sink = LogSink(RotatingLogWriter(tmp_path))
+    sink.submit_event(1, "spawn", {"argv": ["a"]})
+    sink.submit_frame(1, "stdout", lines_frame(["one", "two"]))
+    sink.submit_event(1, "exit", {"exit_code": 0})
+    assert sink.flush(5.0)
+    kinds = [r.event if isinstance(r, EventRecord) else r.line for r in read_records(tmp_path)]
+    assert kinds == ["spawn", "one", "two", "exit"]
+    sink.close()

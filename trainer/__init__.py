@@ -1,0 +1,1 @@
+"""dflashd.trainer: the threaded DFlash drafter trainer, dflashd's embedded default job."""
