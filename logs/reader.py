@@ -249,7 +249,11 @@ def follow(
         while True:
             if live is None:
                 opened = _OpenSet(directory, basename)
-                yield from _scan(opened, keep, last[0] + 1, last)
+                try:
+                    yield from _scan(opened, keep, last[0] + 1, last)
+                except BaseException:
+                    opened.close()
+                    raise
                 live = opened.live
                 opened.close(keep_live=True)
                 pending = b""

@@ -1,0 +1,144 @@
+"""Draining one child pipe into a log sink, on a thread of its own.
+
+A :class:`PipeDrain` reads until end of file (which may come long after the child died,
+if a grandchild holds the pipe), frames the bytes and hands them to the sink.  It never
+waits on anything but ``read(2)`` and the sink's back-pressure, so a child never freezes
+inside ``print()`` because the supervisor is busy elsewhere.
+
+The supervisor can ask it, once the child is dead, to catch up with everything already
+in the pipe (:meth:`PipeDrain.catch_up`), so the ``exit`` record follows the child's
+last words instead of racing them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import termios
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
+from dflashd.logs.sink import LogSink
+
+READ_BYTES: Final = 256 * 1024
+PIPE_BYTES: Final = 1 << 20
+F_SETPIPE_SZ: Final = 1031
+
+LinesCallback = Callable[[str, list[str]], None]
+
+
+def grow_pipe(fd: int, size: int = PIPE_BYTES) -> None:
+    """Ask Linux for a larger pipe buffer (absorbs bursts); silently keep the default if refused."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, size)
+    except OSError:
+        pass
+
+
+def pending_bytes(fd: int) -> int:
+    """Bytes sitting unread in a pipe (FIONREAD)."""
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return 0
+    return int.from_bytes(buf, "little")
+
+
+class PipeDrain:
+    """Reads one pipe of one run to its end; tracks the last lines for the ``exit`` record."""
+
+    def __init__(
+        self,
+        fd: int,
+        *,
+        run: int,
+        src: str,
+        sink: LogSink,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        tail_lines: int = 20,
+        on_lines: LinesCallback | None = None,
+    ) -> None:
+        self.fd = fd
+        self.run = run
+        self.src = src
+        self._sink = sink
+        self._framer = LineFramer(max_line_bytes)
+        self._framer_lock = threading.Lock()
+        self._on_lines = on_lines
+        self._cond = threading.Condition()
+        self.consumed_bytes = 0
+        self.line_count = 0
+        self.eof = False
+        self.error: str | None = None
+        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self._thread = threading.Thread(
+            target=self._run, name=f"dflashd-drain-{src}-{run}", daemon=True
+        )
+        self._thread.start()
+
+    def _emit(self, frame: Frame | None) -> None:
+        if frame is None or not frame.lines:
+            return
+        self.line_count += len(frame.lines)
+        self.tail.extend(frame.lines[-self.tail.maxlen :] if self.tail.maxlen else ())
+        self._sink.submit_frame(self.run, self.src, frame)
+        if self._on_lines is not None:
+            self._on_lines(self.src, frame.lines)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    chunk = os.read(self.fd, READ_BYTES)
+                except InterruptedError:
+                    continue
+                except OSError as exc:
+                    self.error = exc.strerror
+                    chunk = b""
+                if not chunk:
+                    break
+                with self._framer_lock:
+                    self._emit(self._framer.feed(chunk))
+                with self._cond:
+                    self.consumed_bytes += len(chunk)
+                    self._cond.notify_all()
+            with self._framer_lock:
+                self._emit(self._framer.flush())
+        finally:
+            os.close(self.fd)
+            with self._cond:
+                self.eof = True
+                self._cond.notify_all()
+
+    def catch_up(self, timeout_s: float) -> bool:
+        """Wait until everything in the pipe right now is framed (or EOF); then cut a pending partial.
+
+        Called after the child died: whatever it wrote is already in the pipe, so this is
+        quick, and a grandchild that keeps writing does not hold it up.
+        """
+        with self._cond:
+            if self.eof:
+                return True
+            target = self.consumed_bytes + pending_bytes(self.fd)
+            deadline = time.monotonic() + timeout_s
+            while not self.eof and self.consumed_bytes < target:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            if self.eof:
+                return True
+        # The child's unterminated last line: a death is a boundary, record it now as partial.
+        with self._framer_lock:
+            self._emit(self._framer.flush())
+        return True
+
+    def wait_eof(self, timeout_s: float) -> bool:
+        """Wait for the end of the stream (every writer gone)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.eof, timeout_s)

@@ -1,0 +1,5 @@
+"""``python -m dflashd.supervisor`` is the ``dflashd`` command (the detached daemon re-executes it)."""
+
+from dflashd.supervisor.cli import main
+
+main()

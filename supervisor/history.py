@@ -1,0 +1,88 @@
+"""runs.sqlite: one row per run, so ``status`` can show restarts by verdict and a crash loop's story."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run INTEGER PRIMARY KEY,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    pid INTEGER,
+    argv TEXT,
+    verdict TEXT,
+    reason TEXT,
+    exit_code INTEGER,
+    signal TEXT,
+    first_step_s REAL,
+    last_step INTEGER
+)
+"""
+
+
+class RunHistory:
+    """A small wrapper; every call is one short transaction."""
+
+    def __init__(self, path: Path) -> None:
+        self._db = sqlite3.connect(path, timeout=2.0, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(_SCHEMA)
+
+    def last_run(self) -> int:
+        """The highest run number recorded (0 when none)."""
+        row = self._db.execute("SELECT MAX(run) FROM runs").fetchone()
+        return int(row[0] or 0)
+
+    def started(self, run: int, started_at: float, pid: int | None, argv: str) -> None:
+        """Record a launch (pid None for a launch that failed to exec)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO runs (run, started_at, pid, argv) VALUES (?, ?, ?, ?)",
+            (run, started_at, pid, argv),
+        )
+
+    def ended(
+        self,
+        run: int,
+        *,
+        ended_at: float,
+        verdict: str,
+        reason: str,
+        exit_code: int | None,
+        signal: str | None,
+        first_step_s: float | None,
+        last_step: int | None,
+    ) -> None:
+        """Record how a run ended."""
+        self._db.execute(
+            "UPDATE runs SET ended_at=?, verdict=?, reason=?, exit_code=?, signal=?, first_step_s=?, "
+            "last_step=? WHERE run=?",
+            (ended_at, verdict, reason, exit_code, signal, first_step_s, last_step, run),
+        )
+
+    def verdict_counts(self) -> dict[str, int]:
+        """How many runs ended with each verdict."""
+        rows = self._db.execute(
+            "SELECT verdict, COUNT(*) FROM runs WHERE verdict IS NOT NULL GROUP BY verdict"
+        )
+        return {str(v): int(n) for v, n in rows}
+
+    def recent(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The last ``limit`` runs, newest first."""
+        cur = self._db.execute("SELECT * FROM runs ORDER BY run DESC LIMIT ?", (limit,))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+
+def open_history(path: Path) -> RunHistory | None:
+    """The history, or None when sqlite cannot open it (status then simply shows less)."""
+    try:
+        return RunHistory(path)
+    except sqlite3.Error:
+        return None

@@ -1,0 +1,148 @@
+"""Launching the child in its own session, and signalling what we started.
+
+The child gets its own session (so its whole process group can be signalled), a parent
+death signal (so a SIGKILLed daemon does not leave it holding the GPUs), pipes for
+stdout and stderr, and the environment of DESIGN §6.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from dflashd.logs.pump import grow_pipe
+
+PR_SET_PDEATHSIG: Final = 1
+# Variables systemd gives *us*; the child must get dflashd's NOTIFY_SOCKET, never systemd's.
+_DAEMON_ONLY_ENV: Final = (
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnvironment:
+    """Where the child's dflashd-owned state lives."""
+
+    notify_socket: Path
+    cache_dir: Path
+    run: int
+
+
+def dflashd_env(spec: ChildEnvironment) -> dict[str, str]:
+    """The variables dflashd sets for every child (their keys go into the ``spawn`` record)."""
+    return {
+        "NOTIFY_SOCKET": str(spec.notify_socket),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        "DFLASHD_RUN": str(spec.run),
+        "TORCHINDUCTOR_CACHE_DIR": str(spec.cache_dir / "torchinductor"),
+        "TRITON_CACHE_DIR": str(spec.cache_dir / "triton"),
+    }
+
+
+def child_environ(
+    base: Mapping[str, str], extra: Mapping[str, str], spec: ChildEnvironment
+) -> dict[str, str]:
+    """The child's environment: ours minus systemd's daemon-only variables, then the config's, then dflashd's."""
+    env = {k: v for k, v in base.items() if k not in _DAEMON_ONLY_ENV}
+    env.update(extra)
+    env.update(dflashd_env(spec))
+    return env
+
+
+def _in_child(parent_pid: int, death_signal: int) -> None:
+    """Runs between fork and exec: die with the daemon, even if it is SIGKILLed."""
+    _prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the daemon died before prctl took effect
+        os.kill(os.getpid(), death_signal)
+
+
+@dataclass(slots=True)
+class Launched:
+    """A running child: its process, and the read ends of its pipes."""
+
+    process: subprocess.Popen[bytes]
+    stdout_fd: int
+    stderr_fd: int
+
+    @property
+    def pid(self) -> int:
+        """The child's pid, which is also its process group and session id."""
+        return self.process.pid
+
+
+def spawn(
+    argv: tuple[str, ...],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    death_signal: int = signal.SIGTERM,
+) -> Launched:
+    """Fork and exec ``argv``; raises OSError (with the OS's reason) when exec fails."""
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    grow_pipe(out_r)
+    grow_pipe(err_r)
+    parent = os.getpid()
+    try:
+        process = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=err_w,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=lambda: _in_child(parent, death_signal),  # noqa: PLW1509 (only prctl runs there)
+        )
+    except BaseException:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return Launched(process, out_r, err_r)
+
+
+def signal_group(pgid: int, signum: int) -> bool:
+    """Signal a whole process group we started; False when nothing is left in it."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the group exists (zombies included until reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True
+
+
+def set_child_subreaper() -> bool:
+    """Make orphaned descendants ours to reap (PR_SET_CHILD_SUBREAPER); False where unsupported."""
+    return int(_prctl(36, 1, 0, 0, 0)) == 0

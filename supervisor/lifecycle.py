@@ -1,0 +1,49 @@
+"""The daemon's lifecycle as an explicit state machine (STYLE §3)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class State(StrEnum):
+    """What the daemon is doing (``status`` shows the value)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKOFF = "backoff"
+    FATAL = "fatal"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class Phase(StrEnum):
+    """Where the current (or last) child is in its life."""
+
+    LAUNCHING = "launching"
+    WARMING_UP = "warming_up"
+    TRAINING = "training"
+    EXITED = "exited"
+
+
+class IllegalTransition(RuntimeError):
+    """A transition the table does not allow: a bug in the daemon, never user input."""
+
+
+TRANSITIONS: Final[dict[State, frozenset[State]]] = {
+    State.STARTING: frozenset(
+        {State.RUNNING, State.BACKOFF, State.FATAL, State.STOPPING, State.STOPPED}
+    ),
+    State.RUNNING: frozenset({State.BACKOFF, State.FATAL, State.STOPPING, State.STOPPED}),
+    State.BACKOFF: frozenset({State.STARTING, State.STOPPING, State.STOPPED}),
+    State.FATAL: frozenset({State.STOPPING, State.STOPPED}),
+    State.STOPPING: frozenset({State.STOPPED}),
+    State.STOPPED: frozenset(),
+}
+
+
+def transition(current: State, target: State) -> State:
+    """Return ``target`` if the edge ``current -> target`` is allowed; raise otherwise."""
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransition(f"{current.value} -> {target.value}")
+    return target

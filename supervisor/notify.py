@@ -1,0 +1,143 @@
+"""The child protocol (DESIGN §6): systemd's sd_notify wire format on a datagram socket.
+
+:func:`parse_notify` is pure.  :class:`NotifyServer` is the socket dflashd gives the
+child as ``NOTIFY_SOCKET``; it reads the sender's pid from the kernel (SCM_CREDENTIALS)
+so a message from a previous run's leftover process is not taken as this run's progress.
+:func:`notify_systemd` is the other direction: dflashd telling systemd about itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+_MAX_DATAGRAM: Final = 4096
+_CREDS: Final = struct.Struct("iII")
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyMessage:
+    """One datagram's worth of assignments, with what dflashd understands pulled out."""
+
+    ready: bool = False
+    stopping: bool = False
+    watchdog: bool = False
+    step: int | None = None
+    status: str | None = None
+    extend_timeout_us: int | None = None
+    sender_pid: int | None = None
+
+    @property
+    def is_progress(self) -> bool:
+        """READY, STEP or WATCHDOG: the child is alive and moving."""
+        return self.ready or self.watchdog or self.step is not None
+
+
+def parse_notify(data: bytes, sender_pid: int | None = None) -> NotifyMessage:
+    """Parse ``KEY=VALUE`` lines; unknown keys and malformed values are ignored, like systemd does."""
+    fields: dict[str, str] = {}
+    for raw in data.decode("utf-8", "replace").split("\n"):
+        key, sep, value = raw.partition("=")
+        if sep:
+            fields[key.strip()] = value
+    step: int | None = None
+    extend: int | None = None
+    try:
+        step = int(fields["STEP"]) if "STEP" in fields else None
+    except ValueError:
+        step = None
+    try:
+        extend = int(fields["EXTEND_TIMEOUT_USEC"]) if "EXTEND_TIMEOUT_USEC" in fields else None
+    except ValueError:
+        extend = None
+    return NotifyMessage(
+        ready=fields.get("READY") == "1",
+        stopping=fields.get("STOPPING") == "1",
+        watchdog=fields.get("WATCHDOG") == "1",
+        step=step,
+        status=fields.get("STATUS"),
+        extend_timeout_us=extend,
+        sender_pid=sender_pid,
+    )
+
+
+class NotifyServer:
+    """A non-blocking datagram socket bound at ``path``; the daemon's selector watches ``fileno()``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.unlink(missing_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o600)
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        """For the selector."""
+        return self.sock.fileno()
+
+    def receive(self) -> list[NotifyMessage]:
+        """Every datagram waiting now."""
+        out: list[NotifyMessage] = []
+        while True:
+            try:
+                data, ancdata, _, _ = self.sock.recvmsg(
+                    _MAX_DATAGRAM, socket.CMSG_SPACE(_CREDS.size)
+                )
+            except (BlockingIOError, InterruptedError):
+                return out
+            pid: int | None = None
+            for level, kind, payload in ancdata:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    pid = _CREDS.unpack(payload[: _CREDS.size])[0]
+            out.append(parse_notify(data, pid))
+
+    def close(self) -> None:
+        """Close and remove the socket file."""
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
+def send_notify(socket_path: str, message: str) -> bool:
+    """Send one sd_notify datagram (abstract ``@`` addresses included); False when it cannot be sent."""
+    if not socket_path:
+        return False
+    address = "\0" + socket_path[1:] if socket_path.startswith("@") else socket_path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.connect(address)
+            sock.sendall(message.encode())
+    except OSError:
+        return False
+    return True
+
+
+class SystemdNotifier:
+    """dflashd's own link to systemd (Type=notify); a no-op when NOTIFY_SOCKET was not set."""
+
+    def __init__(self, socket_path: str | None, watchdog_usec: int | None) -> None:
+        self.socket_path = socket_path or ""
+        self.watchdog_interval_s = watchdog_usec / 2e6 if watchdog_usec else None
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str]) -> SystemdNotifier:
+        """Take NOTIFY_SOCKET / WATCHDOG_USEC meant for us (WATCHDOG_PID must be ours if set)."""
+        watchdog: int | None = None
+        pid = environ.get("WATCHDOG_PID")
+        if environ.get("WATCHDOG_USEC", "").isdigit() and (pid is None or pid == str(os.getpid())):
+            watchdog = int(environ["WATCHDOG_USEC"])
+        return cls(environ.get("NOTIFY_SOCKET"), watchdog)
+
+    @property
+    def enabled(self) -> bool:
+        """True under systemd with Type=notify."""
+        return bool(self.socket_path)
+
+    def notify(self, message: str) -> bool:
+        """Send ``message`` if enabled."""
+        return send_notify(self.socket_path, message) if self.enabled else False

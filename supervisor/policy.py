@@ -1,0 +1,98 @@
+"""The restart policy: a pure function from a verdict and the history to an action.
+
+Early deaths (a run that never reached its first step) and runtime crashes have separate
+budgets.  The early budget is reset by a run that reaches its first step; the runtime
+budget (and the backoff exponent) by ``stable_after_s`` of progress.  Backoff doubles per
+consecutive failure, with ±20 % jitter, and never exceeds the ceiling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Final
+
+from dflashd.supervisor.config import RestartConfig
+from dflashd.supervisor.verdicts import EARLY_DEATHS, Verdict
+
+_JITTER: Final = 0.2
+
+
+class Action(StrEnum):
+    """What the daemon does next."""
+
+    RESTART = "restart"
+    FATAL = "fatal"
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class RestartHistory:
+    """The counters the policy keeps between runs."""
+
+    early_deaths: int = 0
+    runtime_crashes: int = 0
+    consecutive_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The action, its delay, whether to clear the owned caches, why, and the history after it."""
+
+    action: Action
+    delay_s: float
+    clear_cache: bool
+    reason: str
+    history: RestartHistory
+
+
+def backoff_delay(failures: int, policy: RestartConfig, jitter: float) -> float:
+    """Delay before relaunch number ``failures`` (1-based), jittered, capped at the ceiling.
+
+    ``jitter`` is a uniform sample in [0, 1) supplied by the caller (keeps this pure).
+    """
+    if policy.backoff_initial_s <= 0:
+        return 0.0
+    base = policy.backoff_initial_s * (2.0 ** max(0, failures - 1))
+    jittered = base * (1.0 - _JITTER + 2.0 * _JITTER * jitter)
+    return min(policy.backoff_max_s, jittered)
+
+
+def decide(
+    verdict: Verdict,
+    *,
+    exit_code: int | None,
+    reached_first_step: bool,
+    progress_s: float,
+    history: RestartHistory,
+    policy: RestartConfig,
+    jitter: float,
+) -> Decision:
+    """Decide what follows a run that ended with ``verdict`` (see the module doc)."""
+    if verdict in (Verdict.COMPLETED, Verdict.STOPPED):
+        return Decision(Action.DONE, 0.0, False, verdict.value, history)
+    if exit_code is not None and exit_code in policy.no_restart_exit_codes:
+        return Decision(Action.FATAL, 0.0, False, f"no_restart_exit_code_{exit_code}", history)
+    if verdict is Verdict.SPAWN_FAILED:
+        return Decision(Action.FATAL, 0.0, False, "spawn_failed", history)
+
+    if reached_first_step:
+        history = replace(history, early_deaths=0)
+    if progress_s >= policy.stable_after_s:
+        history = replace(history, runtime_crashes=0, consecutive_failures=0)
+
+    failures = history.consecutive_failures + 1
+    if not reached_first_step:
+        early = history.early_deaths + 1
+        history = replace(history, early_deaths=early, consecutive_failures=failures)
+        if early > policy.early_retries:
+            return Decision(Action.FATAL, 0.0, False, "early_retries_exhausted", history)
+    else:
+        crashes = history.runtime_crashes + 1
+        history = replace(history, runtime_crashes=crashes, consecutive_failures=failures)
+        if crashes > policy.runtime_retries:
+            return Decision(Action.FATAL, 0.0, False, "runtime_retries_exhausted", history)
+
+    clear = policy.clear_cache_on_early_death and verdict in EARLY_DEATHS
+    delay = backoff_delay(failures, policy, jitter)
+    return Decision(Action.RESTART, delay, clear, verdict.value, history)

@@ -1,0 +1,190 @@
+"""Human output: status summaries, log lines, durations as "3m12s ago"; colour only on a TTY."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Final, TextIO
+
+from dflashd.logs.records import EventRecord, LineRecord, Record
+
+_COLORS: Final = {
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "cyan": "36",
+    "dim": "2",
+    "bold": "1",
+}
+_STATE_COLOR: Final = {
+    "running": "green",
+    "starting": "cyan",
+    "backoff": "yellow",
+    "fatal": "red",
+    "stopping": "yellow",
+    "stopped": "dim",
+}
+_VERDICT_COLOR: Final = {
+    "completed": "green",
+    "stopped": "dim",
+    "crashed": "red",
+    "stalled": "yellow",
+}
+
+
+def use_color(stream: TextIO) -> bool:
+    """Colours only on a terminal, and never when NO_COLOR is set."""
+    return "NO_COLOR" not in os.environ and stream.isatty()
+
+
+class Painter:
+    """Wraps text in ANSI colours when enabled."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, text: str, color: str | None) -> str:
+        if not self.enabled or color is None:
+            return text
+        return f"\x1b[{_COLORS[color]}m{text}\x1b[0m"
+
+
+def duration(seconds: float | None) -> str:
+    """``850ms``, ``42s``, ``3m12s``, ``2h05m``, ``3d04h``."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def ago(epoch_s: float | None, now: float | None = None) -> str:
+    """``3m12s ago``."""
+    if epoch_s is None:
+        return "-"
+    return f"{duration(max(0.0, (now or time.time()) - epoch_s))} ago"
+
+
+def _mib(value: Any) -> str:
+    return "?" if value is None else f"{float(value):,.0f}"
+
+
+def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> str:
+    """The readable ``dflashd status``: aligned label/value rows."""
+    rows: list[tuple[str, str]] = []
+    state = str(status.get("state", "unknown"))
+    daemon = f"{paint(state, _STATE_COLOR.get(state))}"
+    daemon += (
+        f"   pid {status.get('pid')}"
+        if running
+        else paint("   (daemon not running; last known state)", "dim")
+    )
+    rows.append(("dflashd", daemon))
+    run = status.get("run")
+    if run is not None:
+        child = f"   pid {status['child_pid']}" if status.get("child_pid") else ""
+        phase = status.get("phase", "-")
+        step = status.get("step")
+        line = f"{run}{child}   phase {phase}"
+        if step is not None:
+            line += f"   step {step:,}"
+        age = status.get("last_progress_age_s")
+        if age is not None and running:
+            line += f"   progress {duration(age)} ago"
+        rows.append(("run", line))
+    if status.get("child_status"):
+        rows.append(("child says", str(status["child_status"])))
+    if status.get("next_restart_in_s") is not None and running:
+        rows.append(("restart", f"in {duration(status['next_restart_in_s'])}"))
+    by_verdict = status.get("restarts_by_verdict") or {}
+    restarts = f"{status.get('restarts', 0)}"
+    if by_verdict:
+        restarts += "  (" + ", ".join(f"{k} {v}" for k, v in sorted(by_verdict.items())) + ")"
+    rows.append(("restarts", restarts))
+    last = status.get("last_exit")
+    if last:
+        verdict = str(last.get("verdict"))
+        how = (
+            f"exit code {last['exit_code']}"
+            if last.get("exit_code") is not None
+            else str(last.get("signal"))
+        )
+        text = (
+            f"run {last.get('run')}: {paint(verdict, _VERDICT_COLOR.get(verdict, 'red'))}"
+            f" ({last.get('reason')}), {how} after {duration(last.get('duration_s'))}, {ago(last.get('ended_at'))}"
+        )
+        rows.append(("last exit", text))
+        for line in (last.get("tail") or [])[-5:]:
+            rows.append(("", paint("  " + line, "dim")))
+    gpus = status.get("gpus") or []
+    rows.append(
+        (
+            "gpu checks",
+            str(status.get("gpu_checks", "-"))
+            + (f", child memory by {status['gpu_method']}" if status.get("gpu_method") else ""),
+        )
+    )
+    for gpu in gpus:
+        util = gpu.get("utilization_pct")
+        text = (
+            f"{gpu.get('index')}: {_mib(gpu.get('memory_used_mib'))} / {_mib(gpu.get('memory_total_mib'))} MiB"
+            f"   util {'?' if util is None else f'{util:.0f}%'}"
+            f"   child {_mib(gpu.get('child_memory_mib'))} MiB"
+        )
+        if gpu.get("error"):
+            text += "   " + paint(str(gpu["error"]), "red")
+        rows.append(("gpu", text))
+    stats = status.get("log_stats") or {}
+    log_line = str(status.get("log", "-"))
+    if stats.get("records_dropped"):
+        log_line += paint(
+            f"   {stats['records_dropped']} records dropped ({stats.get('last_error')})", "red"
+        )
+    rows.append(("log", log_line))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{paint(label.ljust(width), 'bold')}  {value}" for label, value in rows)
+
+
+def format_record(record: Record, paint: Painter) -> str:
+    """One log record as a readable line: time, run, source, then the text or the event."""
+    ts = record.ts[11:23]
+    prefix = paint(f"{ts} r{record.run}", "dim")
+    if isinstance(record, LineRecord):
+        src = paint("err", "red") if record.src == "stderr" else paint("out", "dim")
+        suffix = paint(" …", "dim") if record.partial else ""
+        return f"{prefix} {src} {record.line}{suffix}"
+    assert isinstance(record, EventRecord)
+    fields = " ".join(f"{k}={_short(v)}" for k, v in record.fields.items() if k != "tail")
+    color = (
+        "red"
+        if record.event in ("exit", "fatal")
+        and record.fields.get("verdict") not in ("completed", "stopped")
+        else "cyan"
+    )
+    text = f"{prefix} {paint('dflashd', 'magenta')} {paint(record.event, color)} {fields}".rstrip()
+    tail = record.fields.get("tail")
+    if record.event == "exit" and isinstance(tail, list) and tail:
+        text += "\n" + "\n".join(paint("    | " + str(line), "dim") for line in tail[-10:])
+    return text
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def stream_for_output() -> TextIO:
+    """stdout (a helper so tests can patch it)."""
+    return sys.stdout

@@ -1,0 +1,143 @@
+"""Why a run ended (DESIGN §5): a pure classifier from observations to a verdict and a reason.
+
+No clock, no I/O, no logging: every input is in :class:`Observations`, so the whole
+decision is tested as a table.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+
+class Verdict(StrEnum):
+    """The verdicts of DESIGN §5."""
+
+    SPAWN_FAILED = "spawn_failed"
+    SILENT_DEATH = "silent_death"
+    CRASH_BEFORE_FIRST_STEP = "crash_before_first_step"
+    NO_GPU_MEMORY = "no_gpu_memory"
+    STALLED = "stalled"
+    CRASHED = "crashed"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+
+
+EARLY_DEATHS: Final = frozenset(
+    {
+        Verdict.SPAWN_FAILED,
+        Verdict.SILENT_DEATH,
+        Verdict.CRASH_BEFORE_FIRST_STEP,
+        Verdict.NO_GPU_MEMORY,
+    }
+)
+ALERTABLE: Final = (
+    Verdict.SPAWN_FAILED,
+    Verdict.SILENT_DEATH,
+    Verdict.CRASH_BEFORE_FIRST_STEP,
+    Verdict.NO_GPU_MEMORY,
+    Verdict.STALLED,
+)
+
+
+class EndedBy(StrEnum):
+    """Who ended the run when it was not the child's own doing."""
+
+    CHILD = "child"
+    STOP = "stop"
+    STALL_FIRST_STEP = "first_step_timeout"
+    STALL_PROGRESS = "no_progress"
+    NO_GPU_MEMORY = "no_gpu_memory"
+
+
+@dataclass(frozen=True, slots=True)
+class Observations:
+    """Everything the classifier may look at, gathered by the daemon when a run ends."""
+
+    spawn_error: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    ended_by: EndedBy = EndedBy.CHILD
+    reached_first_step: bool = False
+    output_lines: int = 0
+    stderr_tail: tuple[str, ...] = ()
+    gpu_xids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """A verdict and the detail that explains it."""
+
+    verdict: Verdict
+    reason: str
+
+
+# Hardware faults that end runs through no fault of the code (NVIDIA's XID catalogue).
+HARDWARE_XIDS: Final = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+
+_REASON_PATTERNS: Final = (
+    (re.compile(r"(ModuleNotFoundError|ImportError)\b"), "import_error"),
+    (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"), "cuda_oom"),
+    (re.compile(r"CUDA error|cudaError|CUBLAS_STATUS|NCCL error"), "cuda_error"),
+    (re.compile(r"\bMemoryError\b"), "host_oom"),
+    (re.compile(r"SyntaxError\b"), "syntax_error"),
+    (re.compile(r"Fatal Python error"), "fatal_python_error"),
+)
+_EXCEPTION_LINE: Final = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))\b")
+
+
+def signal_name(signum: int) -> str:
+    """``SIGSEGV`` for 11; ``SIG<n>`` for numbers Python has no name for."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"
+
+
+def reason_from_output(stderr_tail: tuple[str, ...]) -> str | None:
+    """A short cause read from the last stderr lines (``import_error``, ``cuda_oom``…), if any."""
+    text = "\n".join(stderr_tail)
+    for pattern, reason in _REASON_PATTERNS:
+        if pattern.search(text):
+            return reason
+    for line in reversed(stderr_tail):
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match:
+            return match.group(1).rsplit(".", 1)[-1]
+    return None
+
+
+def _death_reason(obs: Observations) -> str:
+    for xid in obs.gpu_xids:
+        if xid in HARDWARE_XIDS:
+            return f"gpu_xid_{xid}"
+    from_output = reason_from_output(obs.stderr_tail)
+    if obs.signal is not None:
+        name = signal_name(obs.signal)
+        # A SIGABRT/SIGSEGV with a recognisable cause names both: "SIGABRT:cuda_error".
+        return f"{name}:{from_output}" if from_output else name
+    if from_output:
+        return from_output
+    return f"exit_code_{obs.exit_code}"
+
+
+def classify(obs: Observations) -> Classification:
+    """The verdict for one ended run (DESIGN §5)."""
+    if obs.spawn_error is not None:
+        return Classification(Verdict.SPAWN_FAILED, obs.spawn_error)
+    if obs.ended_by is EndedBy.STOP:
+        return Classification(Verdict.STOPPED, "stop_requested")
+    if obs.ended_by in (EndedBy.STALL_FIRST_STEP, EndedBy.STALL_PROGRESS):
+        return Classification(Verdict.STALLED, obs.ended_by.value)
+    if obs.ended_by is EndedBy.NO_GPU_MEMORY:
+        return Classification(Verdict.NO_GPU_MEMORY, "no_gpu_memory_before_first_step")
+    if obs.exit_code == 0:
+        return Classification(Verdict.COMPLETED, "exit_code_0")
+    if not obs.reached_first_step:
+        if obs.output_lines == 0:
+            return Classification(Verdict.SILENT_DEATH, _death_reason(obs))
+        return Classification(Verdict.CRASH_BEFORE_FIRST_STEP, _death_reason(obs))
+    return Classification(Verdict.CRASHED, _death_reason(obs))

@@ -1,0 +1,5 @@
+"""Exits 3 without writing anything."""
+
+import sys
+
+sys.exit(3)

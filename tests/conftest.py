@@ -1,0 +1,154 @@
+"""Shared helpers: a temp home, configs, the daemon as a real process, waiting on its log."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from dflashd.logs import EventRecord, Record, follow, read_records
+
+CHILDREN = Path(__file__).parent / "children"
+
+
+def child(name: str, *args: str) -> list[str]:
+    """argv for one of the test children."""
+    return [sys.executable, str(CHILDREN / name), *args]
+
+
+def dflashd_argv(*args: str) -> list[str]:
+    """The real CLI, run by this interpreter."""
+    return [sys.executable, "-m", "dflashd.supervisor", *args]
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run one dflashd command to completion."""
+    return subprocess.run(
+        dflashd_argv(*args), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def toml_value(value: object) -> str:
+    """A tiny TOML encoder for the values tests use."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def write_config(path: Path, top: dict[str, object], **tables: dict[str, object]) -> Path:
+    """Write a TOML config with top-level keys and [tables]."""
+    lines = [f"{k} = {toml_value(v)}" for k, v in top.items()]
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items())
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+FAST_RESTART = {
+    "backoff_initial_s": 0.0,
+    "backoff_max_s": 1.0,
+    "early_retries": 0,
+    "stop_timeout_s": 5.0,
+}
+
+
+class Daemon:
+    """A foreground daemon process on a temp home."""
+
+    def __init__(self, home: Path, config: Path, command: list[str] | None) -> None:
+        self.home = home
+        argv = dflashd_argv("start", "--foreground", "--home", str(home), "--config", str(config))
+        if command:
+            argv += ["--", *command]
+        env = dict(os.environ)
+        env.pop("NOTIFY_SOCKET", None)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+
+    def wait(self, timeout: float = 60) -> int:
+        """Wait for the daemon to exit (an event: the process ends)."""
+        return self.proc.wait(timeout)
+
+    def records(self) -> list[Record]:
+        """Everything in the run log so far."""
+        return list(read_records(self.home / "logs"))
+
+    def events(self, name: str) -> list[EventRecord]:
+        """Supervisor records with this event name."""
+        return [r for r in self.records() if isinstance(r, EventRecord) and r.event == name]
+
+    def wait_for(self, predicate: Callable[[Record], bool], timeout: float = 30) -> Record:
+        """Follow the log until a record matches (bounded by the deadline)."""
+        deadline = time.monotonic() + timeout
+        records = follow(
+            self.home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline
+        )
+        with closing(records):
+            for record in records:
+                if predicate(record):
+                    return record
+        raise AssertionError(f"no matching record within {timeout}s; log: {self.records()[-10:]}")
+
+    def wait_event(self, name: str, timeout: float = 30) -> EventRecord:
+        """Follow the log until a supervisor record named ``name`` appears."""
+        rec = self.wait_for(lambda r: isinstance(r, EventRecord) and r.event == name, timeout)
+        assert isinstance(rec, EventRecord)
+        return rec
+
+    def stop(self) -> None:
+        """Stop it if it still runs (test cleanup)."""
+        if self.proc.poll() is None:
+            run_cli("stop", "--home", str(self.home), "--timeout", "2")
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A fresh dflashd home."""
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path, home: Path) -> Iterator[Callable[..., Daemon]]:
+    """Start a foreground daemon: start_daemon(command, restart={...}, **top_level_config)."""
+    started: list[Daemon] = []
+
+    def _start(
+        command: list[str] | None, restart: dict[str, object] | None = None, **top: object
+    ) -> Daemon:
+        top.setdefault("gpus", "none")
+        alerts = top.pop("alerts", None)
+        tables: dict[str, dict[str, object]] = {"restart": {**FAST_RESTART, **(restart or {})}}
+        if alerts is not None:
+            assert isinstance(alerts, dict)
+            tables["alerts"] = alerts
+        config = write_config(tmp_path / f"config{len(started)}.toml", top, **tables)
+        daemon = Daemon(home, config, command)
+        started.append(daemon)
+        return daemon
+
+    yield _start
+    for daemon in started:
+        daemon.stop()
+        if daemon.proc.stdout:
+            daemon.proc.stdout.close()
+        if daemon.proc.stderr:
+            daemon.proc.stderr.close()
