@@ -16,28 +16,87 @@ Guarantees, for any byte stream chunked any way:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Final
 
 DEFAULT_MAX_LINE_BYTES: Final = 64 * 1024
 _TERMINATOR = re.compile(rb"\r\n|\r|\n")
 
 
-@dataclass(frozen=True, slots=True)
 class Frame:
     """The lines framed from one chunk.
 
     ``flags`` is ``None`` in the common case (every line complete, ended by ``\\n``);
     otherwise one ``(partial, eol)`` pair per line, ``eol`` being ``None`` for ``\\n``.
     ``nbytes`` is the number of input bytes this frame accounts for.
+
+    For the commonest input of all (printable ASCII without quotes or backslashes) the
+    framer keeps the lines as bytes that are already valid JSON string content
+    (``json_lines``); the text is decoded only if someone asks for :attr:`lines`.
     """
 
-    lines: list[str]
-    flags: list[tuple[bool, str | None]] | None
-    nbytes: int
+    __slots__ = ("_lines", "count", "flags", "json_lines", "nbytes")
+
+    def __init__(
+        self,
+        lines: list[str] | None,
+        flags: list[tuple[bool, str | None]] | None,
+        nbytes: int,
+        json_lines: list[bytes] | None = None,
+    ) -> None:
+        if lines is None and json_lines is None:
+            raise ValueError("a frame needs lines or json_lines")
+        self._lines = lines
+        self.json_lines = json_lines
+        self.flags = flags
+        self.nbytes = nbytes
+        self.count = len(lines) if lines is not None else len(json_lines or ())
+
+    @property
+    def lines(self) -> list[str]:
+        """The lines as text (decoded on first use for a JSON-safe frame)."""
+        if self._lines is None:
+            self._lines = b"\n".join(self.json_lines or ()).decode("ascii").split("\n")
+        return self._lines
+
+    def last_lines(self, n: int) -> list[str]:
+        """The last ``n`` lines as text, without decoding the rest."""
+        if self._lines is None and self.json_lines is not None:
+            return [raw.decode("ascii") for raw in self.json_lines[-n:]] if n > 0 else []
+        return self.lines[-n:] if n > 0 else []
 
     def __len__(self) -> int:
-        return len(self.lines)
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"Frame(lines={self.lines!r}, flags={self.flags!r}, nbytes={self.nbytes})"
+
+
+# Bytes that a JSON string cannot hold verbatim (besides non-ASCII, checked with isascii()).
+# One memchr per byte value is cheaper here than one translate() pass over the chunk.
+_JSON_UNSAFE: Final = tuple(bytes([b]) for b in (0x22, 0x5C, 0x09, 0x1B, *range(0x20)))
+
+
+def _json_safe(data: bytes) -> bool:
+    """True when ``data`` (newlines aside) can be pasted into a JSON string as is."""
+    if not data.isascii():
+        return False
+    for unsafe in _JSON_UNSAFE:
+        if unsafe != b"\n" and unsafe in data:
+            return False
+    return True
+
+
+def _no_line_longer_than(data: bytes, limit: int) -> bool:
+    """True when every line of ``data`` is at most ``limit`` bytes, checked with a few memchr calls.
+
+    A line longer than ``limit`` contains a whole aligned block of ``limit // 2`` bytes, so it is
+    enough that each such block holds a newline (a False may be a false alarm: the exact path decides).
+    """
+    half = limit // 2
+    for start in range(0, len(data) - half + 1, half):
+        if data.find(b"\n", start, start + half) == -1:
+            return False
+    return True
 
 
 def _utf8_cut(data: bytes, limit: int) -> int:
@@ -47,6 +106,15 @@ def _utf8_cut(data: bytes, limit: int) -> int:
     while cut > limit - 3 and cut > 0 and (data[cut] & 0xC0) == 0x80:
         cut -= 1
     return cut if cut > 0 and (data[cut] & 0xC0) != 0x80 else limit
+
+
+def _fits(lines: list[str], limit: int) -> bool:
+    """True when no line is longer than ``limit`` bytes once encoded."""
+    return all(
+        len(line.encode("utf-8", "surrogatepass")) <= limit
+        for line in lines
+        if len(line) * 4 > limit
+    )
 
 
 def _decode(data: bytes) -> str:
@@ -79,9 +147,19 @@ class LineFramer:
                 self._pending = buf
                 return self._cut_pending() if len(buf) > limit else None
             complete = buf[:last_nl]
-            if len(buf) <= limit or max(map(len, complete.split(b"\n"))) <= limit:
+            if _json_safe(complete) and (
+                len(buf) <= limit or _no_line_longer_than(complete, limit)
+            ):
                 self._pending = buf[last_nl + 1 :]
-                frame = Frame(_decode(complete).split("\n"), None, last_nl + 1)
+                frame = Frame(None, None, last_nl + 1, complete.split(b"\n"))
+                if len(self._pending) > limit:
+                    return _merge(frame, self._cut_pending())
+                return frame
+            lines = _decode(complete).split("\n")
+            # A line of n characters has at most 4n bytes: only a long one needs a byte count.
+            if len(buf) <= limit or max(map(len, lines)) * 4 <= limit or _fits(lines, limit):
+                self._pending = buf[last_nl + 1 :]
+                frame = Frame(lines, None, last_nl + 1)
                 if len(self._pending) > limit:
                     return _merge(frame, self._cut_pending())
                 return frame

@@ -28,7 +28,7 @@ READ_BYTES: Final = 256 * 1024
 PIPE_BYTES: Final = 1 << 20
 F_SETPIPE_SZ: Final = 1031
 
-LinesCallback = Callable[[str, list[str]], None]
+LinesCallback = Callable[[str, Frame], None]
 
 
 def grow_pipe(fd: int, size: int = PIPE_BYTES) -> None:
@@ -82,13 +82,13 @@ class PipeDrain:
         self._thread.start()
 
     def _emit(self, frame: Frame | None) -> None:
-        if frame is None or not frame.lines:
+        if frame is None or not len(frame):
             return
-        self.line_count += len(frame.lines)
-        self.tail.extend(frame.lines[-self.tail.maxlen :] if self.tail.maxlen else ())
+        self.line_count += len(frame)
+        self.tail.extend(frame.last_lines(self.tail.maxlen or 0))
         self._sink.submit_frame(self.run, self.src, frame)
         if self._on_lines is not None:
-            self._on_lines(self.src, frame.lines)
+            self._on_lines(self.src, frame)
 
     def _run(self) -> None:
         try:

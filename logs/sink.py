@@ -21,6 +21,7 @@ from dflashd.logs.writer import RotatingLogWriter, WriterStats
 
 DEFAULT_MAX_QUEUE_BYTES: Final = 32 * 1024 * 1024
 DEFAULT_STALL_S: Final = 2.0
+_COALESCE_BYTES: Final = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +80,16 @@ class LogSink:
 
     def submit_frame(self, run: int, src: str, frame: Frame, wall_s: float | None = None) -> None:
         """Queue one frame; waits only while the writer is making progress."""
-        if not frame.lines:
+        if not len(frame):
             return
         item = _FrameItem(run, src, frame, time.time() if wall_s is None else wall_s)
         with self._cond:
             while self._queued_bytes >= self._max_queue_bytes and not self._closing:
                 started = self._write_started
                 if started is not None and time.monotonic() - started > self._stall_s:
-                    self._drop_records += len(frame.lines)
+                    self._drop_records += len(frame)
                     self._drop_bytes += frame.nbytes
-                    self._unreported_drop_records += len(frame.lines)
+                    self._unreported_drop_records += len(frame)
                     self._unreported_drop_bytes += frame.nbytes
                     return
                 self._cond.wait(timeout=self._stall_s / 4)
@@ -147,19 +148,34 @@ class LogSink:
                     {"records": drops[0], "bytes": drops[1], "error": "disk stalled"},
                 )
             freed = 0
+            frames: list[tuple[int, str, Frame, float]] = []
+            frame_bytes = 0
             for item in batch:
-                # Per write, not per batch: a big batch on a slow but working disk is not a stall.
-                self._write_started = time.monotonic()
                 if isinstance(item, _FrameItem):
-                    self.writer.write_frame(item.run, item.src, item.frame, item.wall_s)
-                    freed += item.frame.nbytes
-                else:
+                    # Consecutive frames go out in one write (many small reads in line mode).
+                    frames.append((item.run, item.src, item.frame, item.wall_s))
+                    frame_bytes += item.frame.nbytes
+                    if frame_bytes < _COALESCE_BYTES:
+                        continue
+                if frames:
+                    freed += self._write_frames(frames)
+                    frames, frame_bytes = [], 0
+                if isinstance(item, _EventItem):
+                    self._write_started = time.monotonic()
                     self.writer.write_event(item.run, item.event, item.fields)
+            if frames:
+                freed += self._write_frames(frames)
             with self._cond:
                 self._write_started = None
                 self._queued_bytes -= freed
                 self._done += len(batch)
                 self._cond.notify_all()
+
+    def _write_frames(self, frames: list[tuple[int, str, Frame, float]]) -> int:
+        # The stall clock runs per write, not per batch: a big batch on a slow but working disk is no stall.
+        self._write_started = time.monotonic()
+        self.writer.write_frames(frames)
+        return sum(frame.nbytes for _, _, frame, _ in frames)
 
     def stats(self) -> SinkStats:
         """Counters for status and metrics."""

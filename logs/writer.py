@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Final
 
@@ -159,27 +158,28 @@ class RotatingLogWriter:
     # -- encoding -----------------------------------------------------------------------
 
     def _encode_frame(self, run: int, src: str, frame: Frame, ts: str, seq0: int) -> bytes:
-        count = len(frame.lines)
+        count = len(frame)
+        parts: list[bytes] | None = None
         if frame.flags is None:
-            # Fast path: one orjson call for the whole frame.  Inside a JSON string every '"'
-            # is escaped, so '","' only ever occurs between two array elements.
-            parts = orjson.dumps(frame.lines)[2:-2].split(b'","')
-            if len(parts) == count:
-                head = b'{"ts":"' + ts.encode() + b'","seq":'
-                mid = b',"run":%d,"src":"%s","line":"' % (run, src.encode())
-                seqs = map(b"%d".__mod__, range(seq0, seq0 + count))
-                return b"".join(
-                    chain.from_iterable(
-                        zip(
-                            repeat(head, count),
-                            seqs,
-                            repeat(mid, count),
-                            parts,
-                            repeat(b'"}\n', count),
-                            strict=True,
-                        )
-                    )
-                )
+            if frame.json_lines is not None:
+                parts = frame.json_lines  # already valid JSON string content
+            else:
+                # One orjson call for the whole frame.  Inside a JSON string every '"' is
+                # escaped, so '","' only ever occurs between two array elements.
+                parts = orjson.dumps(frame.lines)[2:-2].split(b'","')
+        if parts is not None and len(parts) == count:
+            # Interleave [seq, mid, line, tail+head] per record with C-level slice assignments:
+            # no Python code runs per line.
+            head = b'{"ts":"' + ts.encode() + b'","seq":'
+            mid = b',"run":%d,"src":"%s","line":"' % (run, src.encode())
+            seqs = orjson.dumps(list(range(seq0, seq0 + count)))[1:-1].split(b",")
+            pieces: list[bytes] = [b""] * (4 * count)
+            pieces[0::4] = seqs
+            pieces[1::4] = [mid] * count
+            pieces[2::4] = parts
+            pieces[3::4] = [b'"}\n' + head] * count
+            pieces[-1] = b'"}\n'
+            return head + b"".join(pieces)
         flags = frame.flags if frame.flags is not None else [(False, None)] * count
         out = []
         for offset, (line, (partial, eol)) in enumerate(zip(frame.lines, flags, strict=True)):
@@ -211,7 +211,7 @@ class RotatingLogWriter:
 
     def write_frame(self, run: int, src: str, frame: Frame, wall_s: float | None = None) -> bool:
         """Write the lines of one frame as ``src`` records of ``run``. Never raises on I/O failure."""
-        if not frame.lines:
+        if not len(frame):
             return True
         ts = utc_timestamp(self._clock() if wall_s is None else wall_s)
         with self._lock:
@@ -219,7 +219,23 @@ class RotatingLogWriter:
                 self._report_drops()
             data = self._encode_frame(run, src, frame, ts, self.next_seq)
             self.last_run = run
-            return self._append(data, len(frame.lines))
+            return self._append(data, len(frame))
+
+    def write_frames(self, batch: list[tuple[int, str, Frame, float]]) -> bool:
+        """Write several frames (run, src, frame, wall time) in one append: one syscall for many chunks."""
+        with self._lock:
+            if self._unreported_records:
+                self._report_drops()
+            seq = self.next_seq
+            parts = []
+            for run, src, frame, wall_s in batch:
+                if len(frame):
+                    parts.append(self._encode_frame(run, src, frame, utc_timestamp(wall_s), seq))
+                    seq += len(frame)
+                    self.last_run = run
+            if not parts:
+                return True
+            return self._append(b"".join(parts), seq - self.next_seq)
 
     def write_event(self, run: int, event: str, fields: dict[str, Any] | None = None) -> int | None:
         """Write one supervisor record; returns its seq, or None when it was dropped."""

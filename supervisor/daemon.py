@@ -24,6 +24,7 @@ from typing import Any, Final
 import psutil
 import structlog
 
+from dflashd.logs.framer import Frame
 from dflashd.logs.pump import PipeDrain
 from dflashd.logs.sink import LogSink
 from dflashd.logs.writer import RotatingLogWriter
@@ -456,16 +457,16 @@ class Daemon:
             info.update({"log": str(self.writer.path), "daemon_pid": os.getpid()})
             callback(info)
 
-    def _lines_callback(self, number: int) -> Callable[[str, list[str]], None]:
+    def _lines_callback(self, number: int) -> Callable[[str, Frame], None]:
         first_re, step_re = self._first_step_re, self._step_re
         last_post = [0.0]
 
-        def on_lines(_src: str, lines: list[str]) -> None:
+        def on_lines(_src: str, frame: Frame) -> None:
             # Runs on a drain thread: one regex pass over the whole frame, then a post to the loop.
             step: int | None = None
             first = False
             if first_re is not None or step_re is not None:
-                text = "\n".join(lines)
+                text = "\n".join(frame.lines)
                 if step_re is not None:
                     matches = step_re.findall(text)
                     if matches:
