@@ -366,7 +366,7 @@ class Daemon:
         self.phase = Phase.LAUNCHING
         number = self._next_run_number()
         cwd = Path(self.config.cwd).expanduser()
-        spec = ChildEnvironment(self.home.notify_socket, self.home.cache, number)
+        spec = ChildEnvironment(self.home.notify_socket, self.home.cache, number, self.home.root)
         env_keys = sorted(dflashd_env(spec))
         run = RunContext(number, self.config.command, time.monotonic(), time.time())
         run.reports_steps = self._step_re is not None

@@ -41,6 +41,7 @@ class ChildEnvironment:
     notify_socket: Path
     cache_dir: Path
     run: int
+    home: Path
 
 
 def dflashd_env(spec: ChildEnvironment) -> dict[str, str]:
@@ -50,6 +51,7 @@ def dflashd_env(spec: ChildEnvironment) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "PYTHONFAULTHANDLER": "1",
         "DFLASHD_RUN": str(spec.run),
+        "DFLASHD_HOME": str(spec.home),
         "TORCHINDUCTOR_CACHE_DIR": str(spec.cache_dir / "torchinductor"),
         "TRITON_CACHE_DIR": str(spec.cache_dir / "triton"),
     }

@@ -51,5 +51,12 @@ else:
         time.sleep(0.01)
 elapsed = time.perf_counter() - start
 with open(report, "w") as fh:
-    json.dump({"mib_s": written / elapsed / 2**20, "lines": count,
-               "last_write": time.time(), "elapsed_s": elapsed}, fh)
+    json.dump(
+        {
+            "mib_s": written / elapsed / 2**20,
+            "lines": count,
+            "last_write": time.time(),
+            "elapsed_s": elapsed,
+        },
+        fh,
+    )

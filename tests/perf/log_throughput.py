@@ -91,7 +91,15 @@ def run_daemon(mode: str, mib: float, work: Path) -> tuple[float, Path]:
     shutil.rmtree(home, ignore_errors=True)
     config = work / "bench.toml"
     config.write_text('gpus = "none"\n[restart]\nearly_retries = 0\n')
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--home", str(home)]
+    argv = [
+        sys.executable,
+        "-m",
+        "dflashd.supervisor",
+        "start",
+        "--foreground",
+        "--home",
+        str(home),
+    ]
     argv += ["--config", str(config), "--", *child_argv(mode, mib, report)]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return read_report(report)["mib_s"], home / "logs"
@@ -115,7 +123,11 @@ def verify(logdir: Path, expected_lines: int) -> str:
         and numbers["stderr"] == sorted(numbers["stderr"])
         and all(n % 16 == 15 for n in numbers["stderr"])
     )
-    return f"{total:,} lines, all present and ordered" if ok else f"MISMATCH: {total:,} of {expected_lines:,}"
+    return (
+        f"{total:,} lines, all present and ordered"
+        if ok
+        else f"MISMATCH: {total:,} of {expected_lines:,}"
+    )
 
 
 def low_rate_lag(work: Path, through_daemon: bool, lines: int = 200) -> list[float]:
@@ -128,7 +140,15 @@ def low_rate_lag(work: Path, through_daemon: bool, lines: int = 200) -> list[flo
         logdir = home / "logs"
         config = work / "lag.toml"
         config.write_text('gpus = "none"\n[restart]\nearly_retries = 0\n')
-        argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--home", str(home)]
+        argv = [
+            sys.executable,
+            "-m",
+            "dflashd.supervisor",
+            "start",
+            "--foreground",
+            "--home",
+            str(home),
+        ]
         argv += ["--config", str(config), "--", *child_argv("slow", lines, report)]
     else:
         logdir = work / "lag-logs"
@@ -136,7 +156,9 @@ def low_rate_lag(work: Path, through_daemon: bool, lines: int = 200) -> list[flo
     done = threading.Event()
 
     def watch() -> None:
-        for rec in follow(logdir, poll_s=0.001, should_stop=lambda: done.is_set() and len(arrivals) >= lines):
+        for rec in follow(
+            logdir, poll_s=0.001, should_stop=lambda: done.is_set() and len(arrivals) >= lines
+        ):
             if isinstance(rec, LineRecord) and rec.line.startswith("sent "):
                 arrivals[int(rec.line.split()[2])] = time.time() - float(rec.line.split()[1])
 
@@ -160,7 +182,9 @@ def low_rate_lag(work: Path, through_daemon: bool, lines: int = 200) -> list[flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mib", type=float, default=512)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--modes", default="block,line")
@@ -170,7 +194,9 @@ def main() -> None:
     expected = int(args.mib * 2**20) // line_bytes
     with tempfile.TemporaryDirectory(prefix="dflashd-bench-") as tmp:
         work = Path(tmp)
-        print(f"# log_throughput: {args.mib:g} MiB per run, {args.reps} reps, medians (child's own MiB/s)")
+        print(
+            f"# log_throughput: {args.mib:g} MiB per run, {args.reps} reps, medians (child's own MiB/s)"
+        )
         for mode in args.modes.split(","):
             results: dict[str, list[float]] = {"direct": [], "tee": [], "logs": [], "daemon": []}
             lags: list[float] = []
@@ -192,7 +218,9 @@ def main() -> None:
                 med = statistics.median(values)
                 spread = ", ".join(f"{v:.0f}" for v in values)
                 print(f"{name:7s} {med:8.1f} MiB/s  {med / direct:5.2f}x direct   [{spread}]")
-            print(f"drain lag after a flood (last write -> all on disk): median {statistics.median(lags) * 1000:.0f} ms")
+            print(
+                f"drain lag after a flood (last write -> all on disk): median {statistics.median(lags) * 1000:.0f} ms"
+            )
             if logdir is not None:
                 print(f"check (logs):   {verify(logdir, expected)}")
             if daemon_logs is not None:

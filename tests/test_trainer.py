@@ -1,0 +1,227 @@
+"""The bundled DFlash trainer on CPU: mask, learning, checkpoints, signals, faults under the daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dflashd.trainer.data import MarkovChain, make_batch  # noqa: E402
+from dflashd.trainer.mask import block_mask, dense_mask, dflash_mask_mod, reference_mask  # noqa: E402
+from dflashd.trainer.model import Drafter, ModelConfig, TargetModel, dense_core, loss_and_accuracy  # noqa: E402
+from tests.conftest import Daemon  # noqa: E402
+
+pytestmark = pytest.mark.trainer
+Start = Callable[..., Daemon]
+TRAINER = [sys.executable, "-m", "dflashd.trainer"]
+SMALL = ["--workers", "2", "--batch", "2", "--ctx-len", "64", "--log-every", "1"]
+
+
+def test_dense_mask_from_mask_mod_matches_reference() -> None:
+    """The dense mask derived from the mask_mod equals an explicit loop over the DFlash rules."""
+    anchors = torch.tensor([[1, 9, 30], [4, 5, 40]])
+    ctx, bs = 48, 4
+    mask_mod = dflash_mask_mod(anchors, ctx, bs)
+    dense = dense_mask(mask_mod, 2, 3 * bs, ctx + 3 * bs, torch.device("cpu"))[:, 0]
+    assert torch.equal(dense, reference_mask(anchors, ctx, bs))
+
+
+def test_block_mask_agrees_with_dense_mask_at_block_granularity() -> None:
+    """The flex BlockMask and the dense mask come from one function: same blocks present."""
+    ctx, bs, blocks = 256, 16, 8
+    anchors = torch.tensor([[1, 20, 60, 100, 130, 170, 200, 230]])
+    mask_mod = dflash_mask_mod(anchors, ctx, bs)
+    q_len, kv_len = blocks * bs, ctx + blocks * bs
+    dense = dense_mask(mask_mod, 1, q_len, kv_len, torch.device("cpu"))[0, 0]
+    bm = block_mask(mask_mod, 1, q_len, kv_len, torch.device("cpu"))
+    as_blocks = bm.to_dense()[0, 0].bool()  # type: ignore[attr-defined]
+    tile = 128
+    expected = dense.view(q_len // tile, tile, kv_len // tile, tile).any(dim=3).any(dim=1)
+    assert torch.equal(as_blocks, expected)
+
+
+def test_training_steps_decrease_the_loss_on_a_fixed_batch() -> None:
+    """A few optimizer steps on one batch lower its loss."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(ctx_len=64)
+    target, drafter = TargetModel(cfg), Drafter(cfg)
+    target.requires_grad_(False)
+    chain = MarkovChain.build(cfg.vocab, 0)
+    batch = make_batch(
+        chain,
+        seed=0,
+        step=0,
+        worker=0,
+        batch=4,
+        ctx_len=64,
+        blocks=4,
+        block_size=8,
+        mask_token=cfg.mask_token,
+    )
+    anchors = batch.anchors.clone()
+    mask = dense_mask(dflash_mask_mod(anchors, 64, 8), 4, 32, 96, torch.device("cpu"))
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(5):
+        logits = drafter(
+            target.features(batch.context), batch.block_inputs, target, dense_core, mask
+        )
+        loss, _ = loss_and_accuracy(logits, batch.labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0] * 0.9
+
+
+def step_losses(output: str) -> dict[int, str]:
+    """{step: 'loss x.xxx'} from the trainer's step lines."""
+    out = {}
+    for line in output.splitlines():
+        if line.startswith("step "):
+            parts = line.split()
+            out[int(parts[1].split("/")[0])] = parts[3]
+    return out
+
+
+def test_resume_gives_the_same_next_loss(tmp_path: Path) -> None:
+    """Crash after a checkpoint, resume: steps after it have the losses of an uninterrupted run."""
+    base = [*TRAINER, *SMALL, "--steps", "8", "--checkpoint-every", "5"]
+    whole = subprocess.run(
+        [*base, "--checkpoint-dir", str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert whole.returncode == 0, whole.stderr
+    crashed = subprocess.run(
+        [*base, "--checkpoint-dir", str(tmp_path / "b"), "--inject", "crash_at_step:6"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert crashed.returncode == 1 and "injected crash at step 6" in crashed.stderr
+    resumed = subprocess.run(
+        [*base, "--checkpoint-dir", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout and "at step 5" in resumed.stdout
+    expected, got = step_losses(whole.stdout), step_losses(resumed.stdout)
+    assert min(got) == 6
+    assert {s: got[s] for s in (6, 7, 8)} == {s: expected[s] for s in (6, 7, 8)}
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_exits_0(tmp_path: Path) -> None:
+    """SIGTERM mid-run: 'stopped at step N', exit 0, a checkpoint at step N."""
+    proc = subprocess.Popen(
+        [*TRAINER, *SMALL, "--steps", "100000", "--checkpoint-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step 3/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    stopped = [line for line in out.splitlines() if line.startswith("stopped at step")]
+    assert stopped
+    step = int(stopped[0].split()[3])
+    state = torch.load(tmp_path / "latest.pt", weights_only=False)
+    assert state["step"] == step >= 3
+
+
+@pytest.mark.parametrize(
+    ("inject", "verdict", "reason"),
+    [
+        ("import_error", "crash_before_first_step", "import_error"),
+        ("crash_before_first_step", "crash_before_first_step", "RuntimeError"),
+        ("oom", "crash_before_first_step", "cuda_oom"),
+        ("crash_at_step:3", "crashed", "RuntimeError"),
+    ],
+)
+def test_fault_injection_gives_the_intended_verdict(
+    start_daemon: Start, tmp_path: Path, inject: str, verdict: str, reason: str
+) -> None:
+    """Each injected fault ends with the verdict dflashd is meant to give, under the real daemon."""
+    cmd = [
+        *TRAINER,
+        *SMALL,
+        "--steps",
+        "50",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--inject",
+        inject,
+    ]
+    daemon = start_daemon(cmd, restart={"early_retries": 0, "runtime_retries": 0})
+    assert daemon.wait(180) == 4
+    exit_rec = daemon.events("exit")[0]
+    assert (exit_rec.fields["verdict"], exit_rec.fields["reason"]) == (verdict, reason)
+
+
+def test_hang_before_cuda_is_stalled_without_gpu(start_daemon: Start, tmp_path: Path) -> None:
+    """Hanging before CUDA on a GPU-less box: no first step in time -> stalled, with the stack in the log."""
+    cmd = [*TRAINER, "--checkpoint-dir", str(tmp_path / "ck"), "--inject", "hang_before_cuda"]
+    daemon = start_daemon(cmd, first_step_timeout_s=3.0, restart={"early_retries": 0})
+    assert daemon.wait(60) == 4
+    exit_rec = daemon.events("exit")[0]
+    assert (exit_rec.fields["verdict"], exit_rec.fields["reason"]) == (
+        "stalled",
+        "first_step_timeout",
+    )
+
+
+def test_per_thread_backends_and_dense_fallback_is_exit_78(
+    start_daemon: Start, tmp_path: Path
+) -> None:
+    """With compile on, each worker reports its own backend by evidence; an unexpected dense path
+    under --require-flex is exit 78, which dflashd makes fatal at once (no retry)."""
+    cmd = [
+        *TRAINER,
+        *SMALL,
+        "--compile",
+        "--require-flex",
+        "--inject",
+        "dense_fallback",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+    ]
+    env_cache = {"TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    daemon = start_daemon(cmd, env=env_cache, restart={"early_retries": 3})
+    assert daemon.wait(300) == 4
+    lines = [r.line for r in daemon.records() if hasattr(r, "line")]
+    assert any(
+        "compile_done worker=0 attention_backend=dense_eager expected=dense_compiled" in line
+        for line in lines
+    )
+    assert any(
+        "compile_done worker=1 attention_backend=dense_compiled expected=dense_compiled" in line
+        for line in lines
+    )
+    assert any(line.startswith("dense_fallback: worker 0") for line in lines)
+    assert len(daemon.events("exit")) == 1
+    assert daemon.events("fatal")[0].fields["reason"] == "no_restart_exit_code_78"
+    statuses = [e.fields["status"] for e in daemon.events("child_status")]
+    assert any(s.startswith("dense fallback") for s in statuses)
+
+
+def test_default_job_reaches_first_step_under_dflashd(start_daemon: Start, home: Path) -> None:
+    """`dflashd start` with no command runs the bundled trainer: READY arrives, steps advance."""
+    daemon = start_daemon(None, restart={"early_retries": 0})
+    first = daemon.wait_event("first_step", timeout=60)
+    assert first.fields["source"] == "notify" and first.fields["after_s"] < 30
+    daemon.wait_for(lambda r: getattr(r, "line", "").startswith("step 20/"), timeout=60)
+    assert os.path.exists(home / "state.json")
