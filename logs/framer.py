@@ -80,10 +80,7 @@ def _json_safe(data: bytes) -> bool:
     """True when ``data`` (newlines aside) can be pasted into a JSON string as is."""
     if not data.isascii():
         return False
-    for unsafe in _JSON_UNSAFE:
-        if unsafe != b"\n" and unsafe in data:
-            return False
-    return True
+    return not any(unsafe in data for unsafe in _JSON_UNSAFE if unsafe != b"\n")
 
 
 def _no_line_longer_than(data: bytes, limit: int) -> bool:

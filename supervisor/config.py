@@ -63,6 +63,7 @@ class Config:
     gpus: str | tuple[int, ...] = "all"
     gpu_poll_s: float = 2.0
     vram_grace_s: float = 300.0
+    gpu_release_timeout_s: float = 60.0
     first_step_timeout_s: float = 3600.0
     stall_timeout_s: float = 900.0
     first_step_pattern: str = ""
@@ -85,6 +86,7 @@ _TABLES: Final[dict[str, type]] = {
 _POSITIVE: Final = {
     "gpu_poll_s",
     "vram_grace_s",
+    "gpu_release_timeout_s",
     "first_step_timeout_s",
     "stall_timeout_s",
     "stable_after_s",

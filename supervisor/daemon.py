@@ -41,6 +41,7 @@ from dflashd.supervisor.gpu import (
     GpuUnavailable,
     NvmlSampler,
     ScriptedSampler,
+    gpu_pids_of_run,
     join_with_tree,
     reading_to_dict,
 )
@@ -149,6 +150,9 @@ class Daemon:
         self._gpu_last_record_total = 0.0
         self._history_db: RunHistory | None = None
         self._ended_groups: list[int] = []
+        self._gpu_sample: GpuSample | None = None
+        self._release_wait_since: float | None = None
+        self._foreign_reported = False
 
         self.writer = RotatingLogWriter(
             home.logs, max_bytes=config.logs.max_bytes, backups=config.logs.backups
@@ -175,6 +179,8 @@ class Daemon:
         if self._systemd.watchdog_interval_s:
             self._next_watchdog_mono = time.monotonic()
         self._launch()
+        if self._gpu is not None:
+            self._gpu.start()  # after the launch: the first poll already sees the child
         try:
             self._loop()
         finally:
@@ -217,6 +223,7 @@ class Daemon:
     def _start_gpu(self) -> None:
         if not self.config.gpus_enabled:
             self._gpu_status = 'off (gpus = "none")'
+            self._event(0, "gpu_checks_off", reason='gpus = "none" in the config')
             return
         try:
             sampler = self._sampler_factory() if self._sampler_factory else _default_sampler(self)
@@ -226,8 +233,13 @@ class Daemon:
             log.info("gpu_checks_off", reason=str(exc))
             return
         self._gpu_status = f"on ({sampler.name})"
+        # A reading before the first launch: the baseline that container pid-namespace fallback compares with.
+        try:
+            first = sampler.sample()
+            self._gpu_last = tuple(reading_to_dict(r, None) for r in first)
+        except Exception as exc:
+            log.warning("gpu_baseline_failed", error=str(exc))
         self._gpu = GpuPoller(sampler, self.config.gpu_poll_s, lambda s: self._post("gpu", s))
-        self._gpu.start()
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -343,7 +355,8 @@ class Daemon:
                 signal_group(run.launched.pid, signal.SIGKILL)
         if self.restart_at_mono is not None and now >= self.restart_at_mono:
             self.restart_at_mono = None
-            self._launch()
+            if self._gpu_memory_released(now):
+                self._launch()
         if (
             self._state_dirty_since is not None
             and now >= self._last_state_write + _STATE_WRITE_MIN_S
@@ -370,6 +383,7 @@ class Daemon:
         env_keys = sorted(dflashd_env(spec))
         run = RunContext(number, self.config.command, time.monotonic(), time.time())
         run.reports_steps = self._step_re is not None
+        self._foreign_reported = False
         self.run = run
         if self.pending_clear_cache:
             self.pending_clear_cache = False
@@ -546,10 +560,11 @@ class Daemon:
         return {int(g["index"]): float(g.get("memory_used_mib") or 0.0) for g in self._gpu_last}
 
     def _on_gpu(self, sample: GpuSample) -> None:
+        self._gpu_sample = sample
         run = self.run
         tree: set[int] = set()
         if run is not None and run.launched is not None and self.phase is not Phase.EXITED:
-            tree = _tree_pids(run.launched.pid)
+            tree = gpu_pids_of_run(sample.readings, run.launched.pid, run.pids_seen)
             run.pids_seen |= tree
         use = join_with_tree(sample.readings, tree, run.gpu_baseline_mib if run else {})
         entries = tuple(
@@ -579,6 +594,62 @@ class Daemon:
                 poll_ms=round(sample.cost_s * 1000, 3),
             )
         self._check_no_gpu_memory(run, use, now)
+
+    def _gpu_memory_released(self, now: float) -> bool:
+        """Before a relaunch: the dead run's processes must hold no GPU memory (up to a timeout).
+
+        Holders from the dead run (its process group or a recorded descendant) are killed; a
+        foreign holder is named, never touched.  Returns False to postpone the launch.
+        """
+        run, sample = self.run, self._gpu_sample
+        if self._gpu is None or run is None or sample is None or run.launched is None:
+            return True
+        ours: list[dict[str, Any]] = []
+        foreign: list[dict[str, Any]] = []
+        for reading in sample.readings:
+            for proc in reading.processes:
+                if proc.used_mib is not None and proc.used_mib <= 0:
+                    continue
+                entry = {
+                    "gpu": reading.index,
+                    "pid": proc.pid,
+                    "mib": proc.used_mib,
+                    "cmd": _cmdline(proc.pid),
+                }
+                belongs = proc.pid in run.pids_seen or _pgid(proc.pid) == run.launched.pid
+                (ours if belongs else foreign).append(entry)
+        if foreign and not self._foreign_reported:
+            self._foreign_reported = True
+            self._event(run.number, "gpu_foreign_holder", holders=foreign)
+        if not ours:
+            if self._release_wait_since is not None:
+                self._event(
+                    run.number,
+                    "gpu_memory_released",
+                    waited_s=round(now - self._release_wait_since, 3),
+                )
+            self._release_wait_since = None
+            return True
+        if self._release_wait_since is None:
+            self._release_wait_since = now
+            self._event(run.number, "gpu_memory_held", holders=ours)
+            log.warning("gpu_memory_held", holders=ours)
+            for entry in ours:
+                try:
+                    os.kill(entry["pid"], signal.SIGKILL)  # a leftover of the run we started
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if now - self._release_wait_since >= self.config.gpu_release_timeout_s:
+            self._event(
+                run.number,
+                "gpu_release_timeout",
+                holders=ours,
+                waited_s=round(now - self._release_wait_since, 3),
+            )
+            self._release_wait_since = None
+            return True
+        self.restart_at_mono = now + self.config.gpu_poll_s  # look again after the next poll
+        return False
 
     def _check_no_gpu_memory(self, run: RunContext | None, use: ChildGpuUse, now: float) -> None:
         if run is None or run.launched is None or self.phase is Phase.EXITED:
@@ -982,19 +1053,25 @@ def _to_int(value: str) -> int | None:
         return None
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(psutil.Process(pid).cmdline())[:200]
+    except psutil.Error:
+        return "?"
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def _create_time(pid: int) -> float:
     try:
         return float(psutil.Process(pid).create_time())
     except psutil.Error:
         return 0.0
-
-
-def _tree_pids(root: int) -> set[int]:
-    try:
-        proc = psutil.Process(root)
-        return {root} | {c.pid for c in proc.children(recursive=True)}
-    except psutil.Error:
-        return set()
 
 
 def _group_members(pgid: int) -> set[int]:

@@ -251,13 +251,43 @@ def join_with_tree(
         for r in readings
         if r.memory_used_mib is not None
     }
-    foreign_pids = any(r.processes for r in readings)
-    if any(rise > rise_threshold_mib for rise in rises.values()) and not foreign_pids:
-        return ChildGpuUse({i: max(0.0, rise) for i, rise in rises.items()}, "device")
-    if any(rise > rise_threshold_mib for rise in rises.values()) and foreign_pids:
-        # Pids are listed but none is ours while memory rose: likely a pid namespace.
+    if tree_pids and any(rise > rise_threshold_mib for rise in rises.values()):
+        # Memory rose since launch but no listed pid is ours: the pids live in another
+        # namespace (a container).  Judge by the device's rise over the pre-launch baseline.
         return ChildGpuUse({i: max(0.0, rise) for i, rise in rises.items()}, "device")
     return ChildGpuUse(per_gpu, "process")
+
+
+def gpu_pids_of_run(readings: Iterable[GpuReading], root_pid: int, known: set[int]) -> set[int]:
+    """Which of the pids on the GPUs belong to the run started as ``root_pid`` (its own process group).
+
+    Costs a syscall or two per GPU process instead of a walk over every process on the host:
+    a pid counts when it is already known, is in the run's process group, or descends from
+    the root (checked by walking its parents, for processes that left the group).
+    """
+    import os
+
+    import psutil
+
+    mine = {root_pid}
+    for reading in readings:
+        for proc in reading.processes:
+            pid = proc.pid
+            if pid in known or pid in mine:
+                mine.add(pid)
+                continue
+            try:
+                if os.getpgid(pid) == root_pid:
+                    mine.add(pid)
+                    continue
+            except OSError:
+                continue
+            try:
+                if any(parent.pid == root_pid for parent in psutil.Process(pid).parents()):
+                    mine.add(pid)
+            except psutil.Error:
+                continue
+    return mine
 
 
 def reading_to_dict(r: GpuReading, child_mib: float | None) -> dict[str, Any]:
@@ -303,6 +333,6 @@ class GpuPoller:
     def stop(self) -> None:
         """Stop and release the backend."""
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.ident is not None:
             self._thread.join(5)
         self.sampler.close()

@@ -72,7 +72,10 @@ class NotifyServer:
         self.path = path
         path.unlink(missing_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        except OSError:
+            pass  # no sender pids on this kernel: every datagram is taken as the child's
         self.sock.bind(str(path))
         os.chmod(path, 0o600)
         self.sock.setblocking(False)

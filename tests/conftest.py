@@ -120,6 +120,33 @@ class Daemon:
                 self.proc.wait()
 
 
+def _gpu_available() -> str | None:
+    """None when NVML and a CUDA torch both work; otherwise why not."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+    except Exception as exc:
+        return f"no NVML here ({exc.__class__.__name__})"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    return None if torch.cuda.is_available() else "torch sees no CUDA device"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """GPU tests are skipped, with the reason shown, on machines without a GPU."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    reason = _gpu_available()
+    if reason is not None:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=f"GPU test: {reason}"))
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """A fresh dflashd home."""

@@ -168,11 +168,10 @@ class Drafter(nn.Module):
 
 def flex_core(q: Tensor, k: Tensor, v: Tensor, mask: object) -> Tensor:
     """Attention through flex_attention with a BlockMask (compile this for the fused kernel)."""
-    from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-    out = flex_attention(q, k, v, block_mask=mask)  # type: ignore[arg-type]
-    assert isinstance(out, Tensor)
-    return out
+    assert isinstance(mask, BlockMask)
+    return flex_attention(q, k, v, block_mask=mask)
 
 
 def dense_core(q: Tensor, k: Tensor, v: Tensor, mask: object) -> Tensor:

@@ -1,0 +1,60 @@
+"""The real NVML sampler and the trainer's GPU path (marker ``gpu``: skipped, visibly, without a GPU)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashd.supervisor.gpu import NvmlSampler, join_with_tree
+
+pytestmark = pytest.mark.gpu
+HERE = Path(__file__).parent
+
+
+def test_real_sampler_sees_a_2gib_child() -> None:
+    """NVML (joined with the process tree) attributes ~2 GiB to a child that allocated 2 GiB."""
+    sampler = NvmlSampler("all")
+    baseline = {r.index: r.memory_used_mib or 0.0 for r in sampler.sample()}
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "alloc_child.py"), "2"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and "holding" in proc.stdout.readline()
+        use = join_with_tree(sampler.sample(), {proc.pid}, baseline)
+        assert use.total_mib is not None and use.total_mib >= 2048, use
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        sampler.close()
+
+
+def test_four_threads_compile_flex_on_one_gpu_without_deadlock(tmp_path: Path) -> None:
+    """Four worker threads on one GPU each compile flex under the lock and train (the research deadlocked without it)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflashd.trainer",
+        "--workers",
+        "4",
+        "--steps",
+        "20",
+        "--log-every",
+        "5",
+        "--checkpoint-dir",
+        str(tmp_path),
+    ]
+    started = time.monotonic()
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    backends = [line for line in result.stdout.splitlines() if line.startswith("compile_done")]
+    assert len(backends) == 4
+    assert all("attention_backend=flex_compiled" in line for line in backends), backends
+    assert time.monotonic() - started < 600
