@@ -610,7 +610,7 @@ class Daemon:
             for proc in reading.processes:
                 if proc.used_mib is not None and proc.used_mib <= 0:
                     continue
-                entry = {
+                entry: dict[str, Any] = {
                     "gpu": reading.index,
                     "pid": proc.pid,
                     "mib": proc.used_mib,
