@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import psutil
-import structlog
 
 from dflashd.logs.framer import Frame
 from dflashd.logs.pump import PipeDrain
@@ -58,12 +57,13 @@ from dflashd.supervisor.launch import (
     spawn,
 )
 from dflashd.supervisor.lifecycle import Phase, State, transition
+from dflashd.supervisor.logging import get_logger
 from dflashd.supervisor.notify import NotifyMessage, NotifyServer, SystemdNotifier
 from dflashd.supervisor.policy import Action, RestartHistory, decide
 from dflashd.supervisor.statefile import read_state, write_state
 from dflashd.supervisor.verdicts import EndedBy, Observations, Verdict, classify, signal_name
 
-log = structlog.get_logger("dflashd")
+log = get_logger("dflashd")
 
 EXIT_FATAL: Final = 4  # the daemon gave up (fatal); systemd's RestartPreventExitStatus names it
 _STATE_WRITE_MIN_S: Final = 1.0
@@ -1000,6 +1000,9 @@ class Daemon:
             write_state(self.home.state_file, state)
         except OSError as exc:
             log.warning("state_write_failed", error=str(exc))
+        self._systemd.notify(
+            f"STATUS={self._one_line_status()}"
+        )  # mirrors `dflashd status` in one line
 
     def _one_line_status(self) -> str:
         run = self.run

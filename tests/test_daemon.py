@@ -272,6 +272,8 @@ def test_sigkill_of_the_daemon_leaves_no_child(
     )
     runs = [r.run for r in second.events("spawn")]
     assert runs == [1, 2]  # the run counter continues across daemons
+    seqs = [r.seq for r in second.records()]
+    assert seqs == list(range(1, len(seqs) + 1))  # one log, continued, nothing truncated
 
 
 def test_bad_config_exits_2_and_launches_nothing(home: Path, tmp_path: Path) -> None:

@@ -13,7 +13,18 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_wheel_contains_every_package_folder(tmp_path: Path) -> None:
     """supervisor/, trainer/ and logs/ land as dflashd.supervisor, dflashd.trainer, dflashd.logs (and nothing bare)."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
         check=True,
         capture_output=True,
     )
@@ -21,19 +32,30 @@ def test_wheel_contains_every_package_folder(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder in ("supervisor", "trainer", "logs"):
         sources = {p.name for p in (ROOT / folder).glob("*.py")}
-        packaged = {Path(n).name for n in names if n.startswith(f"dflashd/{folder}/") and n.endswith(".py")}
+        packaged = {
+            Path(n).name for n in names if n.startswith(f"dflashd/{folder}/") and n.endswith(".py")
+        }
         assert sources == packaged, f"{folder}: missing {sources - packaged}"
     assert not any(n.startswith(("supervisor/", "trainer/", "logs/")) for n in names)
-    assert not any(n == "dflashd/__init__.py" for n in names)  # a namespace: never shadowed by a folder
+    assert not any(
+        n == "dflashd/__init__.py" for n in names
+    )  # a namespace: never shadowed by a folder
 
 
 def test_version_and_help_are_fast_and_torch_free() -> None:
     """`dflashd --version` works, and the supervisor never imports torch."""
-    out = subprocess.run([sys.executable, "-m", "dflashd.supervisor", "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "dflashd.supervisor", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "dflashd, version 0.1.0"
     probe = (
         "import sys, dflashd.supervisor.cli, dflashd.supervisor.daemon, dflashd.supervisor.gpu; "
         "print('torch' in sys.modules)"
     )
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
     assert result.stdout.strip() == "False"

@@ -17,7 +17,9 @@ with open(os.path.join(outdir, f"start-{run}"), "w") as fh:
 if mode == "grandchild":
     import subprocess
 
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # holds stdout and stderr
+    subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"]
+    )  # holds stdout and stderr
 if mode == "partial_sigkill":
     os.write(1, b"a partial line with no newline")
 with open(os.path.join(outdir, f"death-{run}"), "w") as fh:

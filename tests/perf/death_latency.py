@@ -31,11 +31,25 @@ def measure(mode: str, deaths: int, work: Path) -> dict[str, float | int | str]:
         'gpus = "none"\n[restart]\nbackoff_initial_s = 0.0\nclear_cache_on_early_death = false\n'
         f"early_retries = {deaths - 1}\n"
     )
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--home", str(home)]
+    argv = [
+        sys.executable,
+        "-m",
+        "dflashd.supervisor",
+        "start",
+        "--foreground",
+        "--home",
+        str(home),
+    ]
     argv += ["--config", str(config), "--", sys.executable, str(CHILD), mode, str(marks)]
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, check=False)
+    subprocess.run(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, check=False
+    )
     records = list(read_records(home / "logs"))
-    exits = {r.run: parse_timestamp(r.ts) for r in records if isinstance(r, EventRecord) and r.event == "exit"}
+    exits = {
+        r.run: parse_timestamp(r.ts)
+        for r in records
+        if isinstance(r, EventRecord) and r.event == "exit"
+    }
     to_exit, to_relaunch = [], []
     for run, exit_at in exits.items():
         death = float((marks / f"death-{run}").read_text())
@@ -56,19 +70,27 @@ def measure(mode: str, deaths: int, work: Path) -> dict[str, float | int | str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--deaths", type=int, default=25)
     parser.add_argument("--modes", default="exit,segv,sigkill,partial_sigkill,grandchild")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dflashd-death-") as tmp:
         print(f"# death_latency: {args.deaths} deaths per mode, zero backoff")
-        print(f"{'mode':16s} {'deaths':>6s} {'exit med':>9s} {'exit max':>9s} {'relaunch med':>13s} {'relaunch max':>13s}")
+        print(
+            f"{'mode':16s} {'deaths':>6s} {'exit med':>9s} {'exit max':>9s} {'relaunch med':>13s} {'relaunch max':>13s}"
+        )
         for mode in args.modes.split(","):
             r = measure(mode, args.deaths, Path(tmp))
             print(
                 f"{r['mode']:16s} {r['deaths']:6d} {r['exit_median_ms']:7.2f}ms {r['exit_max_ms']:7.2f}ms "
                 f"{r['relaunch_median_ms']:11.2f}ms {r['relaunch_max_ms']:11.2f}ms"
-                + (f"   partial lines logged: {r['partial_lines']}" if mode == "partial_sigkill" else "")
+                + (
+                    f"   partial lines logged: {r['partial_lines']}"
+                    if mode == "partial_sigkill"
+                    else ""
+                )
             )
 
 

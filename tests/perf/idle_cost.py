@@ -27,14 +27,24 @@ IDLE_CHILD = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dflashd-idle-") as tmp:
         home = Path(tmp) / "home"
         config = Path(tmp) / "idle.toml"
         config.write_text('gpus = "none"\nstall_timeout_s = 3600\n')
-        argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--home", str(home)]
+        argv = [
+            sys.executable,
+            "-m",
+            "dflashd.supervisor",
+            "start",
+            "--foreground",
+            "--home",
+            str(home),
+        ]
         argv += ["--config", str(config), "--", sys.executable, "-c", IDLE_CHILD]
         daemon = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         proc = psutil.Process(daemon.pid)
@@ -47,10 +57,15 @@ def main() -> None:
         threads = len(proc.threads())
         busy = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
         wakeups = (ctx1.voluntary - ctx0.voluntary) + (ctx1.involuntary - ctx0.involuntary)
-        subprocess.run([sys.executable, "-m", "dflashd.supervisor", "stop", "--home", str(home)],
-                       capture_output=True, check=False)
+        subprocess.run(
+            [sys.executable, "-m", "dflashd.supervisor", "stop", "--home", str(home)],
+            capture_output=True,
+            check=False,
+        )
         daemon.wait(30)
-        print(f"# idle_cost over {args.seconds:.0f}s (threads: {threads}, {len(threads0)} at start)")
+        print(
+            f"# idle_cost over {args.seconds:.0f}s (threads: {threads}, {len(threads0)} at start)"
+        )
         print(f"RSS          {rss:.1f} MiB")
         print(f"CPU          {busy:.3f} s = {100 * busy / args.seconds:.4f} % of one core")
         print(f"ctx switches {wakeups} ({wakeups / args.seconds:.2f}/s)")
