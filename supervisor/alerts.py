@@ -1,7 +1,9 @@
 """Alerts: who hears about a bad run, off the daemon's main path.
 
-The policy (:func:`should_alert`) is pure.  Delivery runs on a worker thread with a
-timeout, so a hung alert command never stalls death detection or pipe draining.
+The policy (:func:`alert_decision`) is pure.  Delivery runs on a worker thread, each
+attempt bounded by a timeout and retried with backoff, so a hung webhook or alert command
+never stalls death detection or pipe draining.  The webhook URL is a secret: it is never
+written to a log record, ``status`` or ``state.json`` (only its host, in outcomes).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import signal
 import socket
 import subprocess
 import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -19,20 +25,42 @@ from typing import Any, Final
 import orjson
 
 _COMMAND_TIMEOUT_S: Final = 30.0
+WEBHOOK_TIMEOUT_S: Final = 5.0
+WEBHOOK_ATTEMPTS: Final = 3
+_EARLY: Final = frozenset({"silent_death", "crash_before_first_step", "no_gpu_memory"})
 
 
 @dataclass(frozen=True, slots=True)
 class AlertOutcome:
-    """What happened to one delivery attempt (becomes an ``alert`` record)."""
+    """What happened to one delivery (becomes an ``alert`` record)."""
 
     sink: str
     ok: bool
     detail: str
+    verdict: str = ""
+    attempts: int = 1
+
+
+def alert_decision(
+    verdict: str,
+    *,
+    on: tuple[str, ...],
+    already_alerted: frozenset[str],
+    early_deaths_before: int,
+) -> bool:
+    """Whether to alert: one alert per verdict per run, for the verdicts in ``alerts.on``.
+
+    A crash loop alerts on its first early death and on the ``fatal``, not on every
+    attempt: an early death that follows another early death stays quiet.
+    """
+    if verdict not in on or verdict in already_alerted:
+        return False
+    return not (verdict in _EARLY and early_deaths_before > 0)
 
 
 def should_alert(verdict: str, *, on: tuple[str, ...], already_alerted: frozenset[str]) -> bool:
     """One alert per verdict per run, for the verdicts listed in ``alerts.on``."""
-    return verdict in on and verdict not in already_alerted
+    return alert_decision(verdict, on=on, already_alerted=already_alerted, early_deaths_before=0)
 
 
 def alert_payload(
@@ -46,6 +74,7 @@ def alert_payload(
     tail: list[str],
     gpus: list[dict[str, Any]],
     log: str,
+    step: int | None = None,
 ) -> dict[str, Any]:
     """The alert JSON of DESIGN §7."""
     return {
@@ -59,25 +88,89 @@ def alert_payload(
         "gpus": gpus,
         "log": log,
         "host": socket.gethostname(),
+        "step": step,
     }
 
 
+def summary_text(payload: dict[str, Any]) -> str:
+    """One readable paragraph (Slack's ``text``): host, run, verdict, reason, stderr tail, log."""
+    verdict = payload["verdict"]
+    if verdict == "recovered":
+        return (
+            f":white_check_mark: dflashd on {payload['host']}: training resumed in run {payload['run']}, "
+            f"step {payload.get('step')} (after {payload['reason']}). Log: {payload['log']}"
+        )
+    how = (
+        f"exit code {payload['exit_code']}"
+        if payload.get("exit_code") is not None
+        else (payload.get("signal") or "no exit status")
+    )
+    duration = payload.get("duration_s")
+    after = f" after {duration:.1f}s" if isinstance(duration, int | float) else ""
+    text = (
+        f":rotating_light: dflashd on {payload['host']}: run {payload['run']} *{verdict}* "
+        f"({payload['reason']}), {how}{after}. Log: {payload['log']}"
+    )
+    tail = payload.get("tail") or []
+    if tail:
+        text += "\n```\n" + "\n".join(str(line)[:300] for line in tail[-15:]) + "\n```"
+    return text
+
+
+def redact_url(url: str) -> str:
+    """What may be shown of a webhook URL: its scheme and host, never the path (the secret)."""
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or '?'}/…"
+
+
+def post_webhook(
+    url: str, payload: dict[str, Any], timeout_s: float = WEBHOOK_TIMEOUT_S
+) -> tuple[bool, str]:
+    """One POST of Slack-compatible JSON; (ok, detail) with no secret in the detail."""
+    body = orjson.dumps({"text": summary_text(payload), **payload}, default=str)
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "User-Agent": "dflashd"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        return False, f"HTTP {exc.code}"
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, f"{type(reason).__name__}: {reason}"[:200]
+    return (200 <= status < 300), f"HTTP {status}"
+
+
 class AlertDispatcher:
-    """A worker thread that runs the ``command`` sink; tracks the pids it starts (they are not the child's)."""
+    """A worker thread that runs the sinks; tracks the pids it starts (they are not the child's)."""
 
     def __init__(
-        self, command: tuple[str, ...], on_outcome: Callable[[int, AlertOutcome], None]
+        self,
+        command: tuple[str, ...],
+        on_outcome: Callable[[int, AlertOutcome], None],
+        webhook_url: str = "",
+        *,
+        webhook_timeout_s: float = WEBHOOK_TIMEOUT_S,
+        retry_delay_s: float = 1.0,
     ) -> None:
         self._command = command
+        self._webhook_url = webhook_url
+        self._webhook_timeout_s = webhook_timeout_s
+        self._retry_delay_s = retry_delay_s
         self._on_outcome = on_outcome
         self._queue: queue.SimpleQueue[tuple[int, dict[str, Any]] | None] = queue.SimpleQueue()
         self.pids: set[int] = set()
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
 
     @property
     def enabled(self) -> bool:
         """True when a sink is configured."""
-        return bool(self._command)
+        return bool(self._command) or bool(self._webhook_url)
 
     def send(self, run: int, payload: dict[str, Any]) -> None:
         """Queue one alert; returns at once."""
@@ -94,7 +187,28 @@ class AlertDispatcher:
             if item is None:
                 return
             run, payload = item
-            self._on_outcome(run, self._run_command(payload))
+            verdict = str(payload.get("verdict"))
+            if self._webhook_url:
+                self._on_outcome(run, self._deliver_webhook(payload, verdict))
+            if self._command:
+                outcome = self._run_command(payload)
+                self._on_outcome(
+                    run, AlertOutcome(outcome.sink, outcome.ok, outcome.detail, verdict)
+                )
+
+    def _deliver_webhook(self, payload: dict[str, Any], verdict: str) -> AlertOutcome:
+        detail = ""
+        for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
+            ok, detail = post_webhook(self._webhook_url, payload, self._webhook_timeout_s)
+            if ok:
+                return AlertOutcome("webhook", True, detail, verdict, attempt)
+            if attempt < WEBHOOK_ATTEMPTS and self._closing.wait(
+                self._retry_delay_s * 2 ** (attempt - 1)
+            ):
+                break  # shutting down: stop retrying
+        return AlertOutcome(
+            "webhook", False, f"{detail} ({redact_url(self._webhook_url)})", verdict, attempt
+        )
 
     def _run_command(self, payload: dict[str, Any]) -> AlertOutcome:
         try:
@@ -109,7 +223,9 @@ class AlertDispatcher:
             return AlertOutcome("command", False, f"cannot run alert command: {exc.strerror}")
         self.pids.add(proc.pid)
         try:
-            _, err = proc.communicate(orjson.dumps(payload), timeout=_COMMAND_TIMEOUT_S)
+            _, err = proc.communicate(
+                orjson.dumps(payload, default=str), timeout=_COMMAND_TIMEOUT_S
+            )
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -121,8 +237,11 @@ class AlertDispatcher:
             return AlertOutcome("command", False, f"exit code {proc.returncode}: {detail[0]}")
         return AlertOutcome("command", True, "delivered")
 
-    def close(self) -> None:
-        """Let queued alerts finish (bounded by the command timeout)."""
+    def close(self, timeout_s: float = 20.0) -> None:
+        """Let queued alerts finish, bounded: retries stop early and the wait is capped."""
         if self._thread is not None:
             self._queue.put(None)
-            self._thread.join(_COMMAND_TIMEOUT_S + 1)
+            deadline = time.monotonic() + timeout_s
+            self._thread.join(max(0.0, deadline - time.monotonic() - 2.0))
+            self._closing.set()
+            self._thread.join(max(0.0, deadline - time.monotonic()))

@@ -345,6 +345,50 @@ def _last_seq(home: Home) -> int:
     return last[0].seq if last else 0
 
 
+# -- report -----------------------------------------------------------------------------
+
+
+@main.command()
+@_home_option
+@click.option(
+    "--run", "which_run", default=None, help="Only this run: a number, 'current' or 'previous'."
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("dflashd-report.html"),
+    show_default=True,
+    help="Where to write the report: .html (a self-contained page) or .svg (the charts alone).",
+)
+def report(home: Path | None, which_run: str | None, output: Path) -> None:
+    """A picture of the recent runs: timeline by verdict, steps over time, GPU memory."""
+    from dflashd.logs.reader import RecordFilter, read_records
+    from dflashd.supervisor.report import collect, render_html, summarize, svg_document
+
+    where = _home(home)
+    if not where.logs.is_dir():
+        _fail(
+            f"no logs in {where.root} (has dflashd been started with this home?)", EXIT_NOT_RUNNING
+        )
+    run = _resolve_run(where, which_run)
+    data = collect(read_records(where.logs, RecordFilter(run=run, src="dflashd")))
+    if not data.runs:
+        _fail("no runs in the log" + (f" for run {run}" if run is not None else ""), 1)
+    text = (
+        svg_document(data)
+        if output.suffix == ".svg"
+        else render_html(data, f"dflashd runs on {where.root}")
+    )
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        _fail(f"cannot write {output}: {exc.strerror}", 1)
+    info = summarize(data)
+    verdicts = ", ".join(f"{k} {v}" for k, v in sorted(info["verdicts"].items()))
+    click.echo(f"{output}: {info['runs']} runs ({verdicts}), {info['gpu_points']} GPU points")
+
+
 # -- stop -------------------------------------------------------------------------------
 
 

@@ -50,7 +50,7 @@ class AlertsConfig:
 
     webhook_url: str = ""
     command: tuple[str, ...] = ()
-    on: tuple[str, ...] = (*(v.value for v in ALERTABLE), "fatal")
+    on: tuple[str, ...] = (*(v.value for v in ALERTABLE), "fatal", "recovered")
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class Config:
     stall_timeout_s: float = 900.0
     first_step_pattern: str = ""
     step_pattern: str = ""
+    metrics_listen: str = ""
     restart: RestartConfig = field(default_factory=RestartConfig)
     logs: LogsConfig = field(default_factory=LogsConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
@@ -182,7 +183,14 @@ def _validate(config: Config) -> Config:
             raise ConfigError(f"{key}: not a valid regex: {exc}") from None
         if key == "step_pattern" and compiled.groups < 1:
             raise ConfigError("step_pattern: needs one group that captures the step number")
-    verdicts = {v.value for v in Verdict} | {"fatal"}
+    if config.metrics_listen:
+        from dflashd.supervisor.metrics import parse_listen
+
+        try:
+            parse_listen(config.metrics_listen)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    verdicts = {v.value for v in Verdict} | {"fatal", "recovered"}
     for name in config.alerts.on:
         if name not in verdicts:
             raise ConfigError(f"alerts.on: unknown verdict {name!r}")

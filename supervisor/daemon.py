@@ -28,7 +28,7 @@ from dflashd.logs.pump import PipeDrain
 from dflashd.logs.sink import LogSink
 from dflashd.logs.writer import RotatingLogWriter
 from dflashd.supervisor import __version__
-from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_payload, should_alert
+from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_decision, alert_payload
 from dflashd.supervisor.caches import clear_owned_cache
 from dflashd.supervisor.config import Config, config_to_dict
 from dflashd.supervisor.control import ControlServer
@@ -72,6 +72,7 @@ _CATCH_UP_S: Final = 0.25
 _GPU_RECORD_EVERY_S: Final = 60.0
 _GPU_RECORD_CHANGE_MIB: Final = 1024.0
 _TAIL_LINES: Final = 20
+_PROGRESS_RECORD_EVERY_S: Final = 30.0
 _WAKE: Final = b"\x00"
 
 
@@ -98,6 +99,7 @@ class RunContext:
     gpu_xids: list[int] = field(default_factory=list)
     pids_seen: set[int] = field(default_factory=set)
     reports_steps: bool = False
+    last_progress_record_mono: float = 0.0
 
     @property
     def pid(self) -> int | None:
@@ -158,7 +160,13 @@ class Daemon:
             home.logs, max_bytes=config.logs.max_bytes, backups=config.logs.backups
         )
         self.sink = LogSink(self.writer)
-        self.alerts = AlertDispatcher(config.alerts.command, self._alert_done)
+        self.alerts = AlertDispatcher(
+            config.alerts.command, self._alert_done, config.alerts.webhook_url
+        )
+        self._recovering_from: str | None = None
+        self._snapshot: dict[str, Any] = {}
+        self._metrics: Any = None
+        self._alerts_sent = 0
 
     # -- public entry -------------------------------------------------------------------
 
@@ -176,6 +184,7 @@ class Daemon:
         if self.writer.torn_bytes:
             self._event(self.writer.last_run, "log_torn_tail", bytes=self.writer.torn_bytes)
         self._start_gpu()
+        self._start_metrics()
         if self._systemd.watchdog_interval_s:
             self._next_watchdog_mono = time.monotonic()
         self._launch()
@@ -198,6 +207,8 @@ class Daemon:
         """A previous daemon died without cleaning up: end the child it left (recorded in state.json)."""
         previous = read_state(self.home.state_file) or {}
         self.restarts_by_verdict = dict(previous.get("restarts_by_verdict") or {})
+        if previous.get("state") == "fatal":
+            self._recovering_from = "fatal"
         child = previous.get("child")
         if not isinstance(child, dict) or not child.get("pid"):
             return
@@ -219,6 +230,29 @@ class Daemon:
         self._event(run, "recovered_orphan", pgid=pid, pids=sorted(survivors))
         log.warning("previous_child_still_running", pgid=pid, pids=sorted(survivors))
         _terminate_group(pid, self.config.restart.stop_timeout_s)
+
+    def _start_metrics(self) -> None:
+        if not self.config.metrics_listen:
+            return
+        from dflashd.supervisor.metrics import MetricsServer
+
+        def extra() -> dict[str, float]:
+            stats = self.sink.stats()
+            return {
+                "log_written_bytes": float(stats.writer.bytes_written),
+                "log_dropped_bytes": float(stats.writer.bytes_dropped + stats.stalled_drops_bytes),
+                "alerts": float(self._alerts_sent),
+            }
+
+        server = MetricsServer(self.config.metrics_listen, lambda: self._snapshot, extra)
+        try:
+            server.start()
+        except OSError as exc:
+            self._event(0, "metrics_off", listen=self.config.metrics_listen, error=str(exc))
+            log.error("metrics_off", listen=self.config.metrics_listen, error=str(exc))
+            return
+        self._metrics = server
+        self._event(0, "metrics_on", listen=f"{server.host}:{server.port}")
 
     def _start_gpu(self) -> None:
         if not self.config.gpus_enabled:
@@ -547,11 +581,24 @@ class Daemon:
                 step=run.step,
                 source=source,
             )
+            if self._recovering_from is not None:
+                # Training resumed after a fatal or a stall: say so, once.
+                self._maybe_alert(run, "recovered", self._recovering_from, {"tail": []}, 0)
+                self._recovering_from = None
             self._write_state()
         elif run.first_step_mono is not None:
             self.phase = Phase.TRAINING
         if run.first_step_mono is not None or first:
             run.last_progress_mono = now
+        if (
+            step is not None
+            and run.first_step_mono is not None
+            and now - run.last_progress_record_mono >= _PROGRESS_RECORD_EVERY_S
+        ):
+            run.last_progress_record_mono = (
+                now  # steps over time for `dflashd report`, rate-limited
+            )
+            self._event(run.number, "progress", step=step)
         self._mark_dirty()
 
     # -- GPU ----------------------------------------------------------------------------
@@ -825,6 +872,7 @@ class Daemon:
                 first_step_s=exit_fields.get("first_step_after_s"),
                 last_step=run.step,
             )
+        early_before = self.history.early_deaths
         decision = decide(
             result.verdict,
             exit_code=obs.exit_code,
@@ -835,7 +883,9 @@ class Daemon:
             jitter=self._rng.random(),
         )
         self.history = decision.history
-        self._maybe_alert(run, result.verdict.value, result.reason, exit_fields)
+        self._maybe_alert(run, result.verdict.value, result.reason, exit_fields, early_before)
+        if result.verdict is Verdict.STALLED:
+            self._recovering_from = "stalled"
         if self._stop_requested:
             self._finish_stop()
         elif decision.action is Action.DONE:
@@ -845,7 +895,7 @@ class Daemon:
             self._event(run.number, "fatal", reason=decision.reason, verdict=result.verdict.value)
             log.error("fatal", run=run.number, reason=decision.reason)
             self.state = transition(self.state, State.FATAL)
-            self._maybe_alert(run, "fatal", decision.reason, exit_fields)
+            self._maybe_alert(run, "fatal", decision.reason, exit_fields, 0)
             self.exit_code = EXIT_FATAL
         else:
             self.restarts_by_verdict[result.verdict.value] = (
@@ -867,24 +917,18 @@ class Daemon:
         self._systemd.notify(f"STATUS={self._one_line_status()}")
 
     def _maybe_alert(
-        self, run: RunContext, verdict: str, reason: str, exit_fields: dict[str, Any]
+        self,
+        run: RunContext,
+        verdict: str,
+        reason: str,
+        exit_fields: dict[str, Any],
+        early_deaths_before: int,
     ) -> None:
-        if (
-            verdict != "fatal"
-            and self.history.early_deaths > 1
-            and verdict
-            in {
-                v.value
-                for v in (
-                    Verdict.SILENT_DEATH,
-                    Verdict.CRASH_BEFORE_FIRST_STEP,
-                    Verdict.NO_GPU_MEMORY,
-                )
-            }
-        ):
-            return  # a crash loop: the first early death and the fatal alert, not one per attempt
-        if not should_alert(
-            verdict, on=self.config.alerts.on, already_alerted=frozenset(run.alerted)
+        if not alert_decision(
+            verdict,
+            on=self.config.alerts.on,
+            already_alerted=frozenset(run.alerted),
+            early_deaths_before=early_deaths_before,
         ):
             return
         run.alerted.add(verdict)
@@ -900,14 +944,21 @@ class Daemon:
             tail=list(exit_fields.get("tail") or []),
             gpus=list(self._gpu_last),
             log=str(self.writer.path),
+            step=run.step,
         )
         self.alerts.send(run.number, payload)
 
     def _alert_done(self, run: int, outcome: AlertOutcome) -> None:
+        self._alerts_sent += 1
         # Called on the alert thread: the sink is thread-safe.
-        self.sink.submit_event(
-            run, "alert", {"sink": outcome.sink, "ok": outcome.ok, "detail": outcome.detail}
-        )
+        fields = {
+            "sink": outcome.sink,
+            "ok": outcome.ok,
+            "detail": outcome.detail,
+            "verdict": outcome.verdict,
+            "attempts": outcome.attempts,
+        }
+        self.sink.submit_event(run, "alert", fields)
 
     def _finish_stop(self) -> None:
         self._stop_deadline_mono = None
@@ -995,7 +1046,8 @@ class Daemon:
         self._state_dirty_since = None
         self._last_state_write = time.monotonic()
         state = self.status()
-        state["config"] = config_to_dict(self.config)
+        self._snapshot = state  # replaced whole: a metrics scrape on another thread reads it as is
+        state = {**state, "config": config_to_dict(self.config)}
         try:
             write_state(self.home.state_file, state)
         except OSError as exc:
@@ -1035,6 +1087,8 @@ class Daemon:
         if self._gpu is not None:
             self._gpu.stop()
         self.alerts.close()
+        if self._metrics is not None:
+            self._metrics.stop()
         self._event(run.number if run else 0, "daemon_exit", state=self.state.value)
         self._write_state()
         self.sink.close(5.0)

@@ -1,0 +1,142 @@
+"""Prometheus metrics on an opt-in ``metrics_listen`` address (loopback unless told otherwise).
+
+prometheus-client is imported only when metrics are on, so the daemon stays small without
+them.  Scrapes never touch the daemon's loop: they read the last status snapshot the loop
+published (replaced whole, never mutated) plus the log sink's counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+from dflashd.supervisor.lifecycle import Phase, State
+
+_MIB: Final = 1024 * 1024
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``"127.0.0.1:9464"``, ``":9464"`` or ``"9464"`` -> (host, port); a bare port binds loopback."""
+    host, sep, port = listen.rpartition(":")
+    if not sep:
+        host, port = "", listen
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"metrics_listen: expected host:port, got {listen!r}")
+    return host, int(port)
+
+
+def metric_families(snapshot: dict[str, Any], extra: dict[str, float], now: float) -> Iterator[Any]:
+    """The metric families for one scrape, from a status snapshot (pure apart from the import)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    state = GaugeMetricFamily("dflashd_state", "1 for the daemon's current state", labels=["state"])
+    for value in State:
+        state.add_metric([value.value], 1.0 if snapshot.get("state") == value.value else 0.0)
+    yield state
+    phase = GaugeMetricFamily("dflashd_phase", "1 for the current run's phase", labels=["phase"])
+    for phase_value in Phase:
+        phase.add_metric(
+            [phase_value.value], 1.0 if snapshot.get("phase") == phase_value.value else 0.0
+        )
+    yield phase
+    yield GaugeMetricFamily(
+        "dflashd_run", "Current run number", value=float(snapshot.get("run") or 0)
+    )
+    yield GaugeMetricFamily(
+        "dflashd_step", "Last step the job reported", value=float(snapshot.get("step") or 0)
+    )
+    progress_at = snapshot.get("last_progress_at")
+    since = GaugeMetricFamily(
+        "dflashd_seconds_since_progress", "Seconds since the job last made progress"
+    )
+    if isinstance(progress_at, int | float) and snapshot.get("child_pid"):
+        since.add_metric([], max(0.0, now - progress_at))
+    yield since
+    restarts = CounterMetricFamily(
+        "dflashd_restarts", "Relaunches, by the verdict that caused them", labels=["verdict"]
+    )
+    for verdict, count in sorted((snapshot.get("restarts_by_verdict") or {}).items()):
+        restarts.add_metric([verdict], float(count))
+    yield restarts
+    last_exit = snapshot.get("last_exit") or {}
+    ended = GaugeMetricFamily(
+        "dflashd_last_exit_timestamp_seconds", "When the last run ended (Unix time)"
+    )
+    if isinstance(last_exit.get("ended_at"), int | float):
+        ended.add_metric([], float(last_exit["ended_at"]))
+    yield ended
+    verdict = GaugeMetricFamily(
+        "dflashd_last_exit_verdict",
+        "1 for the verdict of the last run that ended",
+        labels=["verdict", "reason"],
+    )
+    if last_exit.get("verdict"):
+        verdict.add_metric([str(last_exit["verdict"]), str(last_exit.get("reason") or "")], 1.0)
+    yield verdict
+    used = GaugeMetricFamily("dflashd_gpu_memory_used_bytes", "GPU memory used", labels=["gpu"])
+    total = GaugeMetricFamily("dflashd_gpu_memory_total_bytes", "GPU memory total", labels=["gpu"])
+    util = GaugeMetricFamily(
+        "dflashd_gpu_utilization_ratio", "GPU utilisation (0-1)", labels=["gpu"]
+    )
+    child = GaugeMetricFamily(
+        "dflashd_gpu_child_memory_bytes", "GPU memory held by the job", labels=["gpu"]
+    )
+    for gpu in snapshot.get("gpus") or []:
+        label = [str(gpu.get("index"))]
+        if gpu.get("memory_used_mib") is not None:
+            used.add_metric(label, float(gpu["memory_used_mib"]) * _MIB)
+        if gpu.get("memory_total_mib") is not None:
+            total.add_metric(label, float(gpu["memory_total_mib"]) * _MIB)
+        if gpu.get("utilization_pct") is not None:
+            util.add_metric(label, float(gpu["utilization_pct"]) / 100.0)
+        if gpu.get("child_memory_mib") is not None:
+            child.add_metric(label, float(gpu["child_memory_mib"]) * _MIB)
+    yield from (used, total, util, child)
+    yield CounterMetricFamily(
+        "dflashd_log_written_bytes",
+        "Bytes written to the run log",
+        value=extra["log_written_bytes"],
+    )
+    yield CounterMetricFamily(
+        "dflashd_log_dropped_bytes",
+        "Log bytes lost to a failing disk",
+        value=extra["log_dropped_bytes"],
+    )
+    yield CounterMetricFamily(
+        "dflashd_alerts", "Alert deliveries attempted", value=extra.get("alerts", 0.0)
+    )
+
+
+class MetricsServer:
+    """An HTTP endpoint serving :func:`metric_families` from its own registry."""
+
+    def __init__(
+        self,
+        listen: str,
+        snapshot: Callable[[], dict[str, Any]],
+        extra: Callable[[], dict[str, float]],
+    ) -> None:
+        self.host, self.port = parse_listen(listen)
+        self._snapshot = snapshot
+        self._extra = extra
+        self._server: Any = None
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus-client's collector interface."""
+        yield from metric_families(self._snapshot(), self._extra(), time.time())
+
+    def start(self) -> None:
+        """Bind and serve on a daemon thread (raises OSError when the address is taken)."""
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        self._server, _ = start_http_server(self.port, addr=self.host, registry=registry)
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None

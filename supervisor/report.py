@@ -1,0 +1,297 @@
+"""``dflashd report``: one self-contained HTML page (inline SVG, no dependencies) from the run log.
+
+Three charts share one time axis: each run's span coloured by its verdict, the step over time
+(from ``first_step``, ``progress`` and ``exit`` records), and each GPU's memory from the ``gpu``
+records.  Everything is computed from the log by pure functions; nothing runs in the daemon.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from dflashd.logs.records import EventRecord, Record, parse_timestamp
+
+VERDICT_COLORS: Final = {
+    "completed": "#2e7d32",
+    "stopped": "#757575",
+    "crashed": "#c62828",
+    "stalled": "#ef6c00",
+    "crash_before_first_step": "#ad1457",
+    "silent_death": "#6a1b9a",
+    "no_gpu_memory": "#283593",
+    "spawn_failed": "#000000",
+    "running": "#1565c0",
+}
+_W: Final = 900
+_LEFT: Final = 70
+_RIGHT: Final = 20
+
+
+@dataclass
+class RunSpan:
+    """One run: when it started and ended, how, and its step at the end."""
+
+    run: int
+    start: float
+    end: float | None = None
+    verdict: str = "running"
+    reason: str = ""
+    first_step_at: float | None = None
+    last_step: int | None = None
+
+
+@dataclass
+class ReportData:
+    """What the charts need."""
+
+    runs: dict[int, RunSpan] = field(default_factory=dict)
+    steps: list[tuple[float, int, int]] = field(default_factory=list)  # (time, run, step)
+    gpu_memory: dict[int, list[tuple[float, float]]] = field(
+        default_factory=dict
+    )  # gpu -> (time, MiB)
+    gpu_total: dict[int, float] = field(default_factory=dict)
+    fatal: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def span(self) -> tuple[float, float]:
+        times = [r.start for r in self.runs.values()] + [r.end for r in self.runs.values() if r.end]
+        times += [t for t, _, _ in self.steps] + [
+            t for pts in self.gpu_memory.values() for t, _ in pts
+        ]
+        if not times:
+            return 0.0, 1.0
+        lo, hi = min(times), max(times)
+        return lo, hi if hi > lo else lo + 1.0
+
+
+def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> ReportData:
+    """Fold supervisor records into report data (child lines are ignored)."""
+    data = ReportData()
+    for rec in records:
+        if not isinstance(rec, EventRecord) or (only_runs is not None and rec.run not in only_runs):
+            continue
+        at = parse_timestamp(rec.ts)
+        fields = rec.fields
+        if rec.event == "spawn":
+            data.runs[rec.run] = RunSpan(rec.run, at)
+        elif rec.event == "first_step" and rec.run in data.runs:
+            data.runs[rec.run].first_step_at = at
+            if isinstance(fields.get("step"), int):
+                data.steps.append((at, rec.run, fields["step"]))
+        elif rec.event == "progress" and isinstance(fields.get("step"), int):
+            data.steps.append((at, rec.run, fields["step"]))
+        elif rec.event == "exit" and rec.run in data.runs:
+            span = data.runs[rec.run]
+            span.end, span.verdict, span.reason = (
+                at,
+                str(fields.get("verdict")),
+                str(fields.get("reason")),
+            )
+            if isinstance(fields.get("step"), int):
+                span.last_step = fields["step"]
+                data.steps.append((at, rec.run, fields["step"]))
+        elif rec.event in ("gpu", "gpu_snapshot"):
+            for gpu in fields.get("gpus") or []:
+                if gpu.get("memory_used_mib") is None or not isinstance(gpu.get("index"), int):
+                    continue
+                data.gpu_memory.setdefault(gpu["index"], []).append(
+                    (at, float(gpu["memory_used_mib"]))
+                )
+                if gpu.get("memory_total_mib"):
+                    data.gpu_total[gpu["index"]] = float(gpu["memory_total_mib"])
+        elif rec.event == "fatal":
+            data.fatal.append((at, str(fields.get("reason"))))
+    return data
+
+
+def _x(t: float, lo: float, hi: float) -> float:
+    return _LEFT + (t - lo) / (hi - lo) * (_W - _LEFT - _RIGHT)
+
+
+def _axis(lo: float, hi: float, y: float) -> str:
+    import datetime as dt
+
+    ticks = []
+    for i in range(6):
+        t = lo + (hi - lo) * i / 5
+        label = dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%H:%M:%S")
+        ticks.append(
+            f'<line x1="{_x(t, lo, hi):.1f}" y1="{y}" x2="{_x(t, lo, hi):.1f}" y2="{y + 4}" stroke="#999"/>'
+            f'<text x="{_x(t, lo, hi):.1f}" y="{y + 16}" font-size="10" text-anchor="middle" fill="#555">{label}</text>'
+        )
+    return f'<line x1="{_LEFT}" y1="{y}" x2="{_W - _RIGHT}" y2="{y}" stroke="#999"/>' + "".join(
+        ticks
+    )
+
+
+def timeline_svg(data: ReportData) -> str:
+    """Each run as a bar over time, coloured by verdict, with its number and reason."""
+    lo, hi = data.span
+    runs = sorted(data.runs.values(), key=lambda r: r.run)
+    row = 22
+    height = 30 + row * max(1, len(runs)) + 24
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif">'
+    ]
+    parts.append('<text x="4" y="14" font-size="12" font-weight="bold">Runs</text>')
+    for i, span in enumerate(runs):
+        y = 24 + i * row
+        x0 = _x(span.start, lo, hi)
+        x1 = max(x0 + 2, _x(span.end if span.end else hi, lo, hi))
+        color = VERDICT_COLORS.get(span.verdict, "#424242")
+        title = html.escape(f"run {span.run}: {span.verdict} ({span.reason})")
+        parts.append(
+            f'<rect x="{x0:.1f}" y="{y}" width="{x1 - x0:.1f}" height="{row - 6}" fill="{color}" rx="2">'
+            f"<title>{title}</title></rect>"
+        )
+        if span.first_step_at is not None:
+            xf = _x(span.first_step_at, lo, hi)
+            parts.append(
+                f'<line x1="{xf:.1f}" y1="{y}" x2="{xf:.1f}" y2="{y + row - 6}" stroke="#fff" stroke-width="2"/>'
+            )
+        parts.append(
+            f'<text x="{_LEFT - 6}" y="{y + 12}" font-size="11" text-anchor="end">run {span.run}</text>'
+        )
+        label = f"{html.escape(span.verdict)} {html.escape(span.reason)}"
+        if x1 - x0 > 220:  # wide bar: the label inside, in white
+            where = f'x="{x0 + 6:.1f}" fill="#fff"'
+        elif x1 + 200 < _W:  # room after the bar
+            where = f'x="{x1 + 4:.1f}" fill="#333"'
+        else:  # at the right edge: before the bar
+            where = f'x="{x0 - 4:.1f}" fill="#333" text-anchor="end"'
+        parts.append(f'<text {where} y="{y + 12}" font-size="10">{label}</text>')
+    parts.append(_axis(lo, hi, height - 22))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _line_chart(
+    title: str, series: dict[str, list[tuple[float, float]]], lo: float, hi: float, unit: str
+) -> str:
+    height = 160
+    top, bottom = 24, height - 24
+    values = [v for pts in series.values() for _, v in pts]
+    vmax = max(values) if values else 1.0
+    vmax = vmax if vmax > 0 else 1.0
+    palette = [
+        "#1565c0",
+        "#c62828",
+        "#2e7d32",
+        "#ef6c00",
+        "#6a1b9a",
+        "#00838f",
+        "#5d4037",
+        "#37474f",
+    ]
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif">'
+    ]
+    parts.append(
+        f'<text x="4" y="14" font-size="12" font-weight="bold">{html.escape(title)}</text>'
+    )
+    parts.append(
+        f'<text x="{_LEFT - 6}" y="{top + 8}" font-size="10" text-anchor="end">{vmax:,.0f}{unit}</text>'
+    )
+    parts.append(f'<text x="{_LEFT - 6}" y="{bottom}" font-size="10" text-anchor="end">0</text>')
+    for i, (name, pts) in enumerate(sorted(series.items())):
+        if not pts:
+            continue
+        color = palette[i % len(palette)]
+        coords = " ".join(
+            f"{_x(t, lo, hi):.1f},{bottom - (v / vmax) * (bottom - top):.1f}"
+            for t, v in sorted(pts)
+        )
+        parts.append(
+            f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.5"/>'
+        )
+        for point in coords.split():  # markers, so a series of one point still shows
+            px, py = point.split(",")
+            parts.append(f'<circle cx="{px}" cy="{py}" r="2" fill="{color}"/>')
+        parts.append(
+            f'<text x="{_W - _RIGHT - 4}" y="{top + 12 * i}" font-size="10" text-anchor="end" fill="{color}">{html.escape(name)}</text>'
+        )
+    parts.append(_axis(lo, hi, bottom))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def steps_svg(data: ReportData) -> str:
+    """The step over time, one line per run."""
+    lo, hi = data.span
+    series: dict[str, list[tuple[float, float]]] = {}
+    for t, run, step in data.steps:
+        series.setdefault(f"run {run}", []).append((t, float(step)))
+    return _line_chart("Steps", series, lo, hi, "")
+
+
+def gpu_svg(data: ReportData) -> str:
+    """Memory used per GPU over time."""
+    lo, hi = data.span
+    series = {f"gpu {i}": pts for i, pts in data.gpu_memory.items()}
+    return _line_chart("GPU memory used", series, lo, hi, " MiB")
+
+
+def render_html(data: ReportData, title: str) -> str:
+    """The whole page: a summary table and the three charts."""
+    rows = []
+    for span in sorted(data.runs.values(), key=lambda r: r.run):
+        duration = f"{(span.end - span.start):.1f}s" if span.end else "running"
+        first = f"{span.first_step_at - span.start:.1f}s" if span.first_step_at else "-"
+        color = VERDICT_COLORS.get(span.verdict, "#424242")
+        rows.append(
+            f"<tr><td>{span.run}</td><td style='color:{color}'><b>{html.escape(span.verdict)}</b></td>"
+            f"<td>{html.escape(span.reason)}</td><td>{duration}</td><td>{first}</td>"
+            f"<td>{'' if span.last_step is None else span.last_step}</td></tr>"
+        )
+    fatal = "".join(
+        f"<p class='fatal'>fatal: {html.escape(reason)}</p>" for _, reason in data.fatal
+    )
+    gpu = (
+        gpu_svg(data) if data.gpu_memory else "<p>No GPU records in this log (GPU checks off).</p>"
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:20px;color:#222}}table{{border-collapse:collapse}}
+td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}}.fatal{{color:#c62828;font-weight:bold}}</style>
+</head><body>
+<h2>{html.escape(title)}</h2>
+<table><tr><th>run</th><th>verdict</th><th>reason</th><th>duration</th><th>first step after</th><th>last step</th></tr>
+{"".join(rows)}</table>
+{fatal}
+<div>{timeline_svg(data)}</div>
+<div>{steps_svg(data)}</div>
+<div>{gpu}</div>
+</body></html>
+"""
+
+
+def svg_document(data: ReportData) -> str:
+    """The three charts stacked in one SVG (for ``-o report.svg``)."""
+    charts = [timeline_svg(data), steps_svg(data)]
+    if data.gpu_memory:
+        charts.append(gpu_svg(data))
+    y = 0
+    body = []
+    for chart in charts:
+        height = int(chart.split('height="', 1)[1].split('"', 1)[0])
+        body.append(f'<g transform="translate(0,{y})">{chart}</g>')
+        y += height + 10
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{y}">'
+        f'<rect width="100%" height="100%" fill="white"/>{"".join(body)}</svg>'
+    )
+
+
+def summarize(data: ReportData) -> dict[str, Any]:
+    """Counts for the CLI's one-line confirmation."""
+    verdicts: dict[str, int] = {}
+    for span in data.runs.values():
+        verdicts[span.verdict] = verdicts.get(span.verdict, 0) + 1
+    return {
+        "runs": len(data.runs),
+        "verdicts": verdicts,
+        "gpu_points": sum(map(len, data.gpu_memory.values())),
+    }

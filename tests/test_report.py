@@ -1,0 +1,101 @@
+"""`dflashd report` rendered from a fixture log written by the real writer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+from dflashd.logs import RotatingLogWriter, read_records
+from dflashd.supervisor.report import collect, render_html, svg_document
+
+
+def write_fixture(logs: Path) -> None:
+    """Three runs: an import-error crash, a crash at step 1200 after an XID, and one still running."""
+    clock = [1_800_000_000.0]
+    writer = RotatingLogWriter(logs, clock=lambda: clock[0])
+
+    def at(seconds: float) -> None:
+        clock[0] = 1_800_000_000.0 + seconds
+
+    def gpu(mib: float) -> None:
+        writer.write_event(
+            0,
+            "gpu",
+            {
+                "gpus": [
+                    {"index": 0, "memory_used_mib": mib, "memory_total_mib": 81559.0},
+                    {"index": 1, "memory_used_mib": mib / 2, "memory_total_mib": 81559.0},
+                ]
+            },
+        )
+
+    at(0)
+    writer.write_event(1, "spawn", {"argv": ["python", "train.py"]})
+    gpu(0)
+    at(2)
+    writer.write_event(
+        1, "exit", {"verdict": "crash_before_first_step", "reason": "import_error", "step": None}
+    )
+    at(3)
+    writer.write_event(2, "spawn", {"argv": ["python", "train.py"]})
+    for i, t in enumerate(range(10, 400, 30)):
+        at(t)
+        gpu(30000 + i * 100)
+        if t == 10:
+            writer.write_event(2, "first_step", {"step": 1})
+        else:
+            writer.write_event(2, "progress", {"step": i * 100})
+    at(400)
+    gpu(0)
+    writer.write_event(2, "exit", {"verdict": "crashed", "reason": "gpu_xid_79", "step": 1200})
+    at(402)
+    writer.write_event(3, "spawn", {"argv": ["python", "train.py"]})
+    at(420)
+    writer.write_event(3, "first_step", {"step": 1201})
+    gpu(31000)
+    writer.close()
+
+
+def test_report_data_and_page(tmp_path: Path) -> None:
+    """The fixture folds into three runs with their verdicts, a step series and two GPUs' memory."""
+    write_fixture(tmp_path / "logs")
+    data = collect(read_records(tmp_path / "logs"))
+    assert [(r.run, r.verdict) for r in data.runs.values()] == [
+        (1, "crash_before_first_step"),
+        (2, "crashed"),
+        (3, "running"),
+    ]
+    assert data.runs[2].last_step == 1200 and sorted(data.gpu_memory) == [0, 1]
+    page = render_html(data, "fixture")
+    assert page.count("<svg") == 3 and "gpu_xid_79" in page and "import_error" in page
+    assert "<script" not in page  # self-contained and static
+
+
+def test_report_cli_writes_html_and_svg(tmp_path: Path) -> None:
+    """The CLI writes the page and the SVG; the SVG renders to a PNG (looked at during development)."""
+    home = tmp_path / "home"
+    write_fixture(home / "logs")
+    for name in ("report.html", "report.svg"):
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dflashd.supervisor",
+                "report",
+                "--home",
+                str(home),
+                "-o",
+                str(tmp_path / name),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "3 runs" in result.stdout
+    svg = (tmp_path / "report.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<polyline") == 4  # 2 step series + 2 GPUs
+    with mock.patch("sys.argv", ["x"]):
+        assert svg_document(collect(read_records(home / "logs"))) == svg
