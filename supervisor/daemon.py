@@ -803,7 +803,10 @@ class Daemon:
         )
         tail = list(stderr_tail) if stderr_tail else list(stdout.tail if stdout is not None else ())
         self._finish_run(run, obs, duration_s=died_mono - run.started_mono, tail=tail)
-        leftovers = _group_members(run.launched.pid) if run.launched is not None else set()
+        # Scanning processes is only needed when the group still has members (one cheap killpg probe).
+        leftovers: set[int] = set()
+        if run.launched is not None and group_alive(run.launched.pid):
+            leftovers = _group_members(run.launched.pid)
         if run.ended_by is not EndedBy.CHILD and run.launched is not None:
             # We ended this run: nothing of it may live on.
             signal_group(run.launched.pid, signal.SIGKILL)
@@ -851,7 +854,9 @@ class Daemon:
             exit_fields["gpu_xids"] = run.gpu_xids
         if obs.spawn_error is not None:
             exit_fields["error"] = obs.spawn_error
-        self.sink.submit_event(run.number, "exit", exit_fields)
+        ticket = self.sink.submit_event(run.number, "exit", exit_fields)
+        # Let the writer put the exit record on disk before the bookkeeping below takes the GIL.
+        self.sink.wait_written(ticket, 0.1)
         log.info(
             "exit",
             run=run.number,

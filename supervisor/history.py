@@ -29,6 +29,8 @@ class RunHistory:
     def __init__(self, path: Path) -> None:
         self._db = sqlite3.connect(path, timeout=2.0, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        # No fsync per commit: the history is a convenience, and the death-to-relaunch path must stay fast.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute(_SCHEMA)
 
     def last_run(self) -> int:

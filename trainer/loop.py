@@ -58,7 +58,8 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
 def parse_crash_at(inject: str) -> tuple[int | None, int]:
-    if not inject.startswith("crash_at_step:"):
+    """``crash_at_step:N[:WORKER]``; under dflashd it fires in the first run only, so the relaunch can resume."""
+    if not inject.startswith("crash_at_step:") or os.environ.get("DFLASHD_RUN", "1") != "1":
         return None, 0
     parts = inject.split(":")
     return int(parts[1]), int(parts[2]) if len(parts) > 2 else 0

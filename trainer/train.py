@@ -127,7 +127,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--inject",
         default="",
         help="fault for tests and demos: import_error | crash_before_first_step | hang_before_cuda | "
-        "crash_at_step:N[:WORKER] | dense_fallback | oom",
+        "crash_at_step:N[:WORKER] (under dflashd: first run only) | dense_fallback | oom",
     )
     return parser.parse_args(argv)
 

@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from dflashd.logs import EventRecord, LineRecord, read_records
@@ -69,6 +70,41 @@ def measure(mode: str, deaths: int, work: Path) -> dict[str, float | int | str]:
     }
 
 
+def bare_parent_floor(deaths: int, work: Path) -> tuple[float, float]:
+    """The floor on this machine: a bare parent (wakeup fd + waitpid, nothing else) seeing the same deaths."""
+    import os
+    import selectors
+    import signal
+
+    marks = work / "marks-floor"
+    marks.mkdir()
+    read_fd, write_fd = os.pipe2(os.O_NONBLOCK)
+    old = signal.set_wakeup_fd(write_fd)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(read_fd, selectors.EVENT_READ)
+    seen = []
+    for i in range(deaths):
+        env = {**os.environ, "DFLASHD_RUN": str(i)}
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), "exit", str(marks)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        while True:
+            selector.select()
+            os.read(read_fd, 4096)
+            pid, _ = os.waitpid(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = 3
+                break
+        seen.append((time.time() - float((marks / f"death-{i}").read_text())) * 1000)
+    signal.set_wakeup_fd(old)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    return statistics.median(seen), max(seen)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -78,6 +114,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dflashd-death-") as tmp:
         print(f"# death_latency: {args.deaths} deaths per mode, zero backoff")
+        floor_med, floor_max = bare_parent_floor(args.deaths, Path(tmp))
+        print(
+            f"floor (a bare parent: wakeup fd + waitpid, same child exiting): median {floor_med:.2f}ms, max {floor_max:.2f}ms"
+        )
         print(
             f"{'mode':16s} {'deaths':>6s} {'exit med':>9s} {'exit max':>9s} {'relaunch med':>13s} {'relaunch max':>13s}"
         )
