@@ -33,7 +33,7 @@ from dflashd.logs.records import ENVELOPE_KEYS, utc_timestamp
 DEFAULT_BASENAME: Final = "dflashd.jsonl"
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
 DEFAULT_BACKUPS: Final = 10
-_TAIL_SCAN_BYTES: Final = 1 << 20
+_TAIL_SCAN_BYTES: Final = 64 * 1024
 _VANISH_CHECK_S: Final = 1.0
 
 

@@ -15,9 +15,6 @@ import socket
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -119,6 +116,8 @@ def summary_text(payload: dict[str, Any]) -> str:
 
 def redact_url(url: str) -> str:
     """What may be shown of a webhook URL: its scheme and host, never the path (the secret)."""
+    import urllib.parse
+
     parts = urllib.parse.urlsplit(url)
     return f"{parts.scheme}://{parts.hostname or '?'}/…"
 
@@ -127,6 +126,10 @@ def post_webhook(
     url: str, payload: dict[str, Any], timeout_s: float = WEBHOOK_TIMEOUT_S
 ) -> tuple[bool, str]:
     """One POST of Slack-compatible JSON; (ok, detail) with no secret in the detail."""
+    # Imported here: urllib.request pulls in http.client and ssl, megabytes a daemon without a webhook never needs.
+    import urllib.error
+    import urllib.request
+
     body = orjson.dumps({"text": summary_text(payload), **payload}, default=str)
     request = urllib.request.Request(
         url,

@@ -459,23 +459,15 @@ class Daemon:
         callback = self._lines_callback(number)
         run.drains = [
             PipeDrain(
-                launched.stdout_fd,
+                fd,
                 run=number,
-                src="stdout",
+                src=src,
                 sink=self.sink,
                 max_line_bytes=self.config.logs.max_line_bytes,
                 tail_lines=_TAIL_LINES,
                 on_lines=callback,
-            ),
-            PipeDrain(
-                launched.stderr_fd,
-                run=number,
-                src="stderr",
-                sink=self.sink,
-                max_line_bytes=self.config.logs.max_line_bytes,
-                tail_lines=_TAIL_LINES,
-                on_lines=callback,
-            ),
+            )
+            for fd, src in ((launched.stdout_fd, "stdout"), (launched.stderr_fd, "stderr"))
         ]
         self.state = transition(self.state, State.RUNNING)
         self.phase = Phase.WARMING_UP

@@ -31,6 +31,7 @@ class RunHistory:
         self._db.execute("PRAGMA journal_mode=WAL")
         # No fsync per commit: the history is a convenience, and the death-to-relaunch path must stay fast.
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA cache_size=-256")  # 256 KiB: a few hundred rows need no more
         self._db.execute(_SCHEMA)
 
     def last_run(self) -> int:

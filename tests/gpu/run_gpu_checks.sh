@@ -5,17 +5,8 @@
 # Wheels for packages the machine lacks may sit in .whl/ (see the device tool's README).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-# NVLink multicast stays off for every process (shared hosts).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-SITE="$(mktemp -d)"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl || exit 1
-fi
-# dflashd is a namespace package: link the three folders under it, as the wheel would install them.
-mkdir -p "$SITE/dflashd"
-for pkg in supervisor trainer logs; do ln -s "$PWD/$pkg" "$SITE/dflashd/$pkg"; done
-export PYTHONPATH="$SITE:$PWD"
-OUT="${OUT:-$(mktemp -d)}"
+# shellcheck source=tests/gpu/_env.sh
+. tests/gpu/_env.sh
 nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "gpus", torch.cuda.device_count())'
 python3 -m pytest -m gpu tests/gpu -v -W default -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt"

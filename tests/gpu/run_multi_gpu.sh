@@ -2,15 +2,8 @@
 # Issue 8 in one call, on a host with 2+ GPUs: NVML sampler cost per GPU, then tests/gpu/multi_gpu.py.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-SITE="$(mktemp -d)"
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl || exit 1
-fi
-mkdir -p "$SITE/dflashd"
-for pkg in supervisor trainer logs; do ln -s "$PWD/$pkg" "$SITE/dflashd/$pkg"; done
-export PYTHONPATH="$SITE:$PWD"
-OUT="${OUT:-$(mktemp -d)}"
+# shellcheck source=tests/gpu/_env.sh
+. tests/gpu/_env.sh
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv | tee "$OUT/nvidia_smi.txt"
 python3 -c '
 import statistics, subprocess, sys, time

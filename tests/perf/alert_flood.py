@@ -18,6 +18,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from _bench import daemon_argv
+
 CHILD = Path(__file__).resolve().parent.parent / "children" / "crash_then_flood.py"
 
 
@@ -46,22 +48,7 @@ def one_run(work: Path, lines: int, webhook: str) -> float:
         f'gpus = "none"\n[restart]\nearly_retries = 1\nbackoff_initial_s = 0.0\n{alerts}'
     )
     rate = work / "rate"
-    argv = [
-        sys.executable,
-        "-m",
-        "dflashd.supervisor",
-        "start",
-        "--foreground",
-        "--home",
-        str(home),
-        "--config",
-        str(config),
-        "--",
-        sys.executable,
-        str(CHILD),
-        str(lines),
-        str(rate),
-    ]
+    argv = daemon_argv(home, config, [sys.executable, str(CHILD), str(lines), str(rate)])
     subprocess.run(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=600
     )

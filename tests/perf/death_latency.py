@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _bench import daemon_argv
+
 from dflashd.logs import EventRecord, LineRecord, read_records
 from dflashd.logs.records import parse_timestamp
 
@@ -32,16 +34,7 @@ def measure(mode: str, deaths: int, work: Path) -> dict[str, float | int | str]:
         'gpus = "none"\n[restart]\nbackoff_initial_s = 0.0\nclear_cache_on_early_death = false\n'
         f"early_retries = {deaths - 1}\n"
     )
-    argv = [
-        sys.executable,
-        "-m",
-        "dflashd.supervisor",
-        "start",
-        "--foreground",
-        "--home",
-        str(home),
-    ]
-    argv += ["--config", str(config), "--", sys.executable, str(CHILD), mode, str(marks)]
+    argv = daemon_argv(home, config, [sys.executable, str(CHILD), mode, str(marks)])
     subprocess.run(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, check=False
     )

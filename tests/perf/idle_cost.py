@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import psutil
+from _bench import daemon_argv
 
 IDLE_CHILD = (
     "import os, socket, threading\n"
@@ -36,16 +37,7 @@ def main() -> None:
         home = Path(tmp) / "home"
         config = Path(tmp) / "idle.toml"
         config.write_text('gpus = "none"\nstall_timeout_s = 3600\n')
-        argv = [
-            sys.executable,
-            "-m",
-            "dflashd.supervisor",
-            "start",
-            "--foreground",
-            "--home",
-            str(home),
-        ]
-        argv += ["--config", str(config), "--", sys.executable, "-c", IDLE_CHILD]
+        argv = daemon_argv(home, config, [sys.executable, "-c", IDLE_CHILD])
         daemon = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         proc = psutil.Process(daemon.pid)
         time.sleep(3.0)  # let start-up finish before measuring the idle state

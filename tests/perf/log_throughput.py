@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from _bench import daemon_argv
+
 from dflashd.logs import LineRecord, LogSink, RotatingLogWriter, follow, read_records
 from dflashd.logs.pump import PipeDrain, grow_pipe
 
@@ -91,16 +93,7 @@ def run_daemon(mode: str, mib: float, work: Path) -> tuple[float, Path]:
     shutil.rmtree(home, ignore_errors=True)
     config = work / "bench.toml"
     config.write_text('gpus = "none"\n[restart]\nearly_retries = 0\n')
-    argv = [
-        sys.executable,
-        "-m",
-        "dflashd.supervisor",
-        "start",
-        "--foreground",
-        "--home",
-        str(home),
-    ]
-    argv += ["--config", str(config), "--", *child_argv(mode, mib, report)]
+    argv = daemon_argv(home, config, [*child_argv(mode, mib, report)])
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return read_report(report)["mib_s"], home / "logs"
 
@@ -140,16 +133,7 @@ def low_rate_lag(work: Path, through_daemon: bool, lines: int = 200) -> list[flo
         logdir = home / "logs"
         config = work / "lag.toml"
         config.write_text('gpus = "none"\n[restart]\nearly_retries = 0\n')
-        argv = [
-            sys.executable,
-            "-m",
-            "dflashd.supervisor",
-            "start",
-            "--foreground",
-            "--home",
-            str(home),
-        ]
-        argv += ["--config", str(config), "--", *child_argv("slow", lines, report)]
+        argv = daemon_argv(home, config, [*child_argv("slow", lines, report)])
     else:
         logdir = work / "lag-logs"
         shutil.rmtree(logdir, ignore_errors=True)

@@ -1,0 +1,13 @@
+# Sourced by the GPU scripts: NVLink multicast off, wheels from .whl/, dflashd importable, $OUT set.
+# NVLink multicast stays off for every process (shared hosts).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+SITE="$(mktemp -d)"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl || exit 1
+fi
+# dflashd is a namespace package: link the three folders under it, as the wheel would install them.
+mkdir -p "$SITE/dflashd"
+for pkg in supervisor trainer logs; do ln -s "$PWD/$pkg" "$SITE/dflashd/$pkg"; done
+export PYTHONPATH="$SITE:$PWD"
+OUT="${OUT:-$(mktemp -d)}"
+export OUT
