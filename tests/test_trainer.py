@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dflashd.trainer.data import MarkovChain, make_batch  # noqa: E402
+from dflashd.trainer.data import MarkovChain, SequencePool, make_batch  # noqa: E402
 from dflashd.trainer.mask import block_mask, dense_mask, dflash_mask_mod, reference_mask  # noqa: E402
 from dflashd.trainer.model import Drafter, ModelConfig, TargetModel, dense_core, loss_and_accuracy  # noqa: E402
 from tests.conftest import Daemon  # noqa: E402
@@ -54,8 +54,9 @@ def test_training_steps_decrease_the_loss_on_a_fixed_batch() -> None:
     target, drafter = TargetModel(cfg), Drafter(cfg)
     target.requires_grad_(False)
     chain = MarkovChain.build(cfg.vocab, 0)
+    pool = SequencePool.build(chain, seed=0, worker=0, size=16, length=72)
     batch = make_batch(
-        chain,
+        pool,
         seed=0,
         step=0,
         worker=0,

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dflashd.trainer.data import MarkovChain, make_batch
+from dflashd.trainer.data import MarkovChain, SequencePool, make_batch
 from dflashd.trainer.model import Drafter, ModelConfig, TargetModel
 from dflashd.trainer.notify import Notifier
 from dflashd.trainer.train import (
@@ -55,6 +55,39 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+def _grads(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    return [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+
+
+def average_gradients(replicas: list[list[torch.nn.Parameter]]) -> None:
+    """Average every replica's gradients into replica 0: one flat buffer and one copy per replica."""
+    if len(replicas) < 2:
+        return
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    with torch.no_grad():
+        main = _grads(replicas[0])
+        total = _flatten_dense_tensors(main)
+        for other in replicas[1:]:
+            total.add_(_flatten_dense_tensors(_grads(other)).to(total.device, non_blocking=True))
+        total.div_(len(replicas))
+        torch._foreach_copy_(main, list(_unflatten_dense_tensors(total, main)))
+
+
+def broadcast_parameters(replicas: list[list[torch.nn.Parameter]]) -> None:
+    """Copy replica 0's weights into the others, one flat transfer per replica."""
+    if len(replicas) < 2:
+        return
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    with torch.no_grad():
+        source = _flatten_dense_tensors([p.detach() for p in replicas[0]])
+        for other in replicas[1:]:
+            moved = source.to(other[0].device, non_blocking=True)
+            targets = [p.detach() for p in other]
+            torch._foreach_copy_(targets, list(_unflatten_dense_tensors(moved, targets)))
 
 
 def parse_crash_at(inject: str) -> tuple[int | None, int]:
@@ -149,13 +182,18 @@ def _train(
 ) -> int:
     devices = [w.device for w in workers]
     chain = MarkovChain.build(cfg.vocab, cfg.seed)
+    length = cfg.ctx_len + cfg.block_size
+    pools = [
+        SequencePool.build(chain, seed=cfg.seed, worker=w.index, size=256, length=length)
+        for w in workers
+    ]
     optimizer = torch.optim.AdamW(workers[0].drafter.parameters(), lr=cfg.lr, weight_decay=0.0)
     if resume is not None:
         optimizer.load_state_dict(resume["optimizer"])
 
     def batch_for(step: int, worker: int) -> Any:
         return make_batch(
-            chain,
+            pools[worker],
             seed=cfg.seed,
             step=step,
             worker=worker,
@@ -210,12 +248,15 @@ def _train(
     replica_params = [list(w.drafter.parameters()) for w in workers]
     for w in workers:
         w.drafter.zero_grad(set_to_none=False)
+    next_batches = [batch_for(step, w.index) for w in workers]
     while step < cfg.steps:
         lr = get_lr(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        for w in workers:
-            w.submit_step(step, batch_for(step, w.index))
+        for w, batch in zip(workers, next_batches, strict=True):
+            w.submit_step(step, batch)
+        # The next step's batches are built while the workers compute this one.
+        next_batches = [batch_for(step + 1, w.index) for w in workers]
         try:
             results = [w.result() for w in workers]
         except RuntimeError as exc:
@@ -235,23 +276,12 @@ def _train(
             notifier.send(f"STATUS=dense fallback in workers {bad}")
             if cfg.require_flex:
                 return EX_CONFIG
-        # Average the replicas' gradients into replica 0, step it, copy the weights back out.
+        main_params = replica_params[0]
+        average_gradients(replica_params)
         with torch.no_grad():
-            main_params = replica_params[0]
-            for other in replica_params[1:]:
-                for p0, p in zip(main_params, other, strict=True):
-                    if p0.grad is not None and p.grad is not None:
-                        p0.grad.add_(p.grad.to(p0.device, non_blocking=True))
-            if len(workers) > 1:
-                for p0 in main_params:
-                    if p0.grad is not None:
-                        p0.grad.div_(len(workers))
             torch.nn.utils.clip_grad_norm_(main_params, 1.0)
         optimizer.step()
-        with torch.no_grad():
-            for other in replica_params[1:]:
-                for p0, p in zip(main_params, other, strict=True):
-                    p.copy_(p0.to(p.device, non_blocking=True))
+        broadcast_parameters(replica_params)
         for w in workers:
             w.drafter.zero_grad(set_to_none=False)
         step += 1
