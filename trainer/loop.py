@@ -299,8 +299,12 @@ def _train(
         if step % cfg.log_every == 0 or step == cfg.steps:
             elapsed = time.monotonic() - window_start
             tok_s = tokens_per_step * window_steps / elapsed if elapsed > 0 else 0.0
+            mem = ""
+            if cfg.device == "cuda":
+                peak = max(torch.cuda.max_memory_allocated(d) for d in set(devices)) / 2**20
+                mem = f" mem {peak:,.0f}MiB"
             say(
-                f"step {step}/{cfg.steps} loss {loss:.3f} acc {acc:.3f} tok/s {tok_s:,.0f} lr {lr:.1e}"
+                f"step {step}/{cfg.steps} loss {loss:.3f} acc {acc:.3f} tok/s {tok_s:,.0f} lr {lr:.1e}{mem}"
             )
             window_start, window_steps = time.monotonic(), 0
         stopping = stop.event.is_set()
