@@ -301,8 +301,8 @@ def _train(
             tok_s = tokens_per_step * window_steps / elapsed if elapsed > 0 else 0.0
             mem = ""
             if cfg.device == "cuda":
-                peak = max(torch.cuda.max_memory_allocated(d) for d in set(devices)) / 2**20
-                mem = f" mem {peak:,.0f}MiB"
+                peak_mib = max(torch.cuda.max_memory_allocated(d) for d in set(devices)) / 2**20
+                mem = f" mem {peak_mib:,.0f}MiB"
             say(
                 f"step {step}/{cfg.steps} loss {loss:.3f} acc {acc:.3f} tok/s {tok_s:,.0f} lr {lr:.1e}{mem}"
             )
