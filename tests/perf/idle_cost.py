@@ -18,6 +18,8 @@ from pathlib import Path
 import psutil
 from _bench import daemon_argv
 
+from dflashd.logs import EventRecord, follow
+
 IDLE_CHILD = (
     "import os, socket, threading\n"
     "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
@@ -40,7 +42,13 @@ def main() -> None:
         argv = daemon_argv(home, config, [sys.executable, "-c", IDLE_CHILD])
         daemon = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         proc = psutil.Process(daemon.pid)
-        time.sleep(3.0)  # let start-up finish before measuring the idle state
+        # Start-up is over once the child reported READY: wait for that record (bounded), then measure.
+        deadline = time.monotonic() + 30
+        for record in follow(
+            home / "logs", poll_s=0.05, should_stop=lambda: time.monotonic() > deadline
+        ):
+            if isinstance(record, EventRecord) and record.event == "first_step":
+                break
         cpu0, ctx0 = proc.cpu_times(), proc.num_ctx_switches()
         threads0 = {t.id: t.user_time + t.system_time for t in proc.threads()}
         time.sleep(args.seconds)
