@@ -179,6 +179,16 @@ class LineFramer:
             return _merge(frame, self._cut_pending())
         return frame
 
+    def _cut_overlong(self, data: bytes) -> tuple[list[str], bytes]:
+        """Cut ``data`` into pieces of at most ``max_line_bytes`` (at character boundaries) until the rest fits."""
+        limit = self.max_line_bytes
+        pieces: list[str] = []
+        while len(data) > limit:
+            cut = _utf8_cut(data, limit)
+            pieces.append(_decode(data[:cut]))
+            data = data[cut:]
+        return pieces, data
+
     def _append_line(
         self,
         data: bytes,
@@ -186,30 +196,20 @@ class LineFramer:
         lines: list[str],
         flags: list[tuple[bool, str | None]],
     ) -> None:
-        limit = self.max_line_bytes
-        while len(data) > limit:
-            cut = _utf8_cut(data, limit)
-            lines.append(_decode(data[:cut]))
-            flags.append((True, None))
-            data = data[cut:]
-        lines.append(_decode(data))
+        pieces, rest = self._cut_overlong(data)
+        lines.extend(pieces)
+        flags.extend([(True, None)] * len(pieces))
+        lines.append(_decode(rest))
         flags.append((False, None if term == b"\n" else term.decode("ascii")))
 
     def _cut_pending(self) -> Frame | None:
         """Cut the held-back bytes into ``partial`` pieces until less than a line's worth is left."""
-        limit = self.max_line_bytes
-        lines: list[str] = []
-        consumed = 0
-        data = self._pending
-        while len(data) > limit:
-            cut = _utf8_cut(data, limit)
-            lines.append(_decode(data[:cut]))
-            data = data[cut:]
-            consumed += cut
-        self._pending = data
-        if not lines:
+        pieces, rest = self._cut_overlong(self._pending)
+        consumed = len(self._pending) - len(rest)
+        self._pending = rest
+        if not pieces:
             return None
-        return Frame(lines, [(True, None)] * len(lines), consumed)
+        return Frame(pieces, [(True, None)] * len(pieces), consumed)
 
     def flush(self) -> Frame | None:
         """Emit whatever is held back as one ``partial`` record (stream ended, or the child died)."""

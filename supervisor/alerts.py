@@ -55,11 +55,6 @@ def alert_decision(
     return not (verdict in _EARLY and early_deaths_before > 0)
 
 
-def should_alert(verdict: str, *, on: tuple[str, ...], already_alerted: frozenset[str]) -> bool:
-    """One alert per verdict per run, for the verdicts listed in ``alerts.on``."""
-    return alert_decision(verdict, on=on, already_alerted=already_alerted, early_deaths_before=0)
-
-
 def alert_payload(
     *,
     verdict: str,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -64,19 +63,6 @@ class RunHistory:
             "last_step=? WHERE run=?",
             (ended_at, verdict, reason, exit_code, signal, first_step_s, last_step, run),
         )
-
-    def verdict_counts(self) -> dict[str, int]:
-        """How many runs ended with each verdict."""
-        rows = self._db.execute(
-            "SELECT verdict, COUNT(*) FROM runs WHERE verdict IS NOT NULL GROUP BY verdict"
-        )
-        return {str(v): int(n) for v, n in rows}
-
-    def recent(self, limit: int = 10) -> list[dict[str, Any]]:
-        """The last ``limit`` runs, newest first."""
-        cur = self._db.execute("SELECT * FROM runs ORDER BY run DESC LIMIT ?", (limit,))
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
     def close(self) -> None:
         """Close the database."""

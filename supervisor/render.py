@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any, Final, TextIO
 
@@ -183,8 +182,3 @@ def format_record(record: Record, paint: Painter) -> str:
 def _short(value: Any) -> str:
     text = str(value)
     return text if len(text) <= 120 else text[:117] + "..."
-
-
-def stream_for_output() -> TextIO:
-    """stdout (a helper so tests can patch it)."""
-    return sys.stdout

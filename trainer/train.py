@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -209,7 +208,3 @@ def checkpoint_dir(args: argparse.Namespace) -> Path:
 
 def config_dict(cfg: TrainConfig) -> dict[str, Any]:
     return asdict(cfg)
-
-
-def timestamp() -> float:
-    return time.monotonic()
