@@ -19,6 +19,7 @@ import re
 from typing import Final
 
 DEFAULT_MAX_LINE_BYTES: Final = 64 * 1024
+MIN_LINE_BYTES: Final = 4  # one UTF-8 character must fit in a piece
 _TERMINATOR = re.compile(rb"\r\n|\r|\n")
 
 
@@ -122,8 +123,8 @@ class LineFramer:
     """Stateful framer for one stream; not thread-safe (one per pipe reader)."""
 
     def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
-        if max_line_bytes < 4:
-            raise ValueError("max_line_bytes must be at least 4")
+        if max_line_bytes < MIN_LINE_BYTES:
+            raise ValueError(f"max_line_bytes must be at least {MIN_LINE_BYTES}")
         self.max_line_bytes = max_line_bytes
         self._pending = b""
 

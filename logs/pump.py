@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import termios
 import threading
 import time
@@ -71,6 +72,13 @@ class PipeDrain:
         self._framer_lock = threading.Lock()
         self._on_lines = on_lines
         self._cond = threading.Condition()
+        # Reads happen under this lock on a non-blocking fd (after poll() said readable), so
+        # catch_up() sees "bytes taken from the pipe" and "bytes still in it" at one instant.
+        self._read_lock = threading.Lock()
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        os.set_blocking(fd, False)
+        self.read_bytes = 0
         self.consumed_bytes = 0
         self.line_count = 0
         self.eof = False
@@ -94,8 +102,11 @@ class PipeDrain:
         try:
             while True:
                 try:
-                    chunk = os.read(self.fd, READ_BYTES)
-                except InterruptedError:
+                    self._poll.poll()
+                    with self._read_lock:
+                        chunk = os.read(self.fd, READ_BYTES)
+                        self.read_bytes += len(chunk)
+                except (InterruptedError, BlockingIOError):
                     continue
                 except OSError as exc:
                     self.error = exc.strerror
@@ -124,11 +135,14 @@ class PipeDrain:
         with self._cond:
             if self.eof:
                 return True
-            target = self.consumed_bytes + pending_bytes(self.fd)
+            with self._read_lock:
+                target = self.read_bytes + pending_bytes(self.fd)
             deadline = time.monotonic() + timeout_s
             while not self.eof and self.consumed_bytes < target:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    # Not caught up (the sink is pushing back): leave the pending partial line
+                    # alone, it may still be completed by bytes in flight.
                     return False
                 self._cond.wait(remaining)
             if self.eof:

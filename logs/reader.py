@@ -12,12 +12,12 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
-from dflashd.logs.records import Record, RecordError, decode
+from dflashd.logs.records import EventRecord, LineRecord, Record, RecordError, decode
 from dflashd.logs.writer import DEFAULT_BASENAME
 
 _BLOCK: Final = 256 * 1024
@@ -26,16 +26,32 @@ _OPEN_RETRIES: Final = 100
 
 @dataclass(frozen=True, slots=True)
 class RecordFilter:
-    """Which records a reader keeps: by run number and by source (None keeps all)."""
+    """Which records a reader keeps: by run, source, time and text (None keeps all)."""
 
     run: int | None = None
     src: str | None = None
+    since_ts: str | None = None  # RFC 3339 UTC, compared as text (the format sorts)
+    grep: re.Pattern[str] | None = None  # searched in a line's text or an event's name and fields
 
     def keeps(self, record: Record) -> bool:
-        """True when the record passes both criteria."""
+        """True when the record passes every criterion."""
         if self.run is not None and record.run != self.run:
             return False
-        return self.src is None or record.src == self.src
+        if self.src is not None and record.src != self.src:
+            return False
+        if self.since_ts is not None and record.ts < self.since_ts:
+            return False
+        if self.grep is not None:
+            text = record.line if isinstance(record, LineRecord) else _event_text(record)
+            return self.grep.search(text) is not None
+        return True
+
+
+def _event_text(record: Record) -> str:
+    if isinstance(record, EventRecord):
+        fields = " ".join(f"{k}={v}" for k, v in record.fields.items())
+        return f"{record.event} {fields}"
+    return ""
 
 
 KEEP_ALL: Final = RecordFilter()
@@ -235,7 +251,7 @@ def follow(
     after_seq: int = 0,
     poll_s: float = 0.1,
     should_stop: Callable[[], bool] = lambda: False,
-) -> Iterator[Record]:
+) -> Generator[Record, None, None]:
     """Yield records with seq > after_seq as they are written, across rotations (like ``tail -F``).
 
     Ends when ``should_stop()`` returns True (checked at least every ``poll_s``).

@@ -1,4 +1,4 @@
-"""The log record schema (DESIGN §4) and its JSON-lines codec.
+"""The log record schema (docs/design.md, "Records") and its JSON-lines codec.
 
 Every record carries ``ts`` (RFC 3339 UTC, microseconds), ``seq`` (+1 per record,
 never reused), ``run`` (launch number) and ``src`` (``stdout``, ``stderr`` or

@@ -33,6 +33,7 @@ from dflashd.logs.records import ENVELOPE_KEYS, utc_timestamp
 DEFAULT_BASENAME: Final = "dflashd.jsonl"
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
 DEFAULT_BACKUPS: Final = 10
+MIN_MAX_BYTES: Final = 1024  # a smaller bound would rotate on nearly every record
 _TAIL_SCAN_BYTES: Final = 64 * 1024
 _VANISH_CHECK_S: Final = 1.0
 
@@ -95,8 +96,8 @@ class RotatingLogWriter:
         backups: int = DEFAULT_BACKUPS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if max_bytes < 1024:
-            raise ValueError("max_bytes must be at least 1024")
+        if max_bytes < MIN_MAX_BYTES:
+            raise ValueError(f"max_bytes must be at least {MIN_MAX_BYTES}")
         if backups < 0:
             raise ValueError("backups must be >= 0")
         self.directory = Path(directory)
@@ -116,6 +117,7 @@ class RotatingLogWriter:
         self._rotations = 0
         self._last_error: str | None = None
         self._next_check = 0.0
+        self._detached: str | None = None
         self.torn_bytes = 0
         self.last_run = 0
         try:
@@ -128,7 +130,9 @@ class RotatingLogWriter:
     # -- opening and recovery ---------------------------------------------------------
 
     def _open(self) -> int:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        # Never through a symlink: a link planted at the log's name would redirect our writes.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(self.path, flags, 0o640)
         st = os.fstat(fd)
         self._size = st.st_size
         self._inode = (st.st_dev, st.st_ino)
@@ -249,6 +253,23 @@ class RotatingLogWriter:
             return seq if self._append(data, 1) else None
 
     def _append(self, data: bytes, count: int) -> bool:
+        """Append whole records, rotating within one record of ``max_bytes`` (a batch may span files)."""
+        ok = True
+        while data and self._size + len(data) > self.max_bytes:
+            cut = data.rfind(b"\n", 0, self.max_bytes - self._size) + 1
+            if cut <= 0 and self._size > 0:  # not one more record fits here: the next file
+                self._rotate()
+                continue
+            if cut <= 0:  # one record larger than the bound: alone in its own file
+                cut = data.find(b"\n") + 1 or len(data)
+            part, data = data[:cut], data[cut:]
+            records = part.count(b"\n")
+            ok = self._append_part(part, records) and ok
+            count -= records
+            self._rotate()
+        return self._append_part(data, count) and ok if data else ok
+
+    def _append_part(self, data: bytes, count: int) -> bool:
         if not self._write_all(data):
             self._records_dropped += count
             self._bytes_dropped += len(data)
@@ -280,6 +301,10 @@ class RotatingLogWriter:
     def _write_all(self, data: bytes) -> bool:
         """One append; on failure the file is cut back so it holds whole records only."""
         self._check_vanished()
+        if self._detached is not None:
+            self._write_errors += 1
+            self._last_error = self._detached
+            return False
         view = memoryview(data)
         written = 0
         try:
@@ -298,25 +323,31 @@ class RotatingLogWriter:
         return True
 
     def _check_vanished(self) -> None:
-        """Reopen when the live file was deleted or replaced under us (at most once a second)."""
-        now = time.monotonic()
-        if now < self._next_check:
-            return
-        self._next_check = now + _VANISH_CHECK_S
+        """Before each append: is the live file still ours?  Deleted or replaced: reopen first.
+
+        One lstat per batch, so records are never written into a file someone deleted.  A
+        path that cannot be reopened safely (a symlink planted there, a directory) detaches
+        the writer: appends are dropped and counted until the path is usable again.
+        """
         try:
-            st = os.stat(self.path)
-            if (st.st_dev, st.st_ino) == self._inode:
+            st = os.lstat(self.path)
+            if (st.st_dev, st.st_ino) == self._inode and self._detached is None:
                 return
         except OSError:
             pass
+        now = time.monotonic()
+        if self._detached is not None and now < self._next_check:
+            return
+        self._next_check = now + _VANISH_CHECK_S
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             fd = self._open()
         except OSError as exc:
-            self._last_error = f"cannot reopen {self.path}: {exc.strerror}"
+            self._detached = f"cannot reopen {self.path}: {exc.strerror}"
             return
         os.close(self._fd)
         self._fd = fd
+        self._detached = None
 
     def _rotate(self) -> None:
         os.close(self._fd)
@@ -338,6 +369,7 @@ class RotatingLogWriter:
             self._last_error = f"cannot open {self.path} after rotation: {exc.strerror}"
             self._fd = os.open(os.devnull, os.O_WRONLY)
             self._inode = (-1, -1)
+            self._detached = self._last_error
             self._next_check = 0.0
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -21,10 +21,11 @@ from typing import Any, Final
 
 import orjson
 
+from dflashd.supervisor.verdicts import EARLY_DEATH_NAMES, AlertKind
+
 _COMMAND_TIMEOUT_S: Final = 30.0
 WEBHOOK_TIMEOUT_S: Final = 5.0
 WEBHOOK_ATTEMPTS: Final = 3
-_EARLY: Final = frozenset({"silent_death", "crash_before_first_step", "no_gpu_memory"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +40,10 @@ class AlertOutcome:
 
 
 def alert_decision(
-    verdict: str,
+    kind: AlertKind,
     *,
-    on: tuple[str, ...],
-    already_alerted: frozenset[str],
+    on: tuple[AlertKind, ...],
+    already_alerted: frozenset[AlertKind],
     early_deaths_before: int,
 ) -> bool:
     """Whether to alert: one alert per verdict per run, for the verdicts in ``alerts.on``.
@@ -50,9 +51,9 @@ def alert_decision(
     A crash loop alerts on its first early death and on the ``fatal``, not on every
     attempt: an early death that follows another early death stays quiet.
     """
-    if verdict not in on or verdict in already_alerted:
+    if kind not in on or kind in already_alerted:
         return False
-    return not (verdict in _EARLY and early_deaths_before > 0)
+    return not (kind.value in EARLY_DEATH_NAMES and early_deaths_before > 0)
 
 
 def alert_payload(
@@ -68,7 +69,7 @@ def alert_payload(
     log: str,
     step: int | None = None,
 ) -> dict[str, Any]:
-    """The alert JSON of DESIGN §7."""
+    """The alert JSON of docs/design.md ("Alerts")."""
     return {
         "verdict": verdict,
         "reason": reason,
@@ -87,7 +88,7 @@ def alert_payload(
 def summary_text(payload: dict[str, Any]) -> str:
     """One readable paragraph (Slack's ``text``): host, run, verdict, reason, stderr tail, log."""
     verdict = payload["verdict"]
-    if verdict == "recovered":
+    if verdict == AlertKind.RECOVERED:
         return (
             f":white_check_mark: dflashd on {payload['host']}: training resumed in run {payload['run']}, "
             f"step {payload.get('step')} (after {payload['reason']}). Log: {payload['log']}"

@@ -1,15 +1,31 @@
-"""The TOML config of DESIGN §7: every key has a default, an unknown key is an error that names it."""
+"""The TOML config (docs/design.md, "Config"): every key has a default and a stated bound.
+
+An unknown key, a value of the wrong type or one outside its bound is a :class:`ConfigError`
+naming the key (the CLI exits 2 and launches nothing).  Each bound sits next to its field, in
+the field's metadata, and comes from the mechanism that needs it (the log writer's minimum
+file size, the framer's minimum piece, ``select()``'s finite timeouts).  Values are parsed
+by their real type (``typing.get_type_hints``), not by annotation strings.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, get_type_hints
 
-from dflashd.supervisor.verdicts import ALERTABLE, Verdict
+from dflashd.logs.framer import MIN_LINE_BYTES
+from dflashd.logs.writer import MIN_MAX_BYTES
+from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind
+
+# Deadlines must stay finite and representable for select() and float arithmetic: no
+# duration may exceed about 115 days (longer than any run this tool supervises).
+MAX_SECONDS: Final = 1e7
 
 
 class ConfigError(ValueError):
@@ -21,27 +37,49 @@ def default_command() -> tuple[str, ...]:
     return (sys.executable, "-m", "dflashd.trainer")
 
 
+def _key(
+    default: Any = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+    low: float | None = None,
+    above: float | None = None,
+    high: float | None = None,
+) -> Any:
+    """A config field with its bound: ``low`` <= value, ``above`` < value, value <= ``high``."""
+    meta = {"low": low, "above": above, "high": high}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _seconds(default: float, *, above: float | None = 0.0, low: float | None = None) -> Any:
+    return _key(default, above=above, low=low, high=MAX_SECONDS)
+
+
 @dataclass(frozen=True)
 class RestartConfig:
     """The ``[restart]`` table."""
 
-    early_retries: int = 3
-    runtime_retries: int = 10
-    stable_after_s: float = 600.0
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 300.0
+    early_retries: int = _key(3, low=0, high=1000)
+    runtime_retries: int = _key(10, low=0, high=100000)
+    stable_after_s: float = _seconds(600.0)
+    backoff_initial_s: float = _seconds(1.0, above=None, low=0.0)
+    backoff_max_s: float = _seconds(300.0)
     clear_cache_on_early_death: bool = True
+    # A failure that retrying cannot fix (exec failed, ImportError, SyntaxError before the
+    # first step, a no-restart exit code) is fatal at once; true retries it like any early death.
+    retry_unfixable: bool = False
     no_restart_exit_codes: tuple[int, ...] = (78,)
-    stop_timeout_s: float = 30.0
+    stop_timeout_s: float = _seconds(30.0, above=None, low=0.0)
 
 
 @dataclass(frozen=True)
 class LogsConfig:
     """The ``[logs]`` table."""
 
-    max_bytes: int = 100 * 1024 * 1024
-    backups: int = 10
-    max_line_bytes: int = 65536
+    max_bytes: int = _key(100 * 1024 * 1024, low=MIN_MAX_BYTES)  # the writer's minimum file
+    backups: int = _key(10, low=0, high=1000)
+    max_line_bytes: int = _key(65536, low=MIN_LINE_BYTES, high=16 * 1024 * 1024)  # framer
 
 
 @dataclass(frozen=True)
@@ -50,28 +88,34 @@ class AlertsConfig:
 
     webhook_url: str = ""
     command: tuple[str, ...] = ()
-    on: tuple[str, ...] = (*(v.value for v in ALERTABLE), "fatal", "recovered")
+    on: tuple[AlertKind, ...] = DEFAULT_ALERTS
 
 
 @dataclass(frozen=True)
 class Config:
     """The whole config; ``command`` may be replaced by ``dflashd start -- CMD``."""
 
-    command: tuple[str, ...] = field(default_factory=default_command)
+    command: tuple[str, ...] = _key(factory=default_command)
     cwd: str = "."
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = _key(factory=dict)
     gpus: str | tuple[int, ...] = "all"
-    gpu_poll_s: float = 2.0
-    vram_grace_s: float = 300.0
-    gpu_release_timeout_s: float = 60.0
-    first_step_timeout_s: float = 3600.0
-    stall_timeout_s: float = 900.0
+    gpu_poll_s: float = _seconds(2.0, above=None, low=0.05)  # an NVML poll costs ~0.05 ms
+    vram_grace_s: float = _seconds(300.0)
+    gpu_release_timeout_s: float = _seconds(60.0, above=None, low=0.0)
+    gpu_busy_pct: float = _key(60.0, above=0.0, high=100.0)  # GPU activity as evidence of training
+    gpu_busy_s: float = _seconds(30.0)
+    first_step_timeout_s: float = _seconds(3600.0)
+    stall_timeout_s: float = _seconds(900.0)
     first_step_pattern: str = ""
     step_pattern: str = ""
+    builtin_formats: bool = True  # recognise the step lines of common trainers
+    start_wait_s: float = _seconds(
+        2.0, above=None, low=0.0
+    )  # `dflashd start` waits for signs of life
     metrics_listen: str = ""
-    restart: RestartConfig = field(default_factory=RestartConfig)
-    logs: LogsConfig = field(default_factory=LogsConfig)
-    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    restart: RestartConfig = _key(factory=RestartConfig)
+    logs: LogsConfig = _key(factory=LogsConfig)
+    alerts: AlertsConfig = _key(factory=AlertsConfig)
 
     @property
     def gpus_enabled(self) -> bool:
@@ -84,94 +128,133 @@ _TABLES: Final[dict[str, type]] = {
     "logs": LogsConfig,
     "alerts": AlertsConfig,
 }
-_POSITIVE: Final = {
-    "gpu_poll_s",
-    "vram_grace_s",
-    "gpu_release_timeout_s",
-    "first_step_timeout_s",
-    "stall_timeout_s",
-    "stable_after_s",
-    "backoff_max_s",
-    "stop_timeout_s",
-    "max_bytes",
-    "max_line_bytes",
+
+
+def _number(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _integer(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def _boolean(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _string(where: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if "\0" in value:
+        raise ConfigError(f"{where}: must not contain a NUL character")
+    return value
+
+
+def _strings(where: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+    return tuple(_string(where, v) for v in value)
+
+
+def _integers(where: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: expected a list of integers, got {value!r}")
+    return tuple(_integer(where, v) for v in value)
+
+
+def _string_table(where: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(f"{where}: expected a table of strings, got {value!r}")
+    return {_string(where, k): _string(where, v) for k, v in value.items()}
+
+
+def _gpus(where: str, value: Any) -> str | tuple[int, ...]:
+    if value in ("all", "none"):
+        return str(value)
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        return tuple(value)
+    raise ConfigError(f'{where}: expected "all", "none" or a list of GPU indices, got {value!r}')
+
+
+def _alert_kinds(where: str, value: Any) -> tuple[AlertKind, ...]:
+    names = _strings(where, value)
+    known = {k.value for k in AlertKind}
+    for name in names:
+        if name not in known:
+            raise ConfigError(
+                f"{where}: unknown alert kind {name!r} (known: {', '.join(sorted(known))})"
+            )
+    return tuple(AlertKind(n) for n in names)
+
+
+_PARSERS: Final[dict[Any, Callable[[str, Any], Any]]] = {
+    float: _number,
+    int: _integer,
+    bool: _boolean,
+    str: _string,
+    tuple[str, ...]: _strings,
+    tuple[int, ...]: _integers,
+    dict[str, str]: _string_table,
+    str | tuple[int, ...]: _gpus,
+    tuple[AlertKind, ...]: _alert_kinds,
 }
-_NON_NEGATIVE: Final = {"early_retries", "runtime_retries", "backoff_initial_s", "backups"}
 
 
-def _check_type(where: str, value: Any, expected: Any) -> Any:
-    """Coerce/validate one value against its field's annotation; raise ConfigError naming ``where``."""
-    if expected in ("float", float):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if expected in ("int", int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if expected in ("bool", bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if expected in ("str", str):
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    if expected == "tuple[str, ...]":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
-        return tuple(value)
-    if expected == "tuple[int, ...]":
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            raise ConfigError(f"{where}: expected a list of integers, got {value!r}")
-        return tuple(value)
-    if expected == "dict[str, str]":
-        if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-        ):
-            raise ConfigError(f"{where}: expected a table of strings, got {value!r}")
-        return dict(value)
-    if expected == "str | tuple[int, ...]":
-        if value in ("all", "none"):
-            return value
-        if isinstance(value, list) and all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-        ):
-            return tuple(value)
-        raise ConfigError(
-            f'{where}: expected "all", "none" or a list of GPU indices, got {value!r}'
-        )
-    raise ConfigError(f"{where}: unsupported type {expected}")  # pragma: no cover
+def _check_bound(where: str, value: float, meta: Any) -> None:
+    low, above, high = meta.get("low"), meta.get("above"), meta.get("high")
+    if low is not None and value < low:
+        raise ConfigError(f"{where}: must be at least {low:g}, got {value:g}")
+    if above is not None and value <= above:
+        raise ConfigError(f"{where}: must be greater than {above:g}, got {value:g}")
+    if high is not None and value > high:
+        raise ConfigError(f"{where}: must be at most {high:g}, got {value:g}")
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     known = {f.name: f for f in fields(cls)}
+    hints = get_type_hints(cls)
     values: dict[str, Any] = {}
     for key, value in data.items():
         where = f"{prefix}{key}"
         if key not in known:
-            if prefix == "" and key in _TABLES:
-                pass
-            else:
-                raise ConfigError(f"unknown config key {where!r}")
-        if key in _TABLES and prefix == "":
+            raise ConfigError(f"unknown config key {where!r}")
+        if prefix == "" and key in _TABLES:
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: expected a table")
             values[key] = _build(_TABLES[key], value, f"{key}.")
             continue
-        checked = _check_type(where, value, known[key].type)
-        if key in _POSITIVE and checked <= 0:
-            raise ConfigError(f"{where}: must be greater than 0, got {value!r}")
-        if key in _NON_NEGATIVE and checked < 0:
-            raise ConfigError(f"{where}: must not be negative, got {value!r}")
+        checked = _PARSERS[hints[key]](where, value)
+        if isinstance(checked, int | float) and not isinstance(checked, bool):
+            _check_bound(where, checked, known[key].metadata)
         values[key] = checked
     return cls(**values)
 
 
+def _check_webhook(url: str) -> None:
+    """An http(s) URL with a host; the message never repeats the URL (it is a secret)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname
+    except ValueError:
+        raise ConfigError("alerts.webhook_url: not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise ConfigError("alerts.webhook_url: must be an http:// or https:// URL with a host")
+
+
 def _validate(config: Config) -> Config:
-    if not config.command:
+    if not config.command or not config.command[0]:
         raise ConfigError("command: must not be empty")
     for key in ("first_step_pattern", "step_pattern"):
         pattern = getattr(config, key)
@@ -190,10 +273,8 @@ def _validate(config: Config) -> Config:
             parse_listen(config.metrics_listen)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    verdicts = {v.value for v in Verdict} | {"fatal", "recovered"}
-    for name in config.alerts.on:
-        if name not in verdicts:
-            raise ConfigError(f"alerts.on: unknown verdict {name!r}")
+    if config.alerts.webhook_url:
+        _check_webhook(config.alerts.webhook_url)
     if config.restart.backoff_initial_s > config.restart.backoff_max_s:
         raise ConfigError("restart.backoff_initial_s: must not exceed restart.backoff_max_s")
     return config
@@ -213,14 +294,17 @@ def load_config(path: Path | None, command: tuple[str, ...] = ()) -> Config:
                 data = tomllib.load(fh)
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config is a directory: {path}") from None
         except OSError as exc:
             raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    config = parse_config(data)
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: not UTF-8 text") from None
     if command:
-        config = replace(config, command=command)
-    return config
+        data = {**data, "command": list(command)}
+    return parse_config(data)
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

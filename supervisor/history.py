@@ -70,7 +70,13 @@ class RunHistory:
 
 
 def open_history(path: Path) -> RunHistory | None:
-    """The history, or None when sqlite cannot open it (status then simply shows less)."""
+    """The history, or None when it cannot be opened safely (status then simply shows less).
+
+    sqlite follows symlinks: a link planted at runs.sqlite (or its -wal/-shm) is refused.
+    """
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if name.is_symlink():
+            return None
     try:
         return RunHistory(path)
     except sqlite3.Error:

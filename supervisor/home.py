@@ -1,9 +1,10 @@
-"""The home directory (DESIGN §3): its paths, and the one-daemon-per-home lock."""
+"""The home directory (docs/design.md, "Home"): its paths, and the one-daemon-per-home lock."""
 
 from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +57,52 @@ class Home:
         return self.root / "runs.sqlite"
 
     def create(self) -> None:
-        """Make the directories, owner-only (the control socket lives here)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
-        self.logs.mkdir(exist_ok=True)
-        self.cache.mkdir(exist_ok=True)
+        """Make the home owner-only, or check that an existing one is safe (HomeError if not).
+
+        A directory the user passed is never chmod-ed: one that another user owns, or that
+        group or others may write (where they could plant links or sockets), is refused.
+        """
+        try:
+            self.root.parent.mkdir(parents=True, exist_ok=True)
+            self.root.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        except NotADirectoryError:
+            raise HomeError(f"home {self.root}: a parent is not a directory") from None
+        except OSError as exc:
+            raise HomeError(f"cannot create home {self.root}: {exc.strerror}") from None
+        check_private_dir(self.root, "home")
+        for sub in (self.logs, self.cache):
+            try:
+                sub.mkdir(mode=0o700)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise HomeError(f"cannot create {sub}: {exc.strerror}") from None
+            check_private_dir(sub, sub.name)
+
+
+class HomeError(Exception):
+    """The home is unusable or unsafe; the message says why (exit 2)."""
+
+
+def check_private_dir(path: Path, what: str) -> None:
+    """A real directory (not a link), ours, not writable by group or others."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise HomeError(f"{what} {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise HomeError(f"{what} {path} is a symlink: refusing it (use the real path)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise HomeError(f"{what} {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise HomeError(f"{what} {path} belongs to uid {st.st_uid}, not to you: refusing it")
+    if st.st_mode & 0o022:
+        raise HomeError(
+            f"{what} {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
+            "refusing it; use a private directory (chmod 700) or another --home"
+        )
 
 
 class AlreadyRunning(Exception):
@@ -80,7 +122,10 @@ class HomeLock:
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`AlreadyRunning`."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise HomeError(f"cannot open the lock {self.path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -108,8 +153,8 @@ def read_lock_pid(path: Path) -> int | None:
 def lock_is_held(path: Path) -> bool:
     """True when a live daemon holds the lock (probe with a non-blocking shared lock)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

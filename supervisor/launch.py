@@ -2,7 +2,7 @@
 
 The child gets its own session (so its whole process group can be signalled), a parent
 death signal (so a SIGKILLed daemon does not leave it holding the GPUs), pipes for
-stdout and stderr, and the environment of DESIGN §6.
+stdout and stderr, and the environment of docs/design.md ("Child protocol").
 """
 
 from __future__ import annotations
@@ -76,16 +76,12 @@ def _in_child(parent_pid: int, death_signal: int) -> None:
 
 @dataclass(slots=True)
 class Launched:
-    """A running child: its process, and the read ends of its pipes."""
+    """A running child: its pid (also its process group and session id), and the read ends of its pipes."""
 
-    process: subprocess.Popen[bytes]
+    pid: int
     stdout_fd: int
     stderr_fd: int
-
-    @property
-    def pid(self) -> int:
-        """The child's pid, which is also its process group and session id."""
-        return self.process.pid
+    process: subprocess.Popen[bytes] | None = None
 
 
 def spawn(
@@ -120,7 +116,7 @@ def spawn(
     finally:
         os.close(out_w)
         os.close(err_w)
-    return Launched(process, out_r, err_r)
+    return Launched(process.pid, out_r, err_r, process)
 
 
 def signal_group(pgid: int, signum: int) -> bool:

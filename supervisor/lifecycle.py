@@ -15,6 +15,7 @@ class State(StrEnum):
     FATAL = "fatal"
     STOPPING = "stopping"
     STOPPED = "stopped"
+    COMPLETED = "completed"  # the job exited 0: the daemon's work is done
 
 
 class Phase(StrEnum):
@@ -34,11 +35,14 @@ TRANSITIONS: Final[dict[State, frozenset[State]]] = {
     State.STARTING: frozenset(
         {State.RUNNING, State.BACKOFF, State.FATAL, State.STOPPING, State.STOPPED}
     ),
-    State.RUNNING: frozenset({State.BACKOFF, State.FATAL, State.STOPPING, State.STOPPED}),
+    State.RUNNING: frozenset(
+        {State.BACKOFF, State.FATAL, State.STOPPING, State.STOPPED, State.COMPLETED}
+    ),
     State.BACKOFF: frozenset({State.STARTING, State.STOPPING, State.STOPPED}),
     State.FATAL: frozenset({State.STOPPING, State.STOPPED}),
     State.STOPPING: frozenset({State.STOPPED}),
     State.STOPPED: frozenset(),
+    State.COMPLETED: frozenset(),
 }
 
 

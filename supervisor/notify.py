@@ -1,4 +1,4 @@
-"""The child protocol (DESIGN §6): systemd's sd_notify wire format on a datagram socket.
+"""The child protocol (docs/design.md, "Child protocol"): systemd's sd_notify wire format on a datagram socket.
 
 :func:`parse_notify` is pure.  :class:`NotifyServer` is the socket dflashd gives the
 child as ``NOTIFY_SOCKET``; it reads the sender's pid from the kernel (SCM_CREDENTIALS)

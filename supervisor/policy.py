@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Final
 
 from dflashd.supervisor.config import RestartConfig
-from dflashd.supervisor.verdicts import EARLY_DEATHS, Verdict
+from dflashd.supervisor.verdicts import EARLY_DEATHS, UNFIXABLE_REASONS, Verdict
 
 _JITTER: Final = 0.2
 
@@ -67,14 +67,18 @@ def decide(
     history: RestartHistory,
     policy: RestartConfig,
     jitter: float,
+    reason: str = "",
 ) -> Decision:
-    """Decide what follows a run that ended with ``verdict`` (see the module doc)."""
+    """Decide what follows a run that ended with ``verdict`` (``reason``: the classifier's detail)."""
     if verdict in (Verdict.COMPLETED, Verdict.STOPPED):
         return Decision(Action.DONE, 0.0, False, verdict.value, history)
     if exit_code is not None and exit_code in policy.no_restart_exit_codes:
         return Decision(Action.FATAL, 0.0, False, f"no_restart_exit_code_{exit_code}", history)
-    if verdict is Verdict.SPAWN_FAILED:
-        return Decision(Action.FATAL, 0.0, False, "spawn_failed", history)
+    if not policy.retry_unfixable:
+        if verdict is Verdict.SPAWN_FAILED:
+            return Decision(Action.FATAL, 0.0, False, "spawn_failed", history)
+        if not reached_first_step and reason in UNFIXABLE_REASONS:
+            return Decision(Action.FATAL, 0.0, False, f"unfixable_{reason}", history)
 
     if reached_first_step:
         history = replace(history, early_deaths=0)

@@ -7,6 +7,7 @@ import time
 from typing import Any, Final, TextIO
 
 from dflashd.logs.records import EventRecord, LineRecord, Record
+from dflashd.supervisor.echo import escape_controls
 
 _COLORS: Final = {
     "red": "31",
@@ -20,6 +21,7 @@ _COLORS: Final = {
 }
 _STATE_COLOR: Final = {
     "running": "green",
+    "completed": "green",
     "starting": "cyan",
     "backoff": "yellow",
     "fatal": "red",
@@ -90,27 +92,42 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         if running
         else paint("   (daemon not running; last known state)", "dim")
     )
+    if status.get("uptime_s") is not None and running:
+        daemon += f"   up {duration(status['uptime_s'])}"
     rows.append(("dflashd", daemon))
+    if status.get("fatal_reason"):
+        rows.append(("fatal", paint(str(status["fatal_reason"]), "red")))
+    if status.get("command"):
+        rows.append(("command", escape_controls(" ".join(map(str, status["command"])))[:160]))
     run = status.get("run")
     if run is not None:
         child = f"   pid {status['child_pid']}" if status.get("child_pid") else ""
-        phase = status.get("phase", "-")
+        line = f"{run}{child}   phase {status.get('phase') or '-'}"
         step = status.get("step")
-        line = f"{run}{child}   phase {phase}"
         if step is not None:
             line += f"   step {step:,}"
+            if status.get("step_source"):
+                line += f" ({status['step_source']})"
+        if status.get("loss") is not None:
+            line += f"   loss {status['loss']:.4g}"
         age = status.get("last_progress_age_s")
         if age is not None and running:
             line += f"   progress {duration(age)} ago"
         rows.append(("run", line))
+        if status.get("first_step_source"):
+            rows.append(("first step", f"seen from {status['first_step_source']}"))
     if status.get("child_status"):
-        rows.append(("child says", str(status["child_status"])))
+        rows.append(("child says", escape_controls(str(status["child_status"]))))
+    if status.get("last_line"):
+        rows.append(("last line", paint(escape_controls(str(status["last_line"]))[:160], "dim")))
     if status.get("next_restart_in_s") is not None and running:
         rows.append(("restart", f"in {duration(status['next_restart_in_s'])}"))
     by_verdict = status.get("restarts_by_verdict") or {}
-    restarts = f"{status.get('restarts', 0)}"
+    restarts = f"{status.get('restarts') or 0}"
     if by_verdict:
         restarts += "  (" + ", ".join(f"{k} {v}" for k, v in sorted(by_verdict.items())) + ")"
+    if status.get("restarts_this_daemon") is not None:
+        restarts += f"   {status['restarts_this_daemon']} by this daemon"
     rows.append(("restarts", restarts))
     last = status.get("last_exit")
     if last:
@@ -118,15 +135,15 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         how = (
             f"exit code {last['exit_code']}"
             if last.get("exit_code") is not None
-            else str(last.get("signal"))
+            else str(last.get("signal") or "no exit status")
         )
         text = (
             f"run {last.get('run')}: {paint(verdict, _VERDICT_COLOR.get(verdict, 'red'))}"
             f" ({last.get('reason')}), {how} after {duration(last.get('duration_s'))}, {ago(last.get('ended_at'))}"
         )
         rows.append(("last exit", text))
-        for line in (last.get("tail") or [])[-5:]:
-            rows.append(("", paint("  " + line, "dim")))
+        for tail_line in (last.get("tail") or [])[-5:]:
+            rows.append(("", paint("  " + escape_controls(str(tail_line)), "dim")))
     gpus = status.get("gpus") or []
     rows.append(
         (
@@ -156,16 +173,25 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
     return "\n".join(f"{paint(label.ljust(width), 'bold')}  {value}" for label, value in rows)
 
 
-def format_record(record: Record, paint: Painter) -> str:
-    """One log record as a readable line: time, run, source, then the text or the event."""
+def format_record(record: Record, paint: Painter, *, escape: bool = True) -> str:
+    """One log record as a readable line: time, run, source, then the text or the event.
+
+    With ``escape`` (the default), control characters from the job are shown escaped, so a
+    job's escape sequences cannot retitle, clear or reprogram the reader's terminal.
+    """
+    clean = escape_controls if escape else _same
     ts = record.ts[11:23]
     prefix = paint(f"{ts} r{record.run}", "dim")
     if isinstance(record, LineRecord):
         src = paint("err", "red") if record.src == "stderr" else paint("out", "dim")
         suffix = paint(" …", "dim") if record.partial else ""
-        return f"{prefix} {src} {record.line}{suffix}"
+        return f"{prefix} {src} {clean(record.line)}{suffix}"
     assert isinstance(record, EventRecord)
-    fields = " ".join(f"{k}={_short(v)}" for k, v in record.fields.items() if k != "tail")
+    fields = " ".join(
+        f"{k}={clean(_short(v))}"
+        for k, v in record.fields.items()
+        if k not in ("tail", "traceback")
+    )
     color = (
         "red"
         if record.event in ("exit", "fatal")
@@ -175,7 +201,11 @@ def format_record(record: Record, paint: Painter) -> str:
     text = f"{prefix} {paint('dflashd', 'magenta')} {paint(record.event, color)} {fields}".rstrip()
     tail = record.fields.get("tail")
     if record.event == "exit" and isinstance(tail, list) and tail:
-        text += "\n" + "\n".join(paint("    | " + str(line), "dim") for line in tail[-10:])
+        text += "\n" + "\n".join(paint("    | " + clean(str(line)), "dim") for line in tail[-10:])
+    return text
+
+
+def _same(text: str) -> str:
     return text
 
 

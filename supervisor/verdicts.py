@@ -1,4 +1,4 @@
-"""Why a run ended (DESIGN §5): a pure classifier from observations to a verdict and a reason.
+"""Why a run ended (docs/design.md, "Verdicts"): a pure classifier from observations to a verdict and a reason.
 
 No clock, no I/O, no logging: every input is in :class:`Observations`, so the whole
 decision is tested as a table.
@@ -14,7 +14,7 @@ from typing import Final
 
 
 class Verdict(StrEnum):
-    """The verdicts of DESIGN §5."""
+    """The verdicts of docs/design.md ("Verdicts")."""
 
     SPAWN_FAILED = "spawn_failed"
     SILENT_DEATH = "silent_death"
@@ -24,6 +24,7 @@ class Verdict(StrEnum):
     CRASHED = "crashed"
     COMPLETED = "completed"
     STOPPED = "stopped"
+    LOST = "lost"  # the daemon was killed while the run lived; the next daemon says so
 
 
 EARLY_DEATHS: Final = frozenset(
@@ -34,12 +35,34 @@ EARLY_DEATHS: Final = frozenset(
         Verdict.NO_GPU_MEMORY,
     }
 )
-ALERTABLE: Final = (
-    Verdict.SPAWN_FAILED,
-    Verdict.SILENT_DEATH,
-    Verdict.CRASH_BEFORE_FIRST_STEP,
-    Verdict.NO_GPU_MEMORY,
-    Verdict.STALLED,
+EARLY_DEATH_NAMES: Final = frozenset(v.value for v in EARLY_DEATHS)
+
+
+class AlertKind(StrEnum):
+    """What an alert is about: the verdicts, plus ``fatal`` (gave up) and ``recovered`` (training resumed)."""
+
+    SPAWN_FAILED = "spawn_failed"
+    SILENT_DEATH = "silent_death"
+    CRASH_BEFORE_FIRST_STEP = "crash_before_first_step"
+    NO_GPU_MEMORY = "no_gpu_memory"
+    STALLED = "stalled"
+    CRASHED = "crashed"
+    COMPLETED = "completed"
+    STOPPED = "stopped"
+    LOST = "lost"
+    FATAL = "fatal"
+    RECOVERED = "recovered"
+
+
+# Alerted by default: every early death, a stall, a give-up and a recovery.
+DEFAULT_ALERTS: Final = (
+    AlertKind.SPAWN_FAILED,
+    AlertKind.SILENT_DEATH,
+    AlertKind.CRASH_BEFORE_FIRST_STEP,
+    AlertKind.NO_GPU_MEMORY,
+    AlertKind.STALLED,
+    AlertKind.FATAL,
+    AlertKind.RECOVERED,
 )
 
 
@@ -48,8 +71,8 @@ class EndedBy(StrEnum):
 
     CHILD = "child"
     STOP = "stop"
-    STALL_FIRST_STEP = "first_step_timeout"
-    STALL_PROGRESS = "no_progress"
+    FIRST_STEP_TIMEOUT = "first_step_timeout"
+    NO_PROGRESS = "no_progress"
     NO_GPU_MEMORY = "no_gpu_memory"
 
 
@@ -65,6 +88,7 @@ class Observations:
     output_lines: int = 0
     stderr_tail: tuple[str, ...] = ()
     gpu_xids: tuple[int, ...] = ()
+    status_unknown: bool = False  # the child is gone but its wait status could not be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +107,15 @@ _REASON_PATTERNS: Final = (
     (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"), "cuda_oom"),
     (re.compile(r"CUDA error|cudaError|CUBLAS_STATUS|NCCL error"), "cuda_error"),
     (re.compile(r"\bMemoryError\b"), "host_oom"),
-    (re.compile(r"SyntaxError\b"), "syntax_error"),
+    (re.compile(r"\b(?:SyntaxError|IndentationError|TabError)\b"), "syntax_error"),
+    (re.compile(r"torch\._(?:dynamo|inductor)\.config\b|InvalidBackend\b"), "compile_config_error"),
     (re.compile(r"Fatal Python error"), "fatal_python_error"),
 )
 _EXCEPTION_LINE: Final = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))\b")
+
+
+# Failures before the first step that a retry cannot fix: the code or the environment is wrong.
+UNFIXABLE_REASONS: Final = frozenset({"import_error", "syntax_error", "compile_config_error"})
 
 
 def signal_name(signum: int) -> str:
@@ -110,10 +139,17 @@ def reason_from_output(stderr_tail: tuple[str, ...]) -> str | None:
     return None
 
 
-def _death_reason(obs: Observations) -> str:
+def _hardware_xid(obs: Observations) -> str | None:
     for xid in obs.gpu_xids:
         if xid in HARDWARE_XIDS:
             return f"gpu_xid_{xid}"
+    return None
+
+
+def _death_reason(obs: Observations) -> str:
+    hardware = _hardware_xid(obs)
+    if hardware is not None:
+        return hardware
     from_output = reason_from_output(obs.stderr_tail)
     if obs.signal is not None:
         name = signal_name(obs.signal)
@@ -121,20 +157,23 @@ def _death_reason(obs: Observations) -> str:
         return f"{name}:{from_output}" if from_output else name
     if from_output:
         return from_output
+    if obs.status_unknown or obs.exit_code is None:
+        return "exit_status_unknown"
     return f"exit_code_{obs.exit_code}"
 
 
 def classify(obs: Observations) -> Classification:
-    """The verdict for one ended run (DESIGN §5)."""
+    """The verdict for one ended run (docs/design.md, "Verdicts")."""
     if obs.spawn_error is not None:
         return Classification(Verdict.SPAWN_FAILED, obs.spawn_error)
     if obs.ended_by is EndedBy.STOP:
         return Classification(Verdict.STOPPED, "stop_requested")
-    if obs.ended_by in (EndedBy.STALL_FIRST_STEP, EndedBy.STALL_PROGRESS):
-        return Classification(Verdict.STALLED, obs.ended_by.value)
+    if obs.ended_by in (EndedBy.FIRST_STEP_TIMEOUT, EndedBy.NO_PROGRESS):
+        hardware = _hardware_xid(obs)  # a hang after a GPU fell off the bus: the XID explains it
+        return Classification(Verdict.STALLED, hardware or obs.ended_by.value)
     if obs.ended_by is EndedBy.NO_GPU_MEMORY:
         return Classification(Verdict.NO_GPU_MEMORY, "no_gpu_memory_before_first_step")
-    if obs.exit_code == 0:
+    if obs.exit_code == 0 and not obs.status_unknown:
         return Classification(Verdict.COMPLETED, "exit_code_0")
     if not obs.reached_first_step:
         if obs.output_lines == 0:

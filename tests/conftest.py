@@ -68,9 +68,17 @@ FAST_RESTART = {
 class Daemon:
     """A foreground daemon process on a temp home."""
 
-    def __init__(self, home: Path, config: Path, command: list[str] | None) -> None:
+    def __init__(
+        self, home: Path, config: Path, command: list[str] | None, gpu_script: Path | None = None
+    ) -> None:
         self.home = home
-        argv = dflashd_argv("start", "--foreground", "--home", str(home), "--config", str(config))
+        if gpu_script is None:
+            argv = dflashd_argv(
+                "start", "--foreground", "--quiet", "--home", str(home), "--config", str(config)
+            )
+        else:  # the real daemon with a scripted GPU sampler injected (tests/scripted_daemon.py)
+            runner = str(Path(__file__).parent / "scripted_daemon.py")
+            argv = [sys.executable, runner, str(gpu_script), str(home), str(config)]
         if command:
             argv += ["--", *command]
         env = dict(os.environ)
@@ -159,16 +167,19 @@ def start_daemon(tmp_path: Path, home: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
     def _start(
-        command: list[str] | None, restart: dict[str, object] | None = None, **top: object
+        command: list[str] | None,
+        restart: dict[str, object] | None = None,
+        gpu_script: Path | None = None,
+        **top: object,
     ) -> Daemon:
-        top.setdefault("gpus", "none")
+        top.setdefault("gpus", "none" if gpu_script is None else "all")
         alerts = top.pop("alerts", None)
         tables: dict[str, dict[str, object]] = {"restart": {**FAST_RESTART, **(restart or {})}}
         if alerts is not None:
             assert isinstance(alerts, dict)
             tables["alerts"] = alerts
         config = write_config(tmp_path / f"config{len(started)}.toml", top, **tables)
-        daemon = Daemon(home, config, command)
+        daemon = Daemon(home, config, command, gpu_script)
         started.append(daemon)
         return daemon
 

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_decision, summary_text
+from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind
 from tests.conftest import Daemon, child
 
 Start = Callable[..., Daemon]
@@ -82,18 +83,12 @@ def hook_factory() -> Iterator[Callable[[str], Hook]]:
 )
 def test_alert_policy(verdict: str, alerted: set[str], early_before: int, expected: bool) -> None:
     """One alert per verdict per run; a crash loop alerts on its first early death and the fatal."""
-    on = (
-        "spawn_failed",
-        "silent_death",
-        "crash_before_first_step",
-        "no_gpu_memory",
-        "stalled",
-        "fatal",
-        "recovered",
-    )
     assert (
         alert_decision(
-            verdict, on=on, already_alerted=frozenset(alerted), early_deaths_before=early_before
+            AlertKind(verdict),
+            on=DEFAULT_ALERTS,
+            already_alerted=frozenset(AlertKind(a) for a in alerted),
+            early_deaths_before=early_before,
         )
         is expected
     )

@@ -58,12 +58,12 @@ def test_import_error_traceback_reaches_tail_and_status(start_daemon: Start, hom
 
 
 def test_nonexistent_binary_is_spawn_failed_on_the_terminal(home: Path, tmp_path: Path) -> None:
-    """A command that cannot exec: start exits 1 naming the OS error; the log says spawn_failed."""
+    """A command that cannot exec: start exits 4 (fatal) naming the OS error; the log says spawn_failed."""
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
     result = run_cli(
         "start", "--home", str(home), "--config", str(config), "--", "/nonexistent/trainer", "--x"
     )
-    assert result.returncode == 1
+    assert result.returncode == 4
     assert "spawn failed" in result.stderr and "No such file or directory" in result.stderr
     records = [
         r
@@ -140,17 +140,17 @@ def test_exit_zero_after_first_step_completes(start_daemon: Start, home: Path) -
     assert [e.fields["verdict"] for e in daemon.events("exit")] == ["completed"]
     assert daemon.events("restart") == []
     status = json.loads(run_cli("status", "--home", str(home), "--json").stdout)
-    assert status["state"] == "stopped" and status["last_exit"]["verdict"] == "completed"
+    assert status["state"] == "completed" and status["last_exit"]["verdict"] == "completed"
 
 
 def test_crash_loop_ends_fatal_with_one_alert_per_kind(start_daemon: Start, tmp_path: Path) -> None:
-    """Four early deaths with a budget of 3: fatal; alerts for the first death and the fatal only."""
+    """Four early deaths (a retryable error) with a budget of 3: fatal; alerts for the first death and the fatal only."""
     alerts_file = tmp_path / "alerts.jsonl"
     sink = tmp_path / "alert_sink.sh"
     sink.write_text(f"#!/bin/sh\ncat >> {alerts_file}\necho >> {alerts_file}\n")
     sink.chmod(sink.stat().st_mode | stat.S_IXUSR)
     daemon = start_daemon(
-        child("import_error.py"),
+        child("crash_early.py"),
         restart={"early_retries": 3},
         alerts={"command": [str(sink)]},
     )
@@ -159,8 +159,9 @@ def test_crash_loop_ends_fatal_with_one_alert_per_kind(start_daemon: Start, tmp_
     # The daemon lets queued alerts finish before it exits, so the records are all there now.
     sent = [json.loads(line) for line in alerts_file.read_text().splitlines() if line.strip()]
     assert [a["verdict"] for a in sent] == ["crash_before_first_step", "fatal"]
-    assert sent[0]["reason"] == "import_error" and sent[0]["run"] == 1
-    assert any("ModuleNotFoundError" in line for line in sent[0]["tail"])
+    assert sent[0]["reason"] == "RuntimeError" and sent[0]["run"] == 1
+    assert any("NCCL timeout" in line for line in sent[0]["tail"])
+    assert sent[1]["reason"] == "early_retries_exhausted"
     assert {
         "verdict",
         "reason",
@@ -177,8 +178,13 @@ def test_crash_loop_ends_fatal_with_one_alert_per_kind(start_daemon: Start, tmp_
 
 
 def test_stall_dumps_stacks_then_kills(start_daemon: Start) -> None:
-    """No first step within first_step_timeout_s: SIGABRT dumps the stack into the log, verdict stalled."""
-    daemon = start_daemon(child("hang.py"), first_step_timeout_s=1.0, restart={"early_retries": 0})
+    """A pattern says what a step is, none came within first_step_timeout_s: SIGABRT dumps the stack, stalled."""
+    daemon = start_daemon(
+        child("hang.py"),
+        first_step_pattern="^step ",
+        first_step_timeout_s=1.0,
+        restart={"early_retries": 0},
+    )
     assert daemon.wait() == 4
     exit_rec = daemon.events("exit")[0]
     assert (
@@ -187,6 +193,22 @@ def test_stall_dumps_stacks_then_kills(start_daemon: Start) -> None:
     )
     stderr = "\n".join(r.line for r in line_records(daemon, "stderr"))
     assert "wait_for_a_collective_that_never_comes" in stderr
+
+
+def test_silent_job_with_no_visible_steps_ends_only_after_stall_timeout(
+    start_daemon: Start,
+) -> None:
+    """No way to see steps: the first-step timeout never applies; total silence for stall_timeout_s does."""
+    daemon = start_daemon(
+        child("hang.py"),
+        first_step_timeout_s=0.2,
+        stall_timeout_s=1.5,
+        restart={"early_retries": 0},
+    )
+    assert daemon.wait() == 4
+    exit_rec = daemon.events("exit")[0]
+    assert (exit_rec.fields["verdict"], exit_rec.fields["reason"]) == ("stalled", "no_progress")
+    assert exit_rec.fields["duration_s"] >= 1.5  # not ended at the 0.2 s first-step timeout
 
 
 def test_no_progress_after_first_step_is_stalled(start_daemon: Start) -> None:

@@ -54,12 +54,12 @@ SEGV = int(signal.SIGSEGV)
         (Observations(exit_code=0, reached_first_step=True), Verdict.COMPLETED, "exit_code_0"),
         (Observations(signal=15, ended_by=EndedBy.STOP), Verdict.STOPPED, "stop_requested"),
         (
-            Observations(signal=6, ended_by=EndedBy.STALL_PROGRESS, reached_first_step=True),
+            Observations(signal=6, ended_by=EndedBy.NO_PROGRESS, reached_first_step=True),
             Verdict.STALLED,
             "no_progress",
         ),
         (
-            Observations(signal=6, ended_by=EndedBy.STALL_FIRST_STEP),
+            Observations(signal=6, ended_by=EndedBy.FIRST_STEP_TIMEOUT),
             Verdict.STALLED,
             "first_step_timeout",
         ),
@@ -81,7 +81,7 @@ SEGV = int(signal.SIGSEGV)
     ],
 )
 def test_classify_table(obs: Observations, verdict: Verdict, reason: str) -> None:
-    """Each observation set maps to the DESIGN §5 verdict and a useful reason."""
+    """Each observation set maps to the docs/design.md verdict and a useful reason."""
     result = classify(obs)
     assert (result.verdict, result.reason) == (verdict, reason)
 
@@ -219,13 +219,19 @@ def test_notify_parsing() -> None:
         ({"comand": ["x"]}, "unknown config key 'comand'"),
         ({"restart": {"early_retires": 1}}, "unknown config key 'restart.early_retires'"),
         ({"gpu_poll_s": "fast"}, "gpu_poll_s: expected a number"),
-        ({"gpu_poll_s": 0}, "gpu_poll_s: must be greater than 0"),
+        ({"gpu_poll_s": 0}, "gpu_poll_s: must be at least 0.05"),
+        ({"stall_timeout_s": 0}, "stall_timeout_s: must be greater than 0"),
+        ({"logs": {"max_bytes": 100}}, "logs.max_bytes: must be at least 1024"),
+        ({"logs": {"max_line_bytes": 2}}, "logs.max_line_bytes: must be at least 4"),
+        ({"restart": {"stop_timeout_s": 1e308}}, "restart.stop_timeout_s: must be at most"),
+        ({"gpu_poll_s": float("nan")}, "gpu_poll_s: expected a finite number"),
+        ({"alerts": {"webhook_url": "file:///etc/passwd"}}, "alerts.webhook_url: must be an http"),
         ({"gpus": "some"}, "gpus: expected"),
         ({"step_pattern": "step \\d+"}, "step_pattern: needs one group"),
         ({"first_step_pattern": "("}, "first_step_pattern: not a valid regex"),
-        ({"alerts": {"on": ["crashd"]}}, "alerts.on: unknown verdict 'crashd'"),
+        ({"alerts": {"on": ["crashd"]}}, "alerts.on: unknown alert kind 'crashd'"),
         ({"command": []}, "command: must not be empty"),
-        ({"restart": {"early_retries": -1}}, "restart.early_retries: must not be negative"),
+        ({"restart": {"early_retries": -1}}, "restart.early_retries: must be at least 0"),
     ],
 )
 def test_bad_config_names_the_key(data: dict[str, object], message: str) -> None:
@@ -235,7 +241,7 @@ def test_bad_config_names_the_key(data: dict[str, object], message: str) -> None
 
 
 def test_config_defaults_and_override(tmp_path: Path) -> None:
-    """Defaults match DESIGN §7; `-- CMD` replaces the command; the default runs our trainer."""
+    """Defaults match docs/design.md ("Config"); `-- CMD` replaces the command; the default runs our trainer."""
     config = load_config(None)
     assert config.command[1:] == ("-m", "dflashd.trainer")
     assert config.restart.no_restart_exit_codes == (78,)

@@ -78,23 +78,19 @@ def test_gpu_pids_of_run_uses_the_process_group_and_parents() -> None:
             root.stdout.close()
 
 
-def script(path: Path, steps: list[list[dict[str, object]]]) -> str:
-    """Write a scripted-sampler file (the daemon reads it through DFLASHD_GPU_SCRIPT)."""
+def script(path: Path, steps: list[list[dict[str, object]]]) -> Path:
+    """Write a scripted-sampler file (tests/scripted_daemon.py injects it into the daemon)."""
     path.write_text(json.dumps(steps))
-    return str(path)
+    return path
 
 
 GPU0 = {"index": 0, "memory_total_mib": 81559, "utilization_pct": 0}
 
 
-def test_zero_vram_before_first_step_is_no_gpu_memory(
-    start_daemon: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_zero_vram_before_first_step_is_no_gpu_memory(start_daemon: Start, tmp_path: Path) -> None:
     """Alive past vram_grace_s with no GPU memory: gpu snapshot, stack dump, killed, no_gpu_memory."""
-    monkeypatch.setenv(
-        "DFLASHD_GPU_SCRIPT", script(tmp_path / "gpu.json", [[{**GPU0, "memory_used_mib": 615}]])
-    )
-    daemon = start_daemon(child("hang.py"), gpus="all", gpu_poll_s=0.2, vram_grace_s=1.0)
+    gpu = script(tmp_path / "gpu.json", [[{**GPU0, "memory_used_mib": 615}]])
+    daemon = start_daemon(child("hang.py"), gpu_script=gpu, gpu_poll_s=0.2, vram_grace_s=1.0)
     assert daemon.wait(30) == 4
     exit_rec = daemon.events("exit")[0]
     assert exit_rec.fields["verdict"] == "no_gpu_memory"
@@ -103,14 +99,12 @@ def test_zero_vram_before_first_step_is_no_gpu_memory(
     assert "wait_for_a_collective_that_never_comes" in stderr
 
 
-def test_memory_held_prevents_no_gpu_memory(
-    start_daemon: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_memory_held_prevents_no_gpu_memory(start_daemon: Start, tmp_path: Path) -> None:
     """A child that holds GPU memory is not killed for zero VRAM; it ends by its own stall instead."""
     steps = [[{**GPU0, "memory_used_mib": 3000, "processes": [["child", 2400]]}]]
-    monkeypatch.setenv("DFLASHD_GPU_SCRIPT", script(tmp_path / "gpu.json", steps))
+    gpu = script(tmp_path / "gpu.json", steps)
     daemon = start_daemon(
-        child("hang.py"), gpus="all", gpu_poll_s=0.2, vram_grace_s=0.5, first_step_timeout_s=2.0
+        child("hang.py"), gpu_script=gpu, gpu_poll_s=0.2, vram_grace_s=0.5, stall_timeout_s=2.0
     )
     assert daemon.wait(30) == 4
     assert daemon.events("exit")[0].fields["verdict"] == "stalled"
@@ -118,9 +112,7 @@ def test_memory_held_prevents_no_gpu_memory(
     assert gpu.fields["gpus"][0]["child_memory_mib"] == 2400 and gpu.fields["method"] == "process"
 
 
-def test_xid_79_makes_the_crash_a_hardware_verdict(
-    start_daemon: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_xid_79_makes_the_crash_a_hardware_verdict(start_daemon: Start, tmp_path: Path) -> None:
     """An XID 79 during the run is logged and becomes the exit's reason gpu_xid_79."""
     clean = [{**GPU0, "memory_used_mib": 3000, "processes": [["child", 2400]]}]
     steps = [
@@ -128,10 +120,10 @@ def test_xid_79_makes_the_crash_a_hardware_verdict(
         [{**clean[0], "xids": [79]}],
         clean,
     ]  # the first reading is the pre-launch baseline
-    monkeypatch.setenv("DFLASHD_GPU_SCRIPT", script(tmp_path / "gpu.json", steps))
+    gpu = script(tmp_path / "gpu.json", steps)
     daemon = start_daemon(
         child("progress_then.py", "notify", "hang"),
-        gpus="all",
+        gpu_script=gpu,
         gpu_poll_s=0.1,
         stall_timeout_s=1.5,
         restart={"runtime_retries": 0},
@@ -140,17 +132,17 @@ def test_xid_79_makes_the_crash_a_hardware_verdict(
     assert daemon.events("gpu_xid")[0].fields["xids"] == [79]
     exit_rec = daemon.events("exit")[0]
     assert exit_rec.fields["gpu_xids"] == [79]
+    # The hang that followed is explained by the hardware: the reason names the XID.
+    assert (exit_rec.fields["verdict"], exit_rec.fields["reason"]) == ("stalled", "gpu_xid_79")
 
 
-def test_memory_never_released_is_named_and_waited_for(
-    start_daemon: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_memory_never_released_is_named_and_waited_for(start_daemon: Start, tmp_path: Path) -> None:
     """After a death, the dead run's pid still shows memory: named, waited for up to the timeout, then relaunch."""
     steps = [[{**GPU0, "memory_used_mib": 3000, "processes": [["child", 2400]]}]]
-    monkeypatch.setenv("DFLASHD_GPU_SCRIPT", script(tmp_path / "gpu.json", steps))
+    gpu = script(tmp_path / "gpu.json", steps)
     daemon = start_daemon(
-        child("import_error.py"),
-        gpus="all",
+        child("crash_early.py"),
+        gpu_script=gpu,
         gpu_poll_s=0.1,
         gpu_release_timeout_s=0.5,
         restart={"early_retries": 1},
@@ -165,16 +157,14 @@ def test_memory_never_released_is_named_and_waited_for(
     assert len(daemon.events("spawn")) == 2
 
 
-def test_foreign_holder_is_named_never_killed(
-    start_daemon: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_foreign_holder_is_named_never_killed(start_daemon: Start, tmp_path: Path) -> None:
     """A process that is not ours holds GPU memory: it is named in the log and left alone."""
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         steps = [[{**GPU0, "memory_used_mib": 5000, "processes": [[stranger.pid, 4000]]}]]
-        monkeypatch.setenv("DFLASHD_GPU_SCRIPT", script(tmp_path / "gpu.json", steps))
+        gpu = script(tmp_path / "gpu.json", steps)
         daemon = start_daemon(
-            child("import_error.py"), gpus="all", gpu_poll_s=0.1, restart={"early_retries": 1}
+            child("crash_early.py"), gpu_script=gpu, gpu_poll_s=0.1, restart={"early_retries": 1}
         )
         assert daemon.wait(30) == 4
         holders = daemon.events("gpu_foreign_holder")[0].fields["holders"]
@@ -186,11 +176,8 @@ def test_foreign_holder_is_named_never_killed(
         stranger.wait()
 
 
-def test_without_nvml_gpu_checks_are_off_once(
-    start_daemon: Start, home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_nvml_gpu_checks_are_off_once(start_daemon: Start, home: Path) -> None:
     """No NVML on this machine: one gpu_checks_off record, and status says the checks are off."""
-    monkeypatch.delenv("DFLASHD_GPU_SCRIPT", raising=False)
     try:
         import pynvml
 

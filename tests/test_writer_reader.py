@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -78,8 +79,9 @@ def test_seq_continues_from_rotated_file_when_live_file_is_empty(tmp_path: Path)
     """Right after a rotation the live file is empty: the seq comes from the newest backup."""
     with RotatingLogWriter(tmp_path, max_bytes=1024, backups=2) as writer:
         write_numbered(writer, 40)
+        writer._rotate()  # end exactly on a rotation
         last = writer.next_seq
-    (tmp_path / "dflashd.jsonl").write_bytes(b"")
+    assert (tmp_path / "dflashd.jsonl").stat().st_size == 0
     with RotatingLogWriter(tmp_path, max_bytes=1024, backups=2) as writer:
         assert writer.next_seq == last
 
@@ -92,6 +94,41 @@ def test_unopenable_directory_is_a_clear_error(tmp_path: Path) -> None:
         RotatingLogWriter(blocker / "logs")
 
 
+def test_rotation_keeps_files_within_one_record_of_the_bound(tmp_path: Path) -> None:
+    """A big batch is split across files: no file exceeds max_bytes by more than one record."""
+    with RotatingLogWriter(tmp_path, max_bytes=4096, backups=50) as writer:
+        lines = [f"line {i:05d} " + "x" * 60 for i in range(2000)]
+        frames = [(1, "stdout", lines_frame(lines[i : i + 500]), 0.0) for i in range(0, 2000, 500)]
+        writer.write_frames(frames)
+    sizes = [p.stat().st_size for p in tmp_path.iterdir()]
+    assert max(sizes) <= 4096
+    assert [r.seq for r in read_records(tmp_path)][-1] == 2000
+
+
+def test_planted_symlink_is_never_followed(tmp_path: Path) -> None:
+    """A link planted at the live log's name: nothing reaches its target; the loss is counted."""
+    target = tmp_path / "victim"
+    target.write_text("precious\n")
+    logs = tmp_path / "logs"
+    with RotatingLogWriter(logs, max_bytes=1 << 20) as writer:
+        writer.write_event(1, "spawn", {})
+        live = logs / "dflashd.jsonl"
+        live.unlink()
+        live.symlink_to(target)
+        assert writer.write_event(1, "exit", {}) is None
+        assert writer.stats().records_dropped == 1
+    assert target.read_text() == "precious\n"
+
+
+def test_deleted_live_log_is_reopened_before_the_next_write(tmp_path: Path) -> None:
+    """rm of the live log: the next record goes to a new file, nothing into the deleted one."""
+    with RotatingLogWriter(tmp_path, max_bytes=1 << 20) as writer:
+        writer.write_event(1, "spawn", {})
+        (tmp_path / "dflashd.jsonl").unlink()
+        writer.write_event(1, "exit", {})
+    assert [r.event for r in read_records(tmp_path) if isinstance(r, EventRecord)] == ["exit"]
+
+
 def test_disk_full_is_counted_then_reported(tmp_path: Path) -> None:
     """Writes to a full device (/dev/full) are dropped and counted, then reported as log_dropped."""
     if not Path("/dev/full").exists():
@@ -99,22 +136,26 @@ def test_disk_full_is_counted_then_reported(tmp_path: Path) -> None:
     writer = RotatingLogWriter(tmp_path, max_bytes=1 << 20)
     writer.write_event(1, "spawn", {})
     live = tmp_path / "dflashd.jsonl"
-    live.unlink()
-    live.symlink_to("/dev/full")
-    writer._next_check = 0.0  # look at the path again now instead of within a second
+    # The live file's descriptor is swapped for one on /dev/full, whose writes fail with
+    # ENOSPC as a full disk's do (the writer never follows a symlink, so one cannot be used).
+    real_fd, real_inode = writer._fd, writer._inode
+    full = os.open("/dev/full", os.O_WRONLY)
+    writer._fd, writer._inode = full, (os.stat(live).st_dev, os.stat(live).st_ino)
     assert writer.write_frame(1, "stdout", lines_frame(["lost one", "lost two"])) is False
     stats = writer.stats()
     assert stats.records_dropped == 2 and stats.write_errors == 1
     assert stats.last_error is not None and "ENOSPC" in stats.last_error
-    live.unlink()
-    writer._next_check = 0.0
+    writer._fd, writer._inode = real_fd, real_inode
+    os.close(full)
     assert writer.write_frame(1, "stdout", lines_frame(["back"])) is True
     writer.close()
     records = list(read_records(tmp_path))
-    assert isinstance(records[0], EventRecord) and records[0].event == "log_dropped"
-    assert records[0].fields["records"] == 2 and "ENOSPC" in records[0].fields["error"]
-    assert isinstance(records[1], LineRecord) and records[1].line == "back"
-    assert records[1].seq == records[0].seq + 1
+    assert [getattr(r, "event", None) for r in records] == ["spawn", "log_dropped", None]
+    dropped, back = records[1], records[2]
+    assert isinstance(dropped, EventRecord)
+    assert dropped.fields["records"] == 2 and "ENOSPC" in dropped.fields["error"]
+    assert isinstance(back, LineRecord) and back.line == "back"
+    assert back.seq == dropped.seq + 1
 
 
 def test_last_records_reads_only_the_end(tmp_path: Path) -> None:

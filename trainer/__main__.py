@@ -1,7 +1,43 @@
-"""``python -m dflashd.trainer``: the embedded default job of ``dflashd start``."""
+"""``python -m dflashd.trainer``: the embedded default job of ``dflashd start``.
 
+The entry point lives here, above the modules it uses (``train`` holds the configuration
+and the command line, ``loop`` the training), so neither imports the other's caller.
+"""
+
+from __future__ import annotations
+
+import signal
 import sys
+import threading
 
-from dflashd.trainer.train import main
+from dflashd.trainer.notify import Notifier
+from dflashd.trainer.train import EX_CONFIG, RecompileBlocked, Stop, parse_args, say
 
-sys.exit(main())
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, apply the injected fault if any, train; the exit code."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    # Speak the child protocol from the first instruction: the supervisor then knows it can
+    # see this job's steps, so its first-step timeout applies (a silent hang is a stall).
+    Notifier().send("STATUS=starting")
+    inject = args.inject
+    if inject == "import_error":
+        import dflashd_injected_missing_dependency  # type: ignore[import-not-found]  # noqa: F401
+    if inject == "hang_before_cuda":
+        say("injected: hanging before CUDA initialisation")
+        threading.Event().wait()
+    stop = Stop()
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stack dump on demand, into the log
+    from dflashd.trainer.loop import run
+
+    try:
+        return run(args, stop, inject)
+    except RecompileBlocked as exc:
+        say(f"recompile_blocked: {exc}")
+        return EX_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,7 +15,6 @@ import argparse
 import math
 import os
 import signal
-import sys
 import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -172,27 +171,6 @@ class Stop:
 
 def say(text: str) -> None:
     print(text, flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    inject = args.inject
-    if inject == "import_error":
-        import dflashd_injected_missing_dependency  # type: ignore[import-not-found]  # noqa: F401
-    if inject == "hang_before_cuda":
-        say("injected: hanging before CUDA initialisation")
-        threading.Event().wait()
-    stop = Stop()
-    import faulthandler
-
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stack dump on demand, into the log
-    from dflashd.trainer.loop import run
-
-    try:
-        return run(args, stop, inject)
-    except RecompileBlocked as exc:
-        say(f"recompile_blocked: {exc}")
-        return EX_CONFIG
 
 
 class RecompileBlocked(RuntimeError):

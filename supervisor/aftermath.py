@@ -1,0 +1,270 @@
+"""What a dead run leaves behind: its observations, its facts, and the ledger kept between runs.
+
+The :class:`Ledger` holds the counters that outlive a run (restart budgets, restarts by
+verdict, the last exit, the fatal reason, whether the next launch clears the caches).
+:meth:`Ledger.book` runs the pure :func:`~dflashd.supervisor.ending.conclude` and books its
+outcome; the daemon then carries out the side effects (records, alerts, state) in one place.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from dflashd.supervisor.clock import Clock
+from dflashd.supervisor.config import Config
+from dflashd.supervisor.ending import Outcome, RunFacts, conclude
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.groups import ProcessOps, kill_own_descendants, terminate_group
+from dflashd.supervisor.home import Home
+from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.logging import get_logger
+from dflashd.supervisor.observe import RunObserver
+from dflashd.supervisor.policy import RestartHistory
+from dflashd.supervisor.recovery import previous_child, recover
+from dflashd.supervisor.reporting import Reporter
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.verdicts import EndedBy, Observations, Verdict
+
+log = get_logger("dflashd")
+
+
+def observations(run: Run, status: int | None, stderr_tail: tuple[str, ...]) -> Observations:
+    """What the classifier may look at, from a reaped run and its wait status (None: unknown)."""
+    return Observations(
+        exit_code=os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
+        signal=os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
+        ended_by=run.ended_by,
+        reached_first_step=run.progress.reached_first_step,
+        output_lines=sum(d.line_count for d in run.drains),
+        stderr_tail=stderr_tail,
+        gpu_xids=tuple(run.gpu_xids),
+        status_unknown=status is None,
+    )
+
+
+def run_facts(
+    run: Run, obs: Observations, duration_s: float, tail: tuple[str, ...], stop_requested: bool
+) -> RunFacts:
+    """Everything :func:`conclude` needs about an ended run."""
+    first = run.progress.first_step_mono
+    last = run.progress.last_progress_mono or first
+    return RunFacts(
+        run.run_no,
+        obs,
+        duration_s,
+        first_step_after_s=None if first is None else first - run.started_mono,
+        progress_s=0.0 if first is None or last is None else last - first,
+        step=run.progress.step,
+        tail=tail,
+        already_alerted=frozenset(run.alerted),
+        stop_requested=stop_requested,
+    )
+
+
+def ended_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The runs.sqlite columns of an ``exit`` record."""
+    return {
+        "verdict": fields["verdict"],
+        "reason": fields["reason"],
+        "exit_code": fields["exit_code"],
+        "signal": fields["signal"],
+        "first_step_s": fields.get("first_step_after_s"),
+        "last_step": fields.get("step"),
+    }
+
+
+@dataclass
+class Ledger:
+    """The counters kept between runs."""
+
+    history: RestartHistory = field(default_factory=RestartHistory)
+    restarts_by_verdict: dict[str, int] = field(default_factory=dict)
+    restarts_this_daemon: int = 0
+    last_exit: dict[str, Any] | None = None
+    fatal_reason: str | None = None
+    clear_cache_next: bool = False
+
+    def book(
+        self,
+        facts: RunFacts,
+        config: Config,
+        *,
+        jitter: float,
+        ended_at: float,
+    ) -> Outcome:
+        """Decide what follows the run and record it here."""
+        outcome = conclude(
+            facts,
+            history=self.history,
+            policy=config.restart,
+            alerts_on=config.alerts.on,
+            jitter=jitter,
+        )
+        self.last_exit = {"run": facts.run_no, "ended_at": ended_at, **outcome.exit_fields}
+        self.history = outcome.decision.history
+        if outcome.counts_as_restart:
+            verdict = outcome.result.verdict.value
+            self.restarts_by_verdict[verdict] = self.restarts_by_verdict.get(verdict, 0) + 1
+            self.restarts_this_daemon += 1
+        self.clear_cache_next = outcome.clear_cache
+        self.fatal_reason = outcome.fatal_reason
+        return outcome
+
+
+# The child's last words are already in the pipes: framing them is quick, unless the log's
+# disk pushes back; the sink drops after 2 s of a stalled write, so this bound is never hit
+# by a healthy disk, and the exit record still follows every byte caught up.
+CATCH_UP_S = 5.0
+DUMP_GRACE_S = 3.0  # between SIGABRT (stack dump) and SIGKILL
+
+
+class Aftermath:
+    """Ending runs and carrying out what their ends mean: records, history, alerts, leftovers."""
+
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        ops: ProcessOps,
+        reporter: Reporter,
+        observer: RunObserver,
+        ledger: Ledger,
+    ) -> None:
+        self.config, self.clock, self.ops = config, clock, ops
+        self.reporter, self.observer, self.ledger = reporter, observer, ledger
+        self.ended_groups: list[int] = []
+        self._rng = random.Random()
+
+    def restore(self, previous: dict[str, Any], home: Home, boot: str | None) -> None:
+        """Start-up: carry the counters over from state.json, end what a dead daemon left (proven ours)."""
+        self.ledger.restarts_by_verdict = dict(previous.get("restarts_by_verdict") or {})
+        if previous.get("state") == "fatal":
+            self.observer.recovering_from = "fatal"
+        timeout = self.config.restart.stop_timeout_s
+        for event, run_no, fields in recover(previous, self.ops, home.root, boot, timeout):
+            self.reporter.event(run_no, event, **fields)
+        self._close_lost_run(previous)
+        writer = self.reporter.writer
+        if writer.torn_bytes:
+            self.reporter.event(writer.last_run, Event.LOG_TORN_TAIL, bytes=writer.torn_bytes)
+
+    def sweep(self, run: Run | None, *, own_descendants: bool) -> None:
+        """Shutdown: every group we started ends with us (grandchildren holding pipes too)."""
+        groups = set(self.ended_groups) | ({run.pid} if run and run.pid else set())
+        for pgid in groups:
+            if self.ops.group_alive(pgid) and self.ops.group_members(pgid):
+                terminate_group(self.ops, pgid, 2.0)
+        if own_descendants:
+            kill_own_descendants(exclude=self.reporter.alerts.pids)
+
+    def _close_lost_run(self, previous: dict[str, Any]) -> None:
+        """The previous daemon was killed while its run lived: that run gets its exit record now."""
+        child = previous_child(previous)
+        last_exit = previous.get("last_exit") or {}
+        if child is None or last_exit.get("run") == child.run_no:
+            return
+        if previous.get("state") not in ("starting", "running", "stopping"):
+            return
+        step = previous.get("step") if isinstance(previous.get("step"), int) else None
+        fields: dict[str, Any] = {
+            "exit_code": None,
+            "signal": None,
+            "duration_s": None,
+            "verdict": Verdict.LOST.value,
+            "reason": "daemon_killed",
+            "tail": [],
+            "step": step,
+            "output_lines": None,
+            "note": "the daemon died while this run lived: its end was not seen",
+        }
+        self.reporter.event(child.run_no, Event.EXIT, **fields)
+        ended_at = self.clock.time()
+        self.ledger.last_exit = {"run": child.run_no, "ended_at": ended_at, **fields}
+        self.reporter.record_history(
+            lambda db: db.ended(child.run_no, ended_at=ended_at, **ended_fields(fields))
+        )
+
+    def stop_run(self, run: Run, timeout_s: float) -> None:
+        """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
+        if run.pid is None:
+            return
+        if not run.ended_by_us:
+            run.ended_by = EndedBy.STOP
+        self.reporter.event(run.run_no, Event.STOPPING, signal="SIGTERM", timeout_s=timeout_s)
+        self.ops.signal_group(run.pid, signal.SIGTERM)
+        self.ops.signal_group(run.pid, signal.SIGCONT)
+
+    def end_run(self, run: Run, why: EndedBy) -> None:
+        """We end the run (stall, no GPU memory): ask for a stack dump, then kill the group."""
+        if run.pid is None or not run.alive or run.ended_by_us:
+            return
+        run.ended_by = why
+        self.reporter.event(
+            run.run_no, Event.ENDING_RUN, why=why.value, signal="SIGABRT", then="SIGKILL"
+        )
+        log.warning("ending_run", run=run.run_no, why=why.value)
+        # PYTHONFAULTHANDLER=1 makes a Python child print every thread's stack on SIGABRT;
+        # SIGCONT after it, so a stopped (SIGSTOPped) child wakes up to take it.
+        self.ops.kill(run.pid, signal.SIGABRT)
+        self.ops.signal_group(run.pid, signal.SIGCONT)
+        run.kill_at_mono = self.clock.monotonic() + DUMP_GRACE_S
+
+    def catch_up(self, run: Run) -> None:
+        """The child is dead: everything it wrote is in the pipes; frame it before the verdict."""
+        for drain in run.drains:
+            drain.catch_up(CATCH_UP_S)
+
+    def child_died(self, run: Run, status: int | None, stop_requested: bool) -> Outcome:
+        """The child was reaped (``status`` None: gone, status unknown): conclude, then sweep its group."""
+        died = self.clock.monotonic()
+        run.phase = Phase.EXITED
+        if run.launched is not None and run.launched.process is not None:
+            code = -1 if status is None else os.waitstatus_to_exitcode(status)
+            run.launched.process.returncode = code
+        tails = {d.src: tuple(d.tail) for d in run.drains}
+        obs = observations(run, status, tails.get("stderr", ()))
+        tail = tails.get("stderr") or tails.get("stdout") or ()
+        outcome = self.conclude(run, obs, died - run.started_mono, tail, stop_requested)
+        pgid = run.pid
+        if pgid is not None:
+            if run.ended_by_us:
+                self.ops.signal_group(pgid, signal.SIGKILL)  # ended by us: nothing of it lives on
+            elif self.ops.group_alive(pgid):
+                leftovers = sorted(self.ops.group_members(pgid))
+                if leftovers:
+                    event = Event.LEFTOVER_PROCESSES
+                    self.reporter.event(run.run_no, event, pgid=pgid, pids=leftovers)
+            self.ended_groups.append(pgid)
+        return outcome
+
+    def conclude(
+        self,
+        run: Run,
+        obs: Observations,
+        duration_s: float,
+        tail: tuple[str, ...],
+        stop_requested: bool,
+    ) -> Outcome:
+        """Classify, decide and book the run's end, then write what it means: exit first."""
+        facts = run_facts(run, obs, duration_s, tail, stop_requested)
+        ended_at = self.clock.time()
+        outcome = self.ledger.book(facts, self.config, jitter=self._rng.random(), ended_at=ended_at)
+        fields, result = outcome.exit_fields, outcome.result
+        self.reporter.event_on_disk(run.run_no, Event.EXIT, fields, 0.1)
+        log.info("exit", run=run.run_no, verdict=result.verdict.value, reason=result.reason)
+        self.reporter.record_history(
+            lambda db: db.ended(run.run_no, ended_at=ended_at, **ended_fields(fields))
+        )
+        for kind, why in outcome.alerts:
+            self.reporter.alert(run, kind, why, fields, list(self.observer.gpu.last))
+        if outcome.recovering_from is not None:
+            self.observer.recovering_from = outcome.recovering_from
+        for event, extra in outcome.records:
+            self.reporter.event(run.run_no, event, **extra)
+        if outcome.fatal_reason is not None:
+            log.error("fatal", run=run.run_no, reason=outcome.fatal_reason)
+        return outcome

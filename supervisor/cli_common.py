@@ -1,0 +1,120 @@
+"""What every ``dflashd`` command shares: the home option, failing with one line, run selection."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final, NoReturn
+
+import click
+
+from dflashd.supervisor.home import Home, default_home
+
+EXIT_NOT_RUNNING: Final = 3
+EXIT_USAGE: Final = 2
+
+home_option = click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="State directory [env DFLASHD_HOME; default $XDG_STATE_HOME/dflashd]; "
+    "accepted before or after the command.",
+)
+
+
+def resolve_home(path: Path | None) -> Home:
+    """The command's ``--home``, else the group's, else the default."""
+    if path is None:
+        ctx = click.get_current_context(silent=True)
+        while ctx is not None and path is None:
+            obj = ctx.obj if isinstance(ctx.obj, dict) else {}
+            path = obj.get("home")
+            ctx = ctx.parent
+    return Home((path or default_home()).expanduser().absolute())
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """One line on stderr, then exit ``code``."""
+    click.echo(f"dflashd: {message}", err=True)
+    sys.exit(code)
+
+
+_DURATION: Final = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(text: str, now: float | None = None) -> str:
+    """``10m``, ``2h``, ``1d`` ago, or an ISO 8601 time -> the RFC 3339 UTC stamp records carry."""
+    now = time.time() if now is None else now
+    match = _DURATION.match(text.strip())
+    if match:
+        epoch = now - float(match.group(1)) * _UNIT_S[match.group(2)]
+    else:
+        try:
+            parsed = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise click.BadParameter(
+                "expected a duration (30s, 10m, 2h, 1d) or an ISO time (2026-11-30T18:00)",
+                param_hint="--since",
+            ) from None
+        if parsed.tzinfo is None:
+            parsed = parsed.astimezone()  # a local time, as a person types it
+        epoch = parsed.timestamp()
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def known_runs(home: Home) -> list[int]:
+    """The run numbers this home has a record of (runs.sqlite, read-only)."""
+    import sqlite3
+
+    if not home.runs_db.is_file():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{home.runs_db}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return [int(r[0]) for r in db.execute("SELECT run FROM runs ORDER BY run")]
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return []
+
+
+def resolve_run(home: Home, which: str | None, *, must_exist: bool = True) -> int | None:
+    """``--run``: a number, ``current`` or ``previous``; exit 2 naming the runs there are."""
+    if which is None:
+        return None
+    from dflashd.supervisor.statefile import read_state
+
+    if which.isdigit():
+        run_no = int(which)
+    elif which in ("current", "previous"):
+        state = read_state(home.state_file) or {}
+        current = state.get("run")
+        if not isinstance(current, int):
+            runs = known_runs(home)
+            current = runs[-1] if runs else 0
+        run_no = current if which == "current" else max(0, current - 1)
+    else:
+        fail(f"--run: expected a run number, 'current' or 'previous', got {which!r}", EXIT_USAGE)
+    runs = known_runs(home)
+    if must_exist and runs and run_no not in runs:
+        shown = _ranges(runs)
+        fail(f"no run {run_no} in {home.root}; runs there: {shown}", EXIT_USAGE)
+    return run_no
+
+
+def _ranges(runs: list[int]) -> str:
+    """``1-4, 7, 9-12``."""
+    parts: list[str] = []
+    start = prev = runs[0]
+    for run_no in [*runs[1:], None]:
+        if run_no is not None and run_no == prev + 1:
+            prev = run_no
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if run_no is not None:
+            start = prev = run_no
+    return ", ".join(parts)

@@ -1,0 +1,172 @@
+"""``dflashd tail`` and ``dflashd report``: reading the run log."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any, Final
+
+import click
+
+from dflashd.supervisor.cli_common import (
+    EXIT_NOT_RUNNING,
+    EXIT_USAGE,
+    fail,
+    home_option,
+    parse_since,
+    resolve_home,
+    resolve_run,
+)
+
+_HOME_WAIT_POLL_S: Final = 0.2
+
+
+@click.command()
+@home_option
+@click.option(
+    "-n",
+    "lines",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Records to show.",
+)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new records, across rotations.")
+@click.option("--run", "which_run", default=None, help="A run number, 'current' or 'previous'.")
+@click.option(
+    "--src",
+    type=click.Choice(["stdout", "stderr", "dflashd"]),
+    default=None,
+    help="Only this source.",
+)
+@click.option(
+    "--since", default=None, help="Only records since then: 30s, 10m, 2h, 1d or an ISO time."
+)
+@click.option("--grep", "pattern", default=None, help="Only records whose text matches this regex.")
+@click.option("--json", "as_json", is_flag=True, help="Raw JSON-lines records.")
+@click.option(
+    "--raw", is_flag=True, help="Print the job's bytes as they are (terminal escapes included)."
+)
+def tail(
+    home: Path | None,
+    lines: int,
+    follow: bool,
+    which_run: str | None,
+    src: str | None,
+    since: str | None,
+    pattern: str | None,
+    as_json: bool,
+    raw: bool,
+) -> None:
+    """Show the run log: child output and dflashd's own records, across rotated files.
+
+    Control characters in the job's output (escape sequences that retitle or clear a
+    terminal) are shown escaped, as journalctl does; --raw and --json keep the bytes.
+    """
+    from dflashd.logs.reader import RecordFilter, last_records
+    from dflashd.logs.reader import follow as follow_records
+    from dflashd.logs.records import encode
+    from dflashd.supervisor.render import Painter, format_record, use_color
+
+    where = resolve_home(home)
+    if not where.logs.is_dir():
+        if not follow:
+            fail(
+                f"no logs in {where.root} (has dflashd been started with this home?)",
+                EXIT_NOT_RUNNING,
+            )
+        click.echo(f"dflashd: waiting for {where.logs} to appear (Ctrl-C to give up)", err=True)
+        try:
+            while not where.logs.is_dir():
+                time.sleep(
+                    _HOME_WAIT_POLL_S
+                )  # nothing to wait on: the directory does not exist yet
+        except KeyboardInterrupt:
+            return
+    grep: re.Pattern[str] | None = None
+    if pattern is not None:
+        try:
+            grep = re.compile(pattern)
+        except re.error as exc:
+            fail(f"--grep: not a valid regex: {exc}", EXIT_USAGE)
+    keep = RecordFilter(
+        run=resolve_run(where, which_run),
+        src=src,
+        since_ts=parse_since(since) if since else None,
+        grep=grep,
+    )
+    paint = Painter(use_color(sys.stdout))
+    safe = not (raw or as_json)
+
+    def show(record: Any) -> None:
+        if as_json:
+            sys.stdout.write(encode(record).decode())
+        else:
+            sys.stdout.write(format_record(record, paint, escape=safe) + "\n")
+
+    try:
+        records = last_records(where.logs, lines, keep)
+        for record in records:
+            show(record)
+        sys.stdout.flush()
+        if not follow:
+            return
+        after = records[-1].seq if records else _last_seq(where.logs)
+        stream = follow_records(where.logs, keep, after_seq=after, poll_s=0.1)
+        with closing(stream):
+            for record in stream:
+                show(record)
+                sys.stdout.flush()
+    except (KeyboardInterrupt, BrokenPipeError):
+        pass
+
+
+def _last_seq(logs: Path) -> int:
+    from dflashd.logs.reader import last_records
+
+    last = last_records(logs, 1)
+    return last[0].seq if last else 0
+
+
+@click.command()
+@home_option
+@click.option(
+    "--run", "which_run", default=None, help="Only this run: a number, 'current' or 'previous'."
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("dflashd-report.html"),
+    show_default=True,
+    help="Where to write the report: .html (a self-contained page) or .svg (the charts alone).",
+)
+def report(home: Path | None, which_run: str | None, output: Path) -> None:
+    """A picture of the recent runs: timeline by verdict, steps over time, GPU memory."""
+    from dflashd.logs.reader import RecordFilter, read_records
+    from dflashd.supervisor.report import collect, render_html, summarize, svg_document
+
+    where = resolve_home(home)
+    if not where.logs.is_dir():
+        fail(
+            f"no logs in {where.root} (has dflashd been started with this home?)", EXIT_NOT_RUNNING
+        )
+    run = resolve_run(where, which_run)
+    data = collect(read_records(where.logs, RecordFilter(run=run, src="dflashd")))
+    if not data.runs:
+        fail("no runs in the log" + (f" for run {run}" if run is not None else ""), 1)
+    text = (
+        svg_document(data)
+        if output.suffix == ".svg"
+        else render_html(data, f"dflashd runs on {where.root}")
+    )
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        fail(f"cannot write {output}: {exc.strerror}", 1)
+    info = summarize(data)
+    verdicts = ", ".join(f"{k} {v}" for k, v in sorted(info["verdicts"].items()))
+    click.echo(f"{output}: {info['runs']} runs ({verdicts}), {info['gpu_points']} GPU points")

@@ -1,0 +1,291 @@
+"""``dflashd start`` and ``dflashd restart``: the daemon in the foreground, or detached and checked.
+
+Detached, ``start`` launches the daemon, waits for the first launch (the ready pipe), then
+for a sign of life: the job's first output line, or its death.  A job that dies within
+``start_wait_s`` (an ImportError, a typo in the command) is reported there and then, with
+its verdict and stderr tail, and ``start`` exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any, Final
+
+import click
+import orjson
+
+from dflashd.supervisor.cli_common import EXIT_USAGE, fail
+from dflashd.supervisor.config import Config, ConfigError, load_config
+from dflashd.supervisor.echo import escape_controls
+from dflashd.supervisor.home import (
+    AlreadyRunning,
+    Home,
+    HomeError,
+    HomeLock,
+    lock_is_held,
+    read_lock_pid,
+)
+
+EXIT_ALREADY_RUNNING: Final = 1
+EXIT_JOB_DIED: Final = 1
+EXIT_FATAL: Final = 4
+_READY_TIMEOUT_S: Final = 120.0
+_FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record
+_OUTPUT_GRACE_S: Final = 0.5  # after the first line: time for a dying job's exit record
+
+
+def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> Config:
+    """Config, cwd and home checked before anything starts (exit 2 with one line otherwise)."""
+    try:
+        config = load_config(config_path, command)
+    except ConfigError as exc:
+        fail(f"config error: {exc}", EXIT_USAGE)
+    cwd = Path(config.cwd).expanduser()
+    if not cwd.is_dir():
+        fail(f"config error: cwd: not a directory: {cwd}", EXIT_USAGE)
+    try:
+        home.create()
+    except HomeError as exc:
+        fail(str(exc), EXIT_USAGE)
+    return config
+
+
+def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ...]) -> None:
+    """What ``dflashd restart`` repeats: the config file and the command (no secrets)."""
+    from dflashd.supervisor.statefile import write_state
+
+    data = {
+        "config": str(config_path.absolute()) if config_path else None,
+        "command": list(command),
+    }
+    try:
+        write_state(home.root / "invocation.json", data)
+    except OSError:
+        pass
+
+
+def load_invocation(home: Home) -> tuple[Path | None, tuple[str, ...]]:
+    """The last ``start``'s config path and command."""
+    from dflashd.supervisor.statefile import read_state
+
+    data = read_state(home.root / "invocation.json") or {}
+    config = data.get("config")
+    command = data.get("command")
+    return (
+        Path(config) if isinstance(config, str) else None,
+        tuple(str(c) for c in command) if isinstance(command, list) else (),
+    )
+
+
+def run_foreground(
+    home: Home,
+    config: Config,
+    ready_fd: int | None,
+    *,
+    echo: bool = True,
+    raw: bool = False,
+    sampler_factory: Any = None,
+) -> int:
+    """The daemon in this process until it ends; its exit code."""
+    from dflashd.logs.writer import LogWriterError
+    from dflashd.supervisor.daemon import Daemon, StartupError
+    from dflashd.supervisor.logging import configure_logging
+
+    lock = HomeLock(home.lock)
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        message = f"already running (pid {exc.pid}) on {home.root}"
+        report_ready(ready_fd, {"ok": False, "error": message, "code": EXIT_ALREADY_RUNNING})
+        fail(message, EXIT_ALREADY_RUNNING)
+    except HomeError as exc:
+        report_ready(ready_fd, {"ok": False, "error": str(exc), "code": EXIT_USAGE})
+        fail(str(exc), EXIT_USAGE)
+    configure_logging()
+    printer = None
+    if echo and ready_fd is None:
+        from dflashd.supervisor.echo import Echo
+        from dflashd.supervisor.render import use_color
+
+        printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout))
+
+    def first_launch(info: dict[str, Any]) -> None:
+        if ready_fd is not None:
+            report_ready(ready_fd, info)
+        else:
+            print_launch(info)
+
+    try:
+        daemon = Daemon(
+            home,
+            config,
+            on_first_launch=first_launch,
+            sampler_factory=sampler_factory,
+            line_tap=printer.offer if printer is not None else None,
+        )
+        return daemon.serve()
+    except (LogWriterError, StartupError, OSError) as exc:
+        message = str(exc) if not isinstance(exc, OSError) else f"{exc.strerror}: {exc.filename}"
+        report_ready(ready_fd, {"ok": False, "error": message, "code": EXIT_USAGE})
+        fail(message, EXIT_USAGE)
+    finally:
+        if printer is not None:
+            printer.close()
+        lock.release()
+
+
+def report_ready(fd: int | None, info: dict[str, Any]) -> None:
+    """One JSON line to the detached ``start`` waiting on the ready pipe."""
+    if fd is None:
+        return
+    try:
+        os.write(fd, orjson.dumps(info) + b"\n")
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def print_launch(info: dict[str, Any]) -> None:
+    """``run 3 launched (pid 1234)`` and the log's path, or what went wrong."""
+    if info.get("ok"):
+        click.echo(
+            f"dflashd: run {info['run']} launched (pid {info['pid']}); daemon pid {info['daemon_pid']}"
+        )
+        click.echo(f"log: {info['log']}   (dflashd tail -f)")
+    else:
+        click.echo(f"dflashd: run {info.get('run')}: {info.get('error')}", err=True)
+        if info.get("log"):
+            click.echo(f"log: {info.get('log')}", err=True)
+
+
+def start_detached(
+    home: Home, config: Config, config_path: Path | None, command: tuple[str, ...]
+) -> int:
+    """Launch the daemon in its own session; report the launch and the job's first signs of life."""
+    if lock_is_held(home.lock):
+        fail(f"already running (pid {read_lock_pid(home.lock)}) on {home.root}", 1)
+    from dflashd.logs import last_records
+
+    last = last_records(home.logs, 1)
+    after_seq = last[0].seq if last else 0  # follow only what this start writes
+    read_fd, write_fd = os.pipe()
+    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground"]
+    argv += ["--home", str(home.root), "--ready-fd", str(write_fd)]
+    if config_path is not None:
+        argv += ["--config", str(config_path.absolute())]
+    if command:
+        argv += ["--", *command]
+    try:
+        log_fd = os.open(
+            home.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
+        )
+    except OSError as exc:
+        fail(f"cannot open {home.daemon_log}: {exc.strerror}", EXIT_USAGE)
+    with closing(os.fdopen(log_fd, "ab")) as daemon_log:
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=daemon_log,
+            stderr=daemon_log,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
+    os.close(write_fd)
+    info = _read_ready(read_fd)
+    if info is None:
+        fail(f"the daemon exited before launching anything; see {home.daemon_log}", 1)
+    if not info.get("ok"):
+        error = str(info.get("error"))
+        if info.get("code") in (EXIT_USAGE, EXIT_ALREADY_RUNNING) or not info.get("run"):
+            fail(error, int(info.get("code") or 1))
+        print_launch(info)
+        return EXIT_FATAL
+    print_launch(info)
+    return _check_signs_of_life(home, int(info["run"]), config.start_wait_s, after_seq)
+
+
+def _read_ready(fd: int) -> dict[str, Any] | None:
+    data = b""
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    with os.fdopen(fd, "rb") as reader:
+        while time.monotonic() < deadline and b"\n" not in data:
+            chunk = reader.read1(65536)
+            if not chunk:
+                break
+            data += chunk
+    try:
+        info = orjson.loads(data.split(b"\n", 1)[0]) if data else None
+    except orjson.JSONDecodeError:
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _check_signs_of_life(home: Home, run_no: int, wait_s: float, after_seq: int) -> int:
+    """Follow the log for ``wait_s``: the job's first line means alive; its exit record, dead."""
+    from dflashd.logs import EventRecord, LineRecord, RecordFilter, follow
+
+    if wait_s <= 0:
+        return 0
+    deadline = time.monotonic() + wait_s
+    exit_fields: dict[str, Any] | None = None
+    records = follow(
+        home.logs,
+        RecordFilter(run=run_no),
+        after_seq=after_seq,
+        poll_s=0.05,
+        should_stop=lambda: time.monotonic() > deadline,
+    )
+    first_line: str | None = None
+    with closing(records):
+        for record in records:
+            if isinstance(record, LineRecord) and first_line is None:
+                # Output is a sign of life, but a traceback is output too: give the job a
+                # moment more to die before calling it running.
+                first_line = record.line
+                deadline = min(deadline, time.monotonic() + _OUTPUT_GRACE_S)
+            elif isinstance(record, EventRecord) and record.event == "exit":
+                exit_fields = record.fields
+                deadline = time.monotonic() + _FATE_WAIT_S
+            elif (
+                isinstance(record, EventRecord)
+                and exit_fields is not None
+                and record.event in ("fatal", "restart", "done")
+            ):
+                return _report_early_exit(run_no, exit_fields, record.event, record.fields)
+    if exit_fields is not None:
+        return _report_early_exit(run_no, exit_fields, "", {})
+    if first_line is not None:
+        click.echo(f"dflashd: run {run_no} is running: {escape_controls(first_line[:200])}")
+    else:
+        click.echo(f"dflashd: run {run_no} is running (no output in its first {wait_s:g}s)")
+    return 0
+
+
+def _report_early_exit(
+    run_no: int, fields: dict[str, Any], then: str, then_fields: dict[str, Any]
+) -> int:
+    how = (
+        f"exit code {fields.get('exit_code')}"
+        if fields.get("exit_code") is not None
+        else str(fields.get("signal"))
+    )
+    click.echo(
+        f"dflashd: run {run_no} died: {fields.get('verdict')} ({fields.get('reason')}), {how} "
+        f"after {fields.get('duration_s')}s",
+        err=True,
+    )
+    for line in (fields.get("tail") or [])[-10:]:
+        click.echo(f"    | {escape_controls(str(line))}", err=True)
+    if then == "fatal":
+        click.echo(f"dflashd: fatal: {then_fields.get('reason')}; not restarting", err=True)
+        return EXIT_FATAL
+    if then == "restart":
+        click.echo(f"dflashd: restarting in {then_fields.get('delay_s')}s", err=True)
+    if then == "done":
+        return 0 if fields.get("verdict") == "completed" else EXIT_JOB_DIED
+    return EXIT_JOB_DIED

@@ -1,0 +1,91 @@
+"""The job's output on dflashd's own stdout (``start --foreground``), as honcho and compose show it.
+
+``r3 out | step 120 loss 2.31`` per line (``--raw``: the bare line), so a terminal, or the
+journal under systemd, shows the training as it happens.  The echo must never slow the
+child: the drain threads hand frames to a bounded queue and return at once; a writer
+thread prints them.  When the terminal (or the journal) cannot keep up, whole frames are
+dropped and counted, and a line says how many, instead of back-pressure on the job.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import threading
+from typing import BinaryIO, Final
+
+from dflashd.logs.framer import Frame
+
+MAX_QUEUED_FRAMES: Final = 256
+_CONTROL: Final = {c: f"\\x{c:02x}" for c in (*range(9), *range(10, 32), 127)}
+_CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def escape_controls(text: str) -> str:
+    """Control characters shown escaped (``\\x1b``), as journalctl does; tabs kept."""
+    if _CONTROL_RE.search(text) is None:
+        return text
+    return text.translate(_CONTROL)
+
+
+class Echo:
+    """A writer thread between the drains and a stream; drops rather than blocks."""
+
+    def __init__(self, stream: BinaryIO, *, raw: bool = False, color: bool = False) -> None:
+        self._stream = stream
+        self._raw = raw
+        self._color = color
+        self._queue: queue.Queue[tuple[int, str, Frame] | None] = queue.Queue(MAX_QUEUED_FRAMES)
+        self.dropped_lines = 0
+        self._reported_drops = 0
+        self._thread = threading.Thread(target=self._run, name="dflashd-echo", daemon=True)
+        self._thread.start()
+
+    def offer(self, run_no: int, src: str, frame: Frame) -> None:
+        """From a drain thread: queue the frame, or count it dropped; never waits."""
+        try:
+            self._queue.put_nowait((run_no, src, frame))
+        except queue.Full:
+            self.dropped_lines += len(frame)
+
+    def _prefix(self, run_no: int, src: str) -> str:
+        tag = "err" if src == "stderr" else "out"
+        if not self._color:
+            return f"r{run_no} {tag} | "
+        colour = "31" if src == "stderr" else "36"
+        return f"\x1b[2mr{run_no}\x1b[0m \x1b[{colour}m{tag}\x1b[0m | "
+
+    def _format(self, run_no: int, src: str, frame: Frame) -> bytes:
+        if self._raw:
+            return ("\n".join(frame.lines) + "\n").encode("utf-8", "replace")
+        prefix = self._prefix(run_no, src)
+        text = "".join(f"{prefix}{escape_controls(line)}\n" for line in frame.lines)
+        return text.encode("utf-8", "replace")
+
+    def _run(self) -> None:
+        fd = self._stream.fileno()
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            data = self._format(*item)
+            if self.dropped_lines != self._reported_drops:
+                lost = self.dropped_lines - self._reported_drops
+                self._reported_drops = self.dropped_lines
+                note = f"dflashd: {lost} lines not echoed (the terminal was slower than the job; all are in the log)\n"
+                data = note.encode() + data
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except OSError:
+                return  # stdout gone (a closed terminal): stop echoing, the log has everything
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Print what is queued (bounded), then stop."""
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout_s)

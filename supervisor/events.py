@@ -1,0 +1,48 @@
+"""The names of dflashd's own records (``src = "dflashd"``): one vocabulary for writer and readers.
+
+The daemon writes them; ``report``, ``render``, the tests and any user's ``jq`` read them.
+A StrEnum compares equal to its string, so records read back from disk match these members.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Event(StrEnum):
+    """Every ``event`` dflashd writes into the run log."""
+
+    # a run's life
+    SPAWN = "spawn"
+    LAUNCHED = "launched"
+    FIRST_STEP = "first_step"
+    PROGRESS = "progress"
+    CHILD_STATUS = "child_status"
+    ENDING_RUN = "ending_run"
+    STOPPING = "stopping"
+    STOP_TIMEOUT = "stop_timeout"
+    EXIT = "exit"
+    LEFTOVER_PROCESSES = "leftover_processes"
+    # what follows a run
+    RESTART = "restart"
+    CACHE_CLEARED = "cache_cleared"
+    FATAL = "fatal"
+    DONE = "done"
+    ALERT = "alert"
+    # GPUs
+    GPU = "gpu"
+    GPU_SNAPSHOT = "gpu_snapshot"
+    GPU_XID = "gpu_xid"
+    GPU_CHECKS_OFF = "gpu_checks_off"
+    GPU_MEMORY_HELD = "gpu_memory_held"
+    GPU_MEMORY_RELEASED = "gpu_memory_released"
+    GPU_RELEASE_TIMEOUT = "gpu_release_timeout"
+    GPU_FOREIGN_HOLDER = "gpu_foreign_holder"
+    # the daemon itself
+    RECOVERED_ORPHAN = "recovered_orphan"
+    ORPHAN_NOT_OURS = "orphan_not_ours"
+    METRICS_ON = "metrics_on"
+    METRICS_OFF = "metrics_off"
+    LOG_TORN_TAIL = "log_torn_tail"
+    LOG_DROPPED = "log_dropped"  # written by dflashd.logs.writer (which knows no supervisor names)
+    DAEMON_EXIT = "daemon_exit"

@@ -1,0 +1,167 @@
+"""The step lines of common trainers, recognised with no configuration.
+
+Each format below was taken from the trainer's real output (issue threads and the
+trainers' own logging code), not guessed:
+
+=================  ===================================================================
+name               a real line
+=================  ===================================================================
+megatron           `` iteration      201/  250000 | consumed samples: ... | lm loss: 2.37E+00 |``
+nanogpt            ``iter 1631: loss 4.0863, time 561.94ms, mfu 16.68%``
+torchtitan         ``[rank0]:[titan] 2025-03-12 ... - root - INFO - step: 22  loss:  6.2250  memory: ...``
+deepspeed          ``[2022-03-11 02:06:58,985] [INFO] [logging.py:69:log_dist] [Rank 0] step=40, skipped=2, ...``
+lightning          ``Epoch 0:  22%|██▏       | 4/18 [00:17<01:02,  4.47s/it, loss=10.072, v_num=193315]``
+pytorch_examples   ``[GPU0] Epoch 0 | Batchsize: 32 | Steps: 64`` (DDP tutorial), ``Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.30``
+tqdm               `` 10%|█         | 50/500 [00:10<01:30,  5.00it/s]`` (Hugging Face Trainer, Accelerate scripts), ``45it [00:05, 8.52it/s]``
+plain              ``step 12``, ``Step 12/500``, ``step=12``, ``Step: 12``
+=================  ===================================================================
+
+Matching runs on every frame of output, so it is cheap: a frame is searched backwards for
+a handful of keywords with ``bytes.rfind`` (C speed, no regex over the whole frame); only
+the last few lines that hold a keyword are tried against the formats.  A tqdm bar at 0
+(``0/18 [00:00<?, ?it/s]``) is not a step: nothing has been done yet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+_LINES_TRIED: Final = 4  # keyword lines tried per frame, from the end
+_ANSI_ESCAPE: Final = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours (torchtitan) and cursor moves
+_NUM: Final = r"([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|nan|inf)"
+
+
+@dataclass(frozen=True, slots=True)
+class StepLine:
+    """A recognised step: the format's name, the step (None when it counts epochs) and the loss."""
+
+    format: str
+    step: int | None
+    loss: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Format:
+    name: str
+    pattern: re.Pattern[str]
+    step_group: int | None  # None: the line marks training but carries no global step
+    loss_pattern: re.Pattern[str] | None = None
+    zero_is_start: bool = False  # a bar at 0 has done nothing yet
+
+
+def _c(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+FORMATS: Final[tuple[_Format, ...]] = (
+    _Format(
+        "megatron",
+        _c(r"\biteration\s+([0-9]+)\s*/\s*[0-9]+\s*\|"),
+        1,
+        _c(r"\blm loss: " + _NUM),
+    ),
+    _Format("nanogpt", _c(r"\biter ([0-9]+): loss "), 1, _c(r"\bloss " + _NUM)),
+    _Format(
+        "torchtitan",
+        _c(r"\bstep:\s*([0-9]+)\s+loss:"),
+        1,
+        _c(r"\bloss:\s*" + _NUM),
+    ),
+    _Format("deepspeed", _c(r"\[Rank [0-9]+\] step=([0-9]+), skipped="), 1),
+    _Format(
+        "lightning",
+        _c(r"\bEpoch [0-9]+(?:/[0-9]+)?:\s+[0-9]+%\|[^|]*\|\s*([0-9]+)/(?:[0-9]+|\?)\s*\["),
+        1,
+        _c(r"\b(?:train_)?loss[=:]\s*" + _NUM),
+        zero_is_start=True,
+    ),
+    _Format(
+        "pytorch_examples",
+        _c(r"(?:\bEpoch [0-9]+ \| |\bTrain Epoch: [0-9]+ \[)"),
+        None,
+        _c(r"\bLoss: " + _NUM),
+    ),
+    _Format(
+        "tqdm",
+        _c(r"(?:\|\s*([0-9]+)/[0-9]+ \[[0-9:]+<|(?:^|\s)([0-9]+)it \[[0-9:]+,)"),
+        1,
+        _c(r"\bloss[=:]\s*" + _NUM),
+        zero_is_start=True,
+    ),
+    _Format(
+        "plain",
+        _c(r"\b[Ss]tep\s*[:=]?\s*([0-9]+)(?:\s*/\s*[0-9]+)?\b"),
+        1,
+        _c(r"\bloss\s*[:=]?\s*" + _NUM),
+    ),
+)
+
+_KEYWORDS: Final = ("iter", "step", "Step", "Epoch", "it/s", "s/it", "it [")
+_KEYWORDS_B: Final = tuple(k.encode() for k in _KEYWORDS)
+
+
+def match_line(line: str) -> StepLine | None:
+    """The first format that recognises ``line`` (a single line, no terminator)."""
+    if "\x1b" in line:
+        line = _ANSI_ESCAPE.sub("", line)
+    for fmt in FORMATS:
+        found = fmt.pattern.search(line)
+        if found is None:
+            continue
+        step: int | None = None
+        if fmt.step_group is not None:
+            digits = next((g for g in found.groups() if g is not None), None)
+            step = int(digits) if digits is not None else None
+            if fmt.zero_is_start and step == 0:
+                return None
+        loss: float | None = None
+        if fmt.loss_pattern is not None:
+            loss_match = fmt.loss_pattern.search(line)
+            if loss_match is not None:
+                try:
+                    loss = float(loss_match.group(1))
+                except ValueError:
+                    loss = None
+        return StepLine(fmt.name, step, loss)
+    return None
+
+
+def _last_keyword_lines(text: str | bytes, keywords: Sequence[str | bytes]) -> list[str]:
+    """Up to ``_LINES_TRIED`` lines that hold a keyword, last first."""
+    out: list[str] = []
+    end = len(text)
+    newline: str | bytes = b"\n" if isinstance(text, bytes) else "\n"
+    while end > 0 and len(out) < _LINES_TRIED:
+        hit = max(text.rfind(k, 0, end) for k in keywords)  # type: ignore[arg-type]
+        if hit < 0:
+            break
+        start = text.rfind(newline, 0, hit) + 1  # type: ignore[arg-type]
+        stop = text.find(newline, hit)  # type: ignore[arg-type]
+        stop = len(text) if stop < 0 else stop
+        line = text[start:stop]
+        out.append(line.decode("utf-8", "replace") if isinstance(line, bytes) else line)
+        end = start
+    return out
+
+
+class FormatMatcher:
+    """Finds the last recognised step in a frame of lines."""
+
+    def last_step(self, lines: Sequence[str]) -> StepLine | None:
+        """The last step line among ``lines``, or None."""
+        return self._search("\n".join(lines), _KEYWORDS)
+
+    def last_step_bytes(self, data: bytes) -> StepLine | None:
+        """The same over ASCII bytes joined by newlines (the framer's JSON-safe fast path)."""
+        return self._search(data, _KEYWORDS_B)
+
+    @staticmethod
+    def _search(text: str | bytes, keywords: Sequence[str | bytes]) -> StepLine | None:
+        for line in _last_keyword_lines(text, keywords):
+            found = match_line(line)
+            if found is not None:
+                return found
+        return None

@@ -1,0 +1,278 @@
+"""GPU watch: the daemon's view of the GPUs, joined with the current run.
+
+It turns each :class:`GpuSample` (from the poller thread) into what the daemon acts on:
+records to write, whether the run holds no GPU memory past its grace, whether its GPUs
+have been busy long enough to count as training, and, before a relaunch, whether the dead
+run's memory has been released.  Every method takes ``now``; it signals nothing itself
+(the daemon kills what :meth:`GpuWatch.release_check` names, through its process seam).
+
+GPU activity as evidence of training: a GPU counts as *busy* for the run when the run's
+processes hold at least ``BUSY_MIN_MIB`` on it and NVML's utilisation (the share of the
+last sample period in which a kernel ran) is at least ``gpu_busy_pct``.  Busy on every poll
+for ``gpu_busy_s`` in a row is the run's first step (source ``gpu``).  A data loader runs no
+kernels, and torch.compile's autotuning runs short bursts between long CPU phases, so
+neither holds 60 % for 30 s; a training loop does.  Any busy poll is liveness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from dflashd.supervisor.config import Config
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.gpu import (
+    ChildGpuUse,
+    GpuPoller,
+    GpuSample,
+    GpuSampler,
+    GpuUnavailable,
+    gpu_pids_of_run,
+    join_with_tree,
+    reading_to_dict,
+)
+from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.run import Run
+
+RECORD_EVERY_S: Final = 60.0
+RECORD_CHANGE_MIB: Final = 1024.0
+BUSY_MIN_MIB: Final = 256.0
+
+Record = tuple[Event, dict[str, Any]]
+SamplerFactory = Callable[[Callable[[], int | None]], GpuSampler]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSettings:
+    """The config keys the watch uses."""
+
+    poll_s: float
+    vram_grace_s: float
+    release_timeout_s: float
+    busy_pct: float
+    busy_s: float
+
+    @classmethod
+    def from_config(cls, config: Config) -> GpuSettings:
+        """The GPU keys of the config."""
+        return cls(
+            config.gpu_poll_s,
+            config.vram_grace_s,
+            config.gpu_release_timeout_s,
+            config.gpu_busy_pct,
+            config.gpu_busy_s,
+        )
+
+
+@dataclass
+class GpuUpdate:
+    """What one sample means for the run."""
+
+    records: list[Record] = field(default_factory=list)
+    no_gpu_memory: bool = False  # alive past the grace before its first step, holding nothing
+    busy_for_s: float | None = None  # set once the run's GPUs were busy for gpu_busy_s in a row
+    active: bool = False  # a kernel ran on the run's GPUs: liveness
+
+
+@dataclass
+class ReleaseCheck:
+    """Before a relaunch: go ahead, or look again at ``retry_at``; ``kill`` lists the dead run's holders."""
+
+    ready: bool
+    records: list[Record] = field(default_factory=list)
+    kill: list[int] = field(default_factory=list)
+    retry_at: float | None = None
+
+
+class GpuWatch:
+    """The ``_gpu_*`` state of the daemon, in one room."""
+
+    def __init__(self, settings: GpuSettings) -> None:
+        self.settings = settings
+        self.status = "off"
+        self.last: tuple[dict[str, Any], ...] = ()
+        self.poller: GpuPoller | None = None
+        self._sample: GpuSample | None = None
+        self._last_record_mono = float("-inf")
+        self._last_record_total = 0.0
+        self._release_wait_since: float | None = None
+        self._foreign_reported = False
+        self._busy_since: float | None = None
+
+    @property
+    def on(self) -> bool:
+        """True when the GPU checks are on (a sampler was created)."""
+        return self.status.startswith("on")
+
+    def begin(
+        self,
+        enabled: bool,
+        factory: SamplerFactory,
+        child_pid: Callable[[], int | None],
+        deliver: Callable[[GpuSample], None],
+    ) -> Record | None:
+        """Start the checks when the config wants them; a record when they are off."""
+        if not enabled:
+            return self.off('gpus = "none" in the config')
+        return self.start(factory, child_pid, deliver)
+
+    def start(
+        self,
+        factory: SamplerFactory,
+        child_pid: Callable[[], int | None],
+        deliver: Callable[[GpuSample], None],
+    ) -> Record | None:
+        """Create the sampler and take the pre-launch baseline; a record when the checks are off."""
+        try:
+            sampler = factory(child_pid)
+        except GpuUnavailable as exc:
+            self.status = f"off ({exc})"
+            return Event.GPU_CHECKS_OFF, {"reason": str(exc)}
+        self.status = f"on ({sampler.name})"
+        try:
+            self.last = tuple(reading_to_dict(r, None) for r in sampler.sample())
+        except Exception as exc:  # a broken driver must not stop the daemon
+            self.status = f"on ({sampler.name}; baseline failed: {exc})"
+        self.poller = GpuPoller(sampler, self.settings.poll_s, deliver)
+        return None
+
+    def off(self, reason: str) -> Record:
+        """GPU checks switched off by the config."""
+        self.status = f"off ({reason})"
+        return Event.GPU_CHECKS_OFF, {"reason": reason}
+
+    def stop(self) -> None:
+        """Stop the poller thread."""
+        if self.poller is not None:
+            self.poller.stop()
+
+    def baseline(self) -> dict[int, float]:
+        """Used memory per GPU now: the baseline for a launch (container fallback)."""
+        return {int(g["index"]): float(g.get("memory_used_mib") or 0.0) for g in self.last}
+
+    def new_run(self) -> None:
+        """A launch: forget the previous run's busy streak and foreign holders."""
+        self._busy_since = None
+        self._foreign_reported = False
+
+    # -- samples ----------------------------------------------------------------------
+
+    def on_sample(self, sample: GpuSample, run: Run | None, now: float) -> GpuUpdate:
+        """Join a sample with the run; say what it means."""
+        self._sample = sample
+        update = GpuUpdate()
+        tree: set[int] = set()
+        alive = run is not None and run.alive and run.launched is not None
+        if alive and run is not None and run.launched is not None:
+            tree = gpu_pids_of_run(sample.readings, run.launched.pid, run.pids_seen)
+            run.pids_seen |= tree
+        use = join_with_tree(sample.readings, tree, run.gpu_baseline_mib if run else {})
+        self.last = tuple(
+            reading_to_dict(r, use.per_gpu_mib.get(r.index) if tree else None)
+            for r in sample.readings
+        )
+        xids = [x for r in sample.readings for x in r.xids]
+        if run is not None and tree:
+            run.gpu_use = use
+            if xids:
+                run.gpu_xids.extend(xids)
+                update.records.append((Event.GPU_XID, {"xids": xids, "gpus": list(self.last)}))
+        total = sum(float(e.get("memory_used_mib") or 0.0) for e in self.last)
+        if (
+            now - self._last_record_mono >= RECORD_EVERY_S
+            or abs(total - self._last_record_total) >= RECORD_CHANGE_MIB
+        ):
+            self._last_record_mono = now
+            self._last_record_total = total
+            update.records.append(
+                (
+                    Event.GPU,
+                    {
+                        "gpus": list(self.last),
+                        "method": use.method,
+                        "poll_ms": round(sample.cost_s * 1000, 3),
+                    },
+                )
+            )
+        if alive and run is not None:
+            self._judge_run(run, use, now, update)
+        return update
+
+    def _judge_run(self, run: Run, use: ChildGpuUse, now: float, update: GpuUpdate) -> None:
+        busy = self._busy(use)
+        update.active = busy
+        if busy:
+            self._busy_since = now if self._busy_since is None else self._busy_since
+            if now - self._busy_since >= self.settings.busy_s:
+                update.busy_for_s = now - self._busy_since
+        else:
+            self._busy_since = None
+        if run.progress.reached_first_step or run.ended_by_us:
+            return
+        if now - run.started_mono < self.settings.vram_grace_s:
+            return
+        total = use.total_mib
+        if total is None or total > 0:
+            return  # unknown is not zero; memory held means it is doing something
+        update.no_gpu_memory = True
+        update.records.append((Event.GPU_SNAPSHOT, {"gpus": list(self.last), "method": use.method}))
+
+    def _busy(self, use: ChildGpuUse) -> bool:
+        for entry in self.last:
+            held = use.per_gpu_mib.get(int(entry["index"]))
+            util = entry.get("utilization_pct")
+            if held is None or util is None:
+                continue
+            if held >= BUSY_MIN_MIB and float(util) >= self.settings.busy_pct:
+                return True
+        return False
+
+    # -- before a relaunch --------------------------------------------------------------
+
+    def release_check(self, run: Run | None, ops: ProcessOps, now: float) -> ReleaseCheck:
+        """The dead run's processes must hold no GPU memory (up to a timeout).
+
+        Holders from the dead run are named for killing; a foreign holder is named, never touched.
+        """
+        sample = self._sample
+        if not self.on or run is None or sample is None or run.launched is None:
+            return ReleaseCheck(True)
+        check = ReleaseCheck(False)
+        ours: list[dict[str, Any]] = []
+        foreign: list[dict[str, Any]] = []
+        for reading in sample.readings:
+            for proc in reading.processes:
+                if proc.used_mib is not None and proc.used_mib <= 0:
+                    continue
+                entry = {
+                    "gpu": reading.index,
+                    "pid": proc.pid,
+                    "mib": proc.used_mib,
+                    "cmd": ops.cmdline(proc.pid),
+                }
+                (ours if run.belongs(proc.pid, ops) else foreign).append(entry)
+        if foreign and not self._foreign_reported:
+            self._foreign_reported = True
+            check.records.append((Event.GPU_FOREIGN_HOLDER, {"holders": foreign}))
+        if not ours:
+            if self._release_wait_since is not None:
+                waited = round(now - self._release_wait_since, 3)
+                check.records.append((Event.GPU_MEMORY_RELEASED, {"waited_s": waited}))
+            self._release_wait_since = None
+            check.ready = True
+            return check
+        if self._release_wait_since is None:
+            self._release_wait_since = now
+            check.records.append((Event.GPU_MEMORY_HELD, {"holders": ours}))
+            check.kill = [int(entry["pid"]) for entry in ours]
+        waited = now - self._release_wait_since
+        if waited >= self.settings.release_timeout_s:
+            check.records.append(
+                (Event.GPU_RELEASE_TIMEOUT, {"holders": ours, "waited_s": round(waited, 3)})
+            )
+            self._release_wait_since = None
+            check.ready = True
+            return check
+        check.retry_at = now + self.settings.poll_s  # look again after the next poll
+        return check

@@ -1,0 +1,87 @@
+"""The loop's inbox: messages from threads, and signals, through one wake pipe.
+
+Threads (pipe drains, the GPU poller) never call into the loop: they :meth:`Inbox.post` a
+small message and write a byte to the wake pipe.  Signal handlers do nothing at all:
+``signal.set_wakeup_fd`` writes the signal number to the same pipe, and the loop reads it
+back with :meth:`Inbox.signals`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from dflashd.supervisor.gpu import GpuSample
+from dflashd.supervisor.progress import LinesSeen
+
+_WAKE: Final = b"\x00"
+HANDLED_SIGNALS: Final = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSampled:
+    """From the GPU poller thread: one sample of every GPU."""
+
+    sample: GpuSample
+
+
+Message = LinesSeen | GpuSampled
+
+
+class Inbox:
+    """A queue plus a non-blocking wake pipe the selector watches."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def post(self, message: Message) -> None:
+        """From any thread: queue a message and wake the loop."""
+        self._queue.put(message)
+        try:
+            os.write(self._write_fd, _WAKE)
+        except BlockingIOError:
+            pass  # the pipe is full, so the loop is awake anyway
+
+    def post_gpu(self, sample: GpuSample) -> None:
+        """The GPU poller's delivery callback."""
+        self.post(GpuSampled(sample))
+
+    def messages(self) -> Iterator[Message]:
+        """Everything queued now."""
+        while True:
+            try:
+                yield self._queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def signals(self) -> set[int]:
+        """The signal numbers the wake pipe carried since the last read (wake bytes are 0)."""
+        try:
+            data = os.read(self.read_fd, 4096)
+        except BlockingIOError:
+            return set()
+        return set(data) - {0}
+
+    def catch_signals(self) -> None:
+        """Route the handled signals to the wake pipe; their handlers do nothing."""
+        signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        for signum in HANDLED_SIGNALS:
+            signal.signal(signum, _no_op_handler)
+
+    def close(self) -> None:
+        """Stop routing signals here and close the pipe."""
+        try:
+            signal.set_wakeup_fd(-1)
+        except ValueError:
+            pass  # not the main thread: nothing was routed here
+        for fd in (self.read_fd, self._write_fd):
+            os.close(fd)
+
+
+def _no_op_handler(_signum: int, _frame: Any) -> None:
+    """The wakeup fd carries the signal; the handler itself must do nothing."""

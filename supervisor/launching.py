@@ -1,0 +1,142 @@
+"""Launching one run: the log before the fork, the fork itself, the pipes after it.
+
+:meth:`Launcher.launch` makes a :class:`Run`, clears the owned caches when the last outcome
+asked for it, writes ``spawn`` (waited onto disk, so the log says what was attempted even if
+the child never runs an instruction), forks through the process seam, writes ``launched``
+and starts one drain per pipe.  A failed exec comes back as the run's ``spawn_error``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from dflashd.logs.framer import Frame
+from dflashd.logs.pump import PipeDrain
+from dflashd.supervisor import __version__
+from dflashd.supervisor.caches import clear_owned_cache
+from dflashd.supervisor.clock import Clock
+from dflashd.supervisor.config import Config
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.gpuwatch import GpuWatch
+from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.home import Home
+from dflashd.supervisor.launch import ChildEnvironment, child_environ, dflashd_env
+from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.logging import get_logger
+from dflashd.supervisor.progress import Progress
+from dflashd.supervisor.reporting import Reporter
+from dflashd.supervisor.run import Run
+
+log = get_logger("dflashd")
+
+TAIL_LINES: Final = 20
+SPAWN_ON_DISK_S: Final = 2.0
+
+
+def spawn_error_text(argv0: str, exc: OSError) -> str:
+    """``No such file or directory: /opt/x/python`` (the file the OS could not exec)."""
+    if isinstance(exc, FileNotFoundError) and exc.filename and str(exc.filename) != argv0:
+        return f"{exc.strerror}: {exc.filename}"
+    return f"{exc.strerror or exc}: {argv0}"
+
+
+class Launcher:
+    """Turns the config into running children, one run at a time."""
+
+    def __init__(
+        self,
+        home: Home,
+        config: Config,
+        clock: Clock,
+        ops: ProcessOps,
+        reporter: Reporter,
+        gpu: GpuWatch,
+        on_lines: Callable[[int], Callable[[str, Frame], None]],
+        *,
+        sees_steps: bool,
+    ) -> None:
+        self.home, self.config, self.clock, self.ops = home, config, clock, ops
+        self.reporter, self.gpu, self._on_lines = reporter, gpu, on_lines
+        self.sees_steps = sees_steps  # a pattern is configured: first_step_timeout_s applies
+
+    def next_run_no(self, current: Run | None) -> int:
+        """One more than any run this home has seen: the log, runs.sqlite, state.json, memory."""
+        from dflashd.supervisor.statefile import read_state
+
+        previous = read_state(self.home.state_file) or {}
+        known = [self.reporter.writer.last_run, current.run_no if current else 0]
+        known.append(int(previous.get("run") or 0))
+        if self.reporter.history is not None:
+            try:
+                known.append(self.reporter.history.last_run())
+            except Exception as exc:  # sqlite3.Error: a broken history must not stop a launch
+                log.warning("history_read_failed", error=str(exc))
+        return max(known) + 1
+
+    def launch(self, previous: Run | None, *, clear_cache: bool) -> tuple[Run, str | None]:
+        """Start the next run; the run, and the exec error when it could not start."""
+        run_no = self.next_run_no(previous)
+        self.gpu.new_run()
+        now = self.clock.monotonic()
+        cwd = Path(self.config.cwd).expanduser()
+        spec = ChildEnvironment(self.home.notify_socket, self.home.cache, run_no, self.home.root)
+        run = Run(run_no, self.config.command, now, self.clock.time(), Progress(now))
+        run.progress.sees_steps = self.sees_steps
+        run.gpu_baseline_mib = self.gpu.baseline()
+        if clear_cache:
+            self._clear_cache(run_no)
+        spawn_fields = {
+            "argv": list(run.argv),
+            "cwd": str(cwd),
+            "env_keys": sorted(dflashd_env(spec)),
+            "config_env_keys": sorted(self.config.env),
+            "dflashd_version": __version__,
+        }
+        self.reporter.event_on_disk(run_no, Event.SPAWN, spawn_fields, SPAWN_ON_DISK_S)
+        argv_text = " ".join(run.argv)
+        try:
+            launched = self.ops.spawn(
+                run.argv, cwd=cwd, env=child_environ(os.environ, self.config.env, spec)
+            )
+        except OSError as exc:
+            error = spawn_error_text(run.argv[0], exc)
+            log.error("spawn_failed", run=run_no, error=error)
+            run.phase = Phase.EXITED
+            self.reporter.record_history(
+                lambda db: db.started(run_no, run.started_wall, None, argv_text)
+            )
+            return run, error
+        run.launched = launched
+        run.pids_seen.add(launched.pid)
+        run.create_time = self.ops.create_time(launched.pid)
+        self.reporter.event(run_no, Event.LAUNCHED, pid=launched.pid, pgid=launched.pid)
+        callback = self._on_lines(run_no)
+        run.drains = [
+            PipeDrain(
+                fd,
+                run=run_no,
+                src=src,
+                sink=self.reporter.sink,
+                max_line_bytes=self.config.logs.max_line_bytes,
+                tail_lines=TAIL_LINES,
+                on_lines=callback,
+            )
+            for fd, src in ((launched.stdout_fd, "stdout"), (launched.stderr_fd, "stderr"))
+        ]
+        run.phase = Phase.WARMING_UP
+        self.reporter.record_history(
+            lambda db: db.started(run_no, run.started_wall, launched.pid, argv_text)
+        )
+        log.info("launched", run=run_no, pid=launched.pid, argv=list(run.argv))
+        return run, None
+
+    def _clear_cache(self, run_no: int) -> None:
+        try:
+            cleared = clear_owned_cache(self.home.cache, self.home.root)
+        except (OSError, ValueError) as exc:
+            cleared = False
+            log.warning("cache_clear_failed", error=str(exc))
+        self.reporter.event(run_no, Event.CACHE_CLEARED, path=str(self.home.cache), cleared=cleared)

@@ -1,0 +1,100 @@
+"""Watching the live run: output lines, sd_notify messages and GPU samples become progress.
+
+The :class:`RunObserver` takes each piece of evidence with ``now``, updates the run's
+:class:`~dflashd.supervisor.progress.Progress` and phase, and writes what it means
+(``first_step``, ``progress``, ``child_status``, ``gpu`` records, the ``recovered`` alert).
+It never signals anything: when the evidence says the run must end (no GPU memory past
+the grace), it returns the reason and the daemon ends the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.gpu import GpuSample
+from dflashd.supervisor.gpuwatch import GpuWatch
+from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.logging import get_logger
+from dflashd.supervisor.notify import NotifyMessage
+from dflashd.supervisor.progress import GPU, Change, LinesSeen
+from dflashd.supervisor.reporting import Reporter
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.verdicts import AlertKind, EndedBy
+
+log = get_logger("dflashd")
+_LAST_LINE_CHARS = 500
+
+
+class RunObserver:
+    """Evidence in, progress and records out."""
+
+    def __init__(self, reporter: Reporter, gpu: GpuWatch, ops: ProcessOps) -> None:
+        self.reporter, self.gpu, self.ops = reporter, gpu, ops
+        self.recovering_from: str | None = None  # "stalled" or "fatal": alert when training resumes
+
+    def lines(self, run: Run | None, seen: LinesSeen, now: float) -> bool:
+        """Output from the run's pipes; True when something changed."""
+        if run is None or run.run_no != seen.run_no or not run.alive:
+            return False
+        if seen.last_line is not None:
+            run.progress.last_line = seen.last_line[:_LAST_LINE_CHARS]
+        found = seen.progress
+        if found is None:
+            run.progress.on_alive(now)
+            return True
+        change = run.progress.on_step(
+            now, step=found.step, first=found.first, source=found.source, loss=found.loss
+        )
+        self._progressed(run, change)
+        return True
+
+    def notify(self, run: Run | None, msg: NotifyMessage, now: float) -> bool:
+        """One sd_notify datagram; ignored unless its sender belongs to the live run."""
+        if run is None or not run.alive:
+            return False
+        if msg.sender_pid is not None and not run.belongs(msg.sender_pid, self.ops):
+            return False  # a leftover of an earlier run, or a stranger: not this run's progress
+        change = run.progress.on_notify(msg, now)
+        if change.status is not None:
+            self.reporter.event(run.run_no, Event.CHILD_STATUS, status=change.status)
+        self._progressed(run, change)
+        return True
+
+    def gpu_sample(self, run: Run | None, sample: GpuSample, now: float) -> EndedBy | None:
+        """A GPU sample: records, GPU activity as progress, and whether the run must end."""
+        update = self.gpu.on_sample(sample, run, now)
+        run_no = run.run_no if run else 0
+        for event, fields in update.records:
+            self.reporter.event(run_no, event, **fields)
+        if run is None or not run.alive:
+            return None
+        if update.busy_for_s is not None and not run.progress.reached_first_step:
+            self._progressed(run, run.progress.on_step(now, step=None, first=True, source=GPU))
+        elif update.active:
+            run.progress.on_alive(now)
+        return EndedBy.NO_GPU_MEMORY if update.no_gpu_memory else None
+
+    def _progressed(self, run: Run, change: Change) -> None:
+        progress = run.progress
+        if progress.reached_first_step:
+            run.phase = Phase.TRAINING
+        if change.first_step and progress.first_step_mono is not None:
+            after = round(progress.first_step_mono - run.started_mono, 3)
+            source = progress.first_step_source
+            self.reporter.event(
+                run.run_no, Event.FIRST_STEP, after_s=after, step=progress.step, source=source
+            )
+            log.info("first_step", run=run.run_no, after_s=after, source=source)
+            if self.recovering_from is not None:  # training resumed after a stall or a fatal
+                empty: dict[str, Any] = {"tail": []}
+                self.reporter.alert(
+                    run, AlertKind.RECOVERED, self.recovering_from, empty, list(self.gpu.last)
+                )
+                self.recovering_from = None
+        if change.progress_record:
+            fields: dict[str, Any] = {"step": progress.step, "source": progress.step_source}
+            if progress.loss is not None:
+                fields["loss"] = progress.loss
+            self.reporter.event(run.run_no, Event.PROGRESS, **fields)

@@ -1,0 +1,267 @@
+"""Progress: how dflashd knows a run is training, and when it stopped moving.
+
+Three kinds of evidence, strongest first: the child's own sd_notify messages (``READY``,
+``STEP``, ``WATCHDOG``), its output lines (the user's patterns, then the built-in step
+formats of common trainers, then any line as liveness), and its GPUs (sustained
+utilisation on the GPUs that hold its memory, from :mod:`gpuwatch`).  :class:`LineMatcher`
+runs on the pipe threads; :class:`Progress` is one run's state, driven by the loop with
+``now`` passed in, returning what changed so the daemon writes the records.
+
+The first-step and stall rule (docs/design.md, "Progress"):
+
+- ``first_step_timeout_s`` applies only once dflashd has a way to see steps (notify
+  messages, a configured pattern, or a built-in format seen in the output).  A run dflashd
+  cannot read steps from is never ended for want of a recognised first step.
+- Without a way to see steps, output and GPU activity are liveness: only
+  ``stall_timeout_s`` of total silence and idleness ends the run (as ``no_progress``).
+- After the first step, a run that reports steps must keep reporting them; one that does
+  not report steps (its first step came from the GPU, say) stays alive by any output or
+  GPU activity.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from dflashd.logs.framer import Frame
+from dflashd.supervisor.formats import FormatMatcher
+from dflashd.supervisor.notify import NotifyMessage
+from dflashd.supervisor.verdicts import EndedBy
+
+PROGRESS_RECORD_EVERY_S: Final = 30.0
+NOTIFY: Final = "notify"
+PATTERN: Final = "pattern"
+GPU: Final = "gpu"
+OUTPUT: Final = "output"
+
+
+@dataclass(frozen=True, slots=True)
+class LineProgress:
+    """What a frame of output said about progress."""
+
+    step: int | None
+    first: bool
+    source: str  # "pattern" or the built-in format's name
+    loss: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The two timeouts of the config."""
+
+    first_step_timeout_s: float
+    stall_timeout_s: float
+
+
+def _to_int(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+class LineMatcher:
+    """The user's patterns, then the built-in formats; safe to call from any thread."""
+
+    def __init__(self, first_step_pattern: str, step_pattern: str, builtin: bool) -> None:
+        self._first_re = re.compile(first_step_pattern, re.M) if first_step_pattern else None
+        self._step_re = re.compile(step_pattern, re.M) if step_pattern else None
+        self._formats = FormatMatcher() if builtin else None
+
+    @property
+    def configured(self) -> bool:
+        """True when the user gave a pattern (then built-in formats are not consulted)."""
+        return self._first_re is not None or self._step_re is not None
+
+    def match(self, frame: Frame) -> LineProgress | None:
+        """The last step seen in a frame of lines (and whether one is a first step), or None."""
+        if self.configured:
+            return self._match_patterns(frame.lines)
+        if self._formats is None:
+            return None
+        if frame.json_lines is not None:  # ASCII fast path: search the bytes, decode nothing
+            found = self._formats.last_step_bytes(b"\n".join(frame.json_lines))
+        else:
+            found = self._formats.last_step(frame.lines)
+        if found is None:
+            return None
+        return LineProgress(found.step, True, found.format, found.loss)
+
+    def _match_patterns(self, lines: Sequence[str]) -> LineProgress | None:
+        text = "\n".join(lines)
+        step: int | None = None
+        first = False
+        if self._step_re is not None:
+            matches = self._step_re.findall(text)
+            if matches:
+                last = matches[-1]
+                step = _to_int(last[0] if isinstance(last, tuple) else last)
+                first = step is not None
+        if self._first_re is not None and self._first_re.search(text):
+            first = True
+        if first or step is not None:
+            return LineProgress(step, first, PATTERN)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What one piece of evidence changed, for the daemon to record."""
+
+    first_step: bool = False  # this was the run's first step
+    progress_record: bool = False  # time for a rate-limited ``progress`` record
+    status: str | None = None  # a new STATUS= text from the child
+
+
+NOTHING: Final = Change()
+
+
+@dataclass
+class Progress:
+    """One run's progress; every method takes ``now`` (monotonic seconds)."""
+
+    started_mono: float
+    sees_steps: bool = False  # dflashd has a way to see steps: notify, a pattern, a format seen
+    reports_steps: bool = (
+        False  # step numbers (or WATCHDOG) seen: after the first step only they count
+    )
+    first_step_mono: float | None = None
+    first_step_source: str | None = None
+    last_progress_mono: float | None = None
+    last_alive_mono: float | None = None  # any sign of life: output, GPU activity, notify
+    step: int | None = None
+    step_source: str | None = None
+    loss: float | None = None
+    status_text: str | None = None
+    extend_until_mono: float | None = None
+    last_record_mono: float = float("-inf")
+    last_line: str | None = None
+
+    @property
+    def reached_first_step(self) -> bool:
+        """True once any source saw a first step."""
+        return self.first_step_mono is not None
+
+    def on_step(
+        self,
+        now: float,
+        *,
+        step: int | None,
+        first: bool,
+        source: str,
+        loss: float | None = None,
+    ) -> Change:
+        """A step (or a first-step marker) from notify, a pattern, a format or the GPUs.
+
+        sd_notify wins over all: once the child reported a step through it, other sources are
+        liveness only (their numbers may count something else, a bar's batches say).
+        """
+        if source != NOTIFY and self.step_source == NOTIFY:
+            self.on_alive(now)
+            return NOTHING
+        self.last_alive_mono = now
+        if source != GPU:
+            self.sees_steps = True
+            self.reports_steps = self.reports_steps or step is not None
+        if step is not None:
+            self.step = step
+            self.step_source = source
+        if loss is not None:
+            self.loss = loss
+        became_first = False
+        if (first or step is not None) and self.first_step_mono is None:
+            self.first_step_mono = now
+            self.first_step_source = source
+            became_first = True
+        if self.first_step_mono is None:
+            return NOTHING
+        self.last_progress_mono = now
+        record = step is not None and now - self.last_record_mono >= PROGRESS_RECORD_EVERY_S
+        if record:
+            self.last_record_mono = now
+        return Change(first_step=became_first, progress_record=record)
+
+    def on_alive(self, now: float) -> None:
+        """Output or GPU activity that names no step: liveness."""
+        self.last_alive_mono = now
+        if self.first_step_mono is not None and not self.reports_steps:
+            self.last_progress_mono = now
+
+    def on_notify(self, msg: NotifyMessage, now: float) -> Change:
+        """One sd_notify datagram from the run's processes."""
+        status: str | None = None
+        self.sees_steps = True  # the child speaks the protocol
+        if msg.step is not None or msg.watchdog:
+            self.reports_steps = True
+        if msg.status is not None and msg.status != self.status_text:
+            self.status_text = msg.status
+            status = msg.status
+        if msg.extend_timeout_us is not None and self.first_step_mono is None:
+            self.extend_until_mono = now + min(msg.extend_timeout_us / 1e6, 1e7)
+        if msg.is_progress:
+            change = self.on_step(
+                now, step=msg.step, first=msg.ready or msg.step is not None, source=NOTIFY
+            )
+            return Change(change.first_step, change.progress_record, status)
+        self.last_alive_mono = now
+        return Change(status=status)
+
+    def stall_deadline(self, limits: Limits) -> float | None:
+        """When the run counts as stalled if nothing happens before (monotonic seconds)."""
+        if self.first_step_mono is None:
+            quiet = max(self.started_mono, self.last_alive_mono or self.started_mono)
+            silence = quiet + limits.stall_timeout_s
+            if not self.sees_steps:
+                return silence  # no way to see steps: only total silence ends the run
+            deadline = self.started_mono + limits.first_step_timeout_s
+            if self.extend_until_mono is not None:
+                deadline = max(deadline, self.extend_until_mono)
+            return deadline
+        last = self.last_progress_mono or self.first_step_mono
+        return last + limits.stall_timeout_s
+
+    def stall_reason(self) -> EndedBy:
+        """Which stall a passed deadline means."""
+        if self.first_step_mono is None and self.sees_steps:
+            return EndedBy.FIRST_STEP_TIMEOUT
+        return EndedBy.NO_PROGRESS
+
+
+@dataclass(frozen=True, slots=True)
+class LinesSeen:
+    """From a drain thread to the loop: the run printed lines (a step among them, or liveness)."""
+
+    run_no: int
+    progress: LineProgress | None
+    last_line: str | None
+
+
+LIVENESS_POST_S: Final = 1.0
+LineTap = Callable[[int, str, Frame], None]
+
+
+def line_watcher(
+    run_no: int,
+    matcher: LineMatcher,
+    monotonic: Callable[[], float],
+    post: Callable[[LinesSeen], None],
+    tap: LineTap | None = None,
+) -> Callable[[str, Frame], None]:
+    """The drain threads' callback: match each frame; post a step at once, bare liveness once a second."""
+    last_post = [float("-inf")]
+
+    def on_lines(src: str, frame: Frame) -> None:
+        if tap is not None:
+            tap(run_no, src, frame)
+        found = matcher.match(frame)
+        now = monotonic()
+        if found is None and now - last_post[0] < LIVENESS_POST_S:
+            return
+        last_post[0] = now
+        last = frame.last_lines(1)
+        post(LinesSeen(run_no, found, last[0] if last else None))
+
+    return on_lines

@@ -1,0 +1,185 @@
+"""Everything the daemon tells the outside world: the run log, alerts, runs.sqlite, state.json,
+systemd's STATUS line and the Prometheus snapshot.
+
+The daemon decides; the :class:`Reporter` writes.  Every persistence path here degrades
+instead of raising into the loop: a full disk under runs.sqlite or state.json is logged and
+counted, the run goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dflashd.logs.sink import LogSink
+from dflashd.logs.writer import RotatingLogWriter
+from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_payload
+from dflashd.supervisor.config import Config, config_to_dict
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.history import RunHistory, open_history
+from dflashd.supervisor.home import Home
+from dflashd.supervisor.logging import get_logger
+from dflashd.supervisor.notify import SystemdNotifier
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.statefile import write_state
+from dflashd.supervisor.status import LogStats, StatusView
+from dflashd.supervisor.verdicts import AlertKind
+
+log = get_logger("dflashd")
+
+
+class MetricsUnavailable(Exception):
+    """``metrics_listen`` cannot be served (busy, not ours); the message says why."""
+
+
+class Reporter:
+    """The run log, alerts, history, state.json, systemd and metrics, behind one small interface."""
+
+    def __init__(self, home: Home, config: Config, systemd: SystemdNotifier) -> None:
+        self.home, self.config, self.systemd = home, config, systemd
+        self.writer = RotatingLogWriter(
+            home.logs, max_bytes=config.logs.max_bytes, backups=config.logs.backups
+        )
+        self.sink = LogSink(self.writer)
+        self.alerts = AlertDispatcher(
+            config.alerts.command, self._alert_done, config.alerts.webhook_url
+        )
+        self.history: RunHistory | None = None
+        self.history_errors = 0
+        self.state_errors = 0
+        self.snapshot: dict[str, Any] = {}
+        self._metrics: Any = None
+        self._alerts_sent = 0
+
+    @property
+    def log_path(self) -> Path:
+        """The live run log."""
+        return self.writer.path
+
+    def open_history(self) -> None:
+        """runs.sqlite (None-safe: an unusable file only means less history)."""
+        self.history = open_history(self.home.runs_db)
+
+    # -- the run log ------------------------------------------------------------------
+
+    def event(self, run_no: int, event: Event, **fields: Any) -> int:
+        """One ``dflashd`` record; returns its ticket."""
+        return self.sink.submit_event(run_no, event, fields)
+
+    def event_on_disk(
+        self, run_no: int, event: Event, fields: dict[str, Any], wait_s: float
+    ) -> None:
+        """One record, waited onto disk (``spawn`` before the fork, ``exit`` before bookkeeping)."""
+        self.sink.wait_written(self.sink.submit_event(run_no, event, fields), wait_s)
+
+    def log_stats(self) -> LogStats:
+        """The run log's counters for status."""
+        stats = self.sink.stats()
+        return {
+            "records_written": stats.writer.records_written,
+            "bytes_written": stats.writer.bytes_written,
+            "records_dropped": stats.writer.records_dropped + stats.stalled_drops_records,
+            "bytes_dropped": stats.writer.bytes_dropped + stats.stalled_drops_bytes,
+            "last_error": stats.writer.last_error,
+        }
+
+    # -- alerts -----------------------------------------------------------------------
+
+    def alert(
+        self,
+        run: Run,
+        kind: AlertKind,
+        reason: str,
+        fields: dict[str, Any],
+        gpus: list[dict[str, Any]],
+    ) -> None:
+        """Remember the alert on the run and hand it to the sinks (returns at once)."""
+        run.alerted.add(kind)
+        if not self.alerts.enabled:
+            return
+        payload = alert_payload(
+            verdict=kind.value,
+            reason=reason,
+            run=run.run_no,
+            exit_code=fields.get("exit_code"),
+            signal_name=fields.get("signal"),
+            duration_s=fields.get("duration_s"),
+            tail=list(fields.get("tail") or []),
+            gpus=gpus,
+            log=str(self.writer.path),
+            step=run.progress.step,
+        )
+        self.alerts.send(run.run_no, payload)
+
+    def _alert_done(self, run_no: int, outcome: AlertOutcome) -> None:
+        self._alerts_sent += 1  # called on the alert thread: the sink is thread-safe
+        fields = {
+            "sink": outcome.sink,
+            "ok": outcome.ok,
+            "detail": outcome.detail,
+            "verdict": outcome.verdict,
+            "attempts": outcome.attempts,
+        }
+        self.sink.submit_event(run_no, Event.ALERT, fields)
+
+    # -- history, state, systemd --------------------------------------------------------
+
+    def record_history(self, write: Callable[[RunHistory], None]) -> None:
+        """A convenience store: a full disk or a broken file is logged and counted, never raised."""
+        import sqlite3
+
+        if self.history is None:
+            return
+        try:
+            write(self.history)
+        except sqlite3.Error as exc:
+            self.history_errors += 1
+            if self.history_errors == 1 or self.history_errors % 100 == 0:
+                log.warning("history_write_failed", error=str(exc), failures=self.history_errors)
+
+    def publish(self, view: StatusView, one_line: str) -> None:
+        """state.json, the metrics snapshot and systemd's STATUS=, from one status view."""
+        state: dict[str, Any] = dict(view)
+        self.snapshot = state  # replaced whole: a scrape on another thread reads it as is
+        try:
+            write_state(self.home.state_file, {**state, "config": config_to_dict(self.config)})
+        except OSError as exc:
+            self.state_errors += 1
+            log.warning("state_write_failed", error=str(exc))
+        self.systemd.notify(f"STATUS={one_line}")
+
+    # -- metrics ----------------------------------------------------------------------
+
+    def start_metrics(self) -> str | None:
+        """Serve /metrics when configured; the address, or MetricsUnavailable."""
+        if not self.config.metrics_listen:
+            return None
+        from dflashd.supervisor.metrics import MetricsServer
+
+        def extra() -> dict[str, float]:
+            stats = self.sink.stats()
+            return {
+                "log_written_bytes": float(stats.writer.bytes_written),
+                "log_dropped_bytes": float(stats.writer.bytes_dropped + stats.stalled_drops_bytes),
+                "alerts": float(self._alerts_sent),
+            }
+
+        server = MetricsServer(self.config.metrics_listen, lambda: self.snapshot, extra)
+        try:
+            server.start()
+        except OSError as exc:
+            raise MetricsUnavailable(
+                f"metrics_listen {self.config.metrics_listen}: {exc.strerror or exc}"
+            ) from None
+        self._metrics = server
+        return f"{server.host}:{server.port}"
+
+    def close(self) -> None:
+        """Let alerts finish (bounded), stop metrics, flush and close the log and history."""
+        self.alerts.close()
+        if self._metrics is not None:
+            self._metrics.stop()
+        self.sink.close(5.0)
+        if self.history is not None:
+            self.history.close()

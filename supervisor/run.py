@@ -1,0 +1,71 @@
+"""One run: a launch of the job, from ``spawn`` to ``exit`` (in the spirit of Supervisor's process.py).
+
+A :class:`Run` holds what the daemon knows about one child: its number (``run_no``), its
+phase, its pipes, its progress and its GPU evidence.  ``alive`` and ``belongs(pid)`` are
+the two questions the rest of the daemon asks of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dflashd.logs.pump import PipeDrain
+from dflashd.supervisor.gpu import ChildGpuUse
+from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.launch import Launched
+from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.progress import Progress
+from dflashd.supervisor.verdicts import AlertKind, EndedBy
+
+
+@dataclass
+class Run:
+    """Everything about the current (or last) child."""
+
+    run_no: int
+    argv: tuple[str, ...]
+    started_mono: float
+    started_wall: float
+    progress: Progress
+    phase: Phase = Phase.LAUNCHING
+    launched: Launched | None = None
+    create_time: float | None = None
+    drains: list[PipeDrain] = field(default_factory=list)
+    ended_by: EndedBy = EndedBy.CHILD
+    kill_at_mono: float | None = None
+    alerted: set[AlertKind] = field(default_factory=set)
+    gpu_baseline_mib: dict[int, float] = field(default_factory=dict)
+    gpu_use: ChildGpuUse | None = None
+    gpu_xids: list[int] = field(default_factory=list)
+    pids_seen: set[int] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid (also its process group), once launched."""
+        return self.launched.pid if self.launched is not None else None
+
+    @property
+    def alive(self) -> bool:
+        """Launched and not yet reaped."""
+        return self.launched is not None and self.phase is not Phase.EXITED
+
+    @property
+    def ended_by_us(self) -> bool:
+        """True once dflashd decided to end this run (stall, no GPU memory, stop)."""
+        return self.ended_by is not EndedBy.CHILD
+
+    def belongs(self, pid: int, ops: ProcessOps) -> bool:
+        """Is ``pid`` part of this run: seen before, in its process group, or a descendant of its root?
+
+        The one test behind notify senders, GPU holders and leftovers; a pid found to belong
+        is remembered, so a process that later leaves the group is still recognised.
+        """
+        root = self.pid
+        if root is None:
+            return False
+        if pid in self.pids_seen:
+            return True
+        if ops.pgid(pid) == root or ops.descends_from(pid, root):
+            self.pids_seen.add(pid)
+            return True
+        return False

@@ -1,0 +1,365 @@
+"""The daemon's real logic driven by a manual clock and scripted children (no process is touched).
+
+The approach of honcho's and Supervisor's tests: the daemon gets a :class:`ManualClock` and a
+:class:`ScriptedProcesses` in place of the host's processes.  A scripted child has real pipes
+(the real drains read them) but no process: the test decides when it writes, when it dies
+and how.  Signals the daemon sends are recorded, not delivered.  Each test moves time by
+hand, so a 15-minute stall or a 5-minute backoff takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflashd.logs import EventRecord, read_records
+from dflashd.supervisor.clock import ManualClock
+from dflashd.supervisor.config import parse_config
+from dflashd.supervisor.daemon import Daemon
+from dflashd.supervisor.gpu import GpuProcess, GpuReading, GpuSample
+from dflashd.supervisor.home import Home
+from dflashd.supervisor.inbox import GpuSampled
+from dflashd.supervisor.launch import Launched
+from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.progress import LineProgress, LinesSeen
+
+
+@dataclass
+class ScriptedChild:
+    pid: int
+    out_w: int
+    err_w: int
+    status: int | None = None
+    alive: bool = True
+
+
+@dataclass
+class ScriptedProcesses:
+    """A stand-in for the host's processes (the ProcessOps seam)."""
+
+    children: dict[int, ScriptedChild] = field(default_factory=dict)
+    signals: list[tuple[str, int, int]] = field(default_factory=list)
+    next_pid: int = 40000
+    gone_without_status: set[int] = field(default_factory=set)
+
+    def spawn(self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str]) -> Launched:
+        pid, self.next_pid = self.next_pid, self.next_pid + 1
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.children[pid] = ScriptedChild(pid, out_w, err_w)
+        return Launched(pid, out_r, err_r)
+
+    def die(self, pid: int, *, code: int | None = None, sig: int | None = None) -> None:
+        """The child ends: its pipes close, its wait status is ready."""
+        child = self.children[pid]
+        if not child.alive:
+            return
+        child.alive = False
+        child.status = (code or 0) << 8 if sig is None else sig
+        os.close(child.out_w)
+        os.close(child.err_w)
+
+    def wait_nohang(self, pid: int) -> int | None:
+        if pid in self.gone_without_status:
+            raise ChildProcessError(pid)
+        child = self.children[pid]
+        return None if child.alive else child.status
+
+    def signal_group(self, pgid: int, signum: int) -> bool:
+        self.signals.append(("group", pgid, signum))
+        return pgid in self.children and self.children[pgid].alive
+
+    def kill(self, pid: int, signum: int) -> bool:
+        self.signals.append(("pid", pid, signum))
+        return True
+
+    def group_alive(self, pgid: int) -> bool:
+        return pgid in self.children and self.children[pgid].alive
+
+    def group_members(self, pgid: int) -> set[int]:
+        return {pgid} if self.group_alive(pgid) else set()
+
+    def pgid(self, pid: int) -> int | None:
+        return pid if pid in self.children else None
+
+    def descends_from(self, pid: int, root: int) -> bool:
+        return False
+
+    def create_time(self, pid: int) -> float | None:
+        return 1.7e9 if pid in self.children else None
+
+    def cmdline(self, pid: int) -> str:
+        return "scripted"
+
+    def reap_orphans(self, keep: set[int]) -> None:
+        return None
+
+    def sent(self, signum: int) -> list[int]:
+        return [pid for _, pid, sig in self.signals if sig == signum]
+
+
+class Harness:
+    """A daemon on a temp home, with the clock and the children in the test's hands."""
+
+    def __init__(self, home: Path, config: dict[str, Any], sampler: Any = None) -> None:
+        self.clock = ManualClock()
+        self.ops = ScriptedProcesses()
+        config = {"gpus": "none", **config}
+        factory = (lambda _pid: sampler) if sampler is not None else None
+        Home(home).create()
+        self.daemon = Daemon(
+            Home(home),
+            parse_config(config),
+            clock=self.clock,
+            ops=self.ops,
+            sampler_factory=factory,
+        )
+        self.daemon.open()
+        if self.daemon.gpu.poller is not None:  # samples come from the test, not a thread
+            self.daemon.gpu.poller.stop()
+            self.daemon.gpu.poller = None
+
+    @property
+    def pid(self) -> int:
+        run = self.daemon.run
+        assert run is not None and run.pid is not None
+        return run.pid
+
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        self.daemon.turn()
+
+    def advance_to_next_timer(self) -> float:
+        timeout = self.daemon.next_timeout()
+        assert timeout is not None
+        self.advance(timeout)
+        return timeout
+
+    def step(self, step: int, source: str = "plain") -> None:
+        run = self.daemon.run
+        assert run is not None
+        self.daemon.inbox.post(
+            LinesSeen(run.run_no, LineProgress(step, True, source), f"step {step}")
+        )
+        self.daemon.turn()
+
+    def output(self, line: str = "working") -> None:
+        run = self.daemon.run
+        assert run is not None
+        self.daemon.inbox.post(LinesSeen(run.run_no, None, line))
+        self.daemon.turn()
+
+    def die(self, *, code: int | None = None, sig: int | None = None) -> None:
+        self.ops.die(self.pid, code=code, sig=sig)
+        self.daemon.reap()
+        self.daemon.turn()
+
+    def events(self, name: str) -> list[EventRecord]:
+        self.daemon.reporter.sink.flush()
+        return [
+            r
+            for r in read_records(self.daemon.home.logs)
+            if isinstance(r, EventRecord) and r.event == name
+        ]
+
+    def close(self) -> None:
+        for child in self.ops.children.values():
+            if child.alive:
+                self.ops.die(child.pid, sig=signal.SIGKILL)
+        self.daemon.close()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Any]:
+    made: list[Harness] = []
+
+    def make(config: dict[str, Any], sampler: Any = None) -> Harness:
+        h = Harness(tmp_path / "home", config, sampler)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def test_first_step_timeout_applies_when_steps_are_visible(harness: Any) -> None:
+    """A pattern says what a step is: none by first_step_timeout_s -> SIGABRT, SIGKILL 3 s later, stalled."""
+    h = harness({"first_step_pattern": "^step ", "first_step_timeout_s": 600.0})
+    assert h.daemon.next_timeout() == pytest.approx(600.0)
+    h.advance(599.0)
+    assert h.ops.sent(signal.SIGABRT) == []
+    h.advance(1.0)
+    assert h.ops.sent(signal.SIGABRT) == [h.pid]
+    assert h.events("ending_run")[0].fields["why"] == "first_step_timeout"
+    assert h.advance_to_next_timer() == pytest.approx(3.0)  # the stack-dump grace
+    assert h.pid in h.ops.sent(signal.SIGKILL)
+    h.die(sig=signal.SIGKILL)
+    exit_rec = h.events("exit")[0]
+    assert (exit_rec.fields["verdict"], exit_rec.fields["reason"]) == (
+        "stalled",
+        "first_step_timeout",
+    )
+
+
+def test_no_visible_steps_means_only_silence_ends_the_run(harness: Any) -> None:
+    """No pattern, no notify, no known format: output keeps the run alive for hours; silence ends it."""
+    h = harness({"first_step_timeout_s": 60.0, "stall_timeout_s": 900.0})
+    for _ in range(72):  # two hours of output every 100 s, no recognisable step
+        h.advance(100.0)
+        h.output("loading shard")
+    assert h.ops.sent(signal.SIGABRT) == []
+    assert h.daemon.state is State.RUNNING
+    h.advance(899.0)
+    assert h.ops.sent(signal.SIGABRT) == []
+    h.advance(1.0)
+    assert h.ops.sent(signal.SIGABRT) == [h.pid]
+    assert h.events("ending_run")[0].fields["why"] == "no_progress"
+
+
+def test_stall_after_first_step(harness: Any) -> None:
+    """Steps stop: stalled (no_progress) exactly stall_timeout_s after the last one."""
+    h = harness({"stall_timeout_s": 300.0})
+    h.advance(20.0)
+    h.step(1, "nanogpt")
+    assert h.daemon.status()["phase"] == "training"
+    assert h.daemon.status()["first_step_source"] == "nanogpt"
+    h.advance(100.0)
+    h.step(2, "nanogpt")
+    h.advance(299.0)
+    h.output("a line that is not a step")  # it reports steps: plain output is not progress
+    assert h.ops.sent(signal.SIGABRT) == []
+    h.advance(1.0)
+    assert h.ops.sent(signal.SIGABRT) == [h.pid]
+
+
+def test_backoff_doubles_with_jitter_under_the_ceiling(harness: Any) -> None:
+    """Each consecutive early death waits backoff_initial_s * 2^(n-1) +-20 %, never above the ceiling."""
+    h = harness({"restart": {"early_retries": 10, "backoff_initial_s": 1.0, "backoff_max_s": 8.0}})
+    for n in range(1, 7):
+        runs_before = len(h.events("spawn"))
+        h.output("starting")
+        h.die(code=1)
+        delay = h.events("restart")[-1].fields["delay_s"]
+        base = min(8.0, 2.0 ** (n - 1))
+        assert min(8.0, 0.8 * base) <= delay <= min(8.0, 1.2 * base)
+        assert h.daemon.next_timeout() == pytest.approx(delay, abs=1e-3)
+        h.advance(delay * 0.99)
+        assert len(h.events("spawn")) == runs_before  # not yet
+        h.advance_to_next_timer()
+        assert len(h.events("spawn")) == runs_before + 1
+
+
+def test_runtime_budget_resets_after_stable_progress(harness: Any) -> None:
+    """runtime_retries = 1: two crashes after 700 s of progress each restart; two after 10 s are fatal."""
+    restart = {"runtime_retries": 1, "stable_after_s": 600.0, "backoff_initial_s": 0.0}
+    h = harness({"restart": restart})
+    for n in range(1, 4):
+        h.step(1)
+        h.advance(700.0)
+        h.step(2)
+        h.die(code=1)  # a zero backoff: the relaunch follows within the same turn
+        assert h.events("exit")[-1].fields["verdict"] == "crashed"
+        assert (
+            len(h.events("restart")) == n and h.events("restart")[-1].fields["runtime_crashes"] == 1
+        )
+    h.step(1)
+    h.advance(10.0)
+    h.step(2)
+    h.die(code=1)
+    assert h.events("restart")[-1].fields["runtime_crashes"] == 1  # the budget's one retry
+    h.step(1)
+    h.advance(10.0)
+    h.step(2)
+    h.die(code=1)
+    assert h.daemon.state is State.FATAL
+    assert h.events("fatal")[0].fields["reason"] == "runtime_retries_exhausted"
+
+
+def _sample(pid: int, mib: float) -> GpuSample:
+    procs = (GpuProcess(pid, mib),) if mib > 0 else ()
+    return GpuSample(0.0, (GpuReading(0, 3000.0 if mib else 10.0, 81559.0, 0.0, procs),))
+
+
+class FixedSampler:
+    name = "fixed"
+
+    def sample(self) -> tuple[GpuReading, ...]:
+        return ()
+
+    def close(self) -> None:
+        return None
+
+
+def test_relaunch_waits_for_the_dead_runs_gpu_memory(harness: Any) -> None:
+    """The dead run still holds memory: its holder is SIGKILLed, the relaunch waits until it is freed."""
+    h = harness(
+        {
+            "gpus": "all",
+            "gpu_poll_s": 2.0,
+            "gpu_release_timeout_s": 60.0,
+            "restart": {"backoff_initial_s": 1.0, "backoff_max_s": 1.0, "early_retries": 5},
+        },
+        sampler=FixedSampler(),
+    )
+    dead = h.pid
+    h.daemon.inbox.post(GpuSampled(_sample(dead, 2400.0)))
+    h.output("warming")
+    h.die(code=1)
+    h.advance(1.0)  # the backoff is over, but the memory is still held
+    assert len(h.events("spawn")) == 1
+    assert h.ops.sent(signal.SIGKILL) == [dead]
+    assert h.events("gpu_memory_held")[0].fields["holders"][0]["pid"] == dead
+    assert h.daemon.next_timeout() == pytest.approx(2.0)  # look again after the next poll
+    h.advance(2.0)
+    assert len(h.events("spawn")) == 1  # the scripted sample still shows it
+    h.daemon.inbox.post(GpuSampled(_sample(dead, 0.0)))
+    h.advance(2.0)
+    assert len(h.events("spawn")) == 2
+    assert h.events("gpu_memory_released")[0].fields["waited_s"] == pytest.approx(4.0)
+
+
+def test_gpu_activity_is_a_first_step_for_a_silent_trainer(harness: Any) -> None:
+    """Busy GPUs holding the job's memory for gpu_busy_s in a row: phase training, source gpu."""
+    h = harness({"gpus": "all", "gpu_busy_s": 30.0, "gpu_busy_pct": 60.0}, sampler=FixedSampler())
+    busy = GpuSample(0.0, (GpuReading(0, 9000.0, 81559.0, 97.0, (GpuProcess(h.pid, 8000.0),)),))
+    idle = GpuSample(0.0, (GpuReading(0, 9000.0, 81559.0, 3.0, (GpuProcess(h.pid, 8000.0),)),))
+    for sample in (busy, busy, idle, busy):  # a compile burst, interrupted: not a first step
+        h.daemon.inbox.post(GpuSampled(sample))
+        h.advance(10.0)
+    assert h.daemon.status()["phase"] == "warming_up"
+    for _ in range(4):
+        h.daemon.inbox.post(GpuSampled(busy))
+        h.advance(10.0)
+    status = h.daemon.status()
+    assert (status["phase"], status["first_step_source"]) == ("training", "gpu")
+
+
+def test_unknown_wait_status_is_never_a_success(harness: Any) -> None:
+    """The child is gone but waitpid cannot say how: not completed, and restarted."""
+    h = harness({"restart": {"backoff_initial_s": 0.0}})
+    h.step(1)
+    h.ops.gone_without_status.add(h.pid)
+    h.ops.die(h.pid, code=0)
+    h.daemon.reap()
+    exit_rec = h.events("exit")[0]
+    assert exit_rec.fields["verdict"] == "crashed"
+    assert exit_rec.fields["reason"] == "exit_status_unknown"
+
+
+def test_stop_timeout_is_bounded_and_sigkills(harness: Any) -> None:
+    """stop with a huge or invalid timeout falls back to the config's; SIGKILL when it passes."""
+    h = harness({"restart": {"stop_timeout_s": 5.0}})
+    h.daemon.request_stop(float("inf"))
+    assert h.ops.sent(signal.SIGTERM) == [h.pid]
+    assert h.daemon.next_timeout() == pytest.approx(5.0)
+    h.advance(5.0)
+    assert h.pid in h.ops.sent(signal.SIGKILL)
+    h.die(sig=signal.SIGKILL)
+    assert h.daemon.state is State.STOPPED
