@@ -21,8 +21,8 @@ from dflashd.supervisor.events import Event
 from dflashd.supervisor.groups import ProcessOps, kill_own_descendants, terminate_group
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.logging import get_logger
 from dflashd.supervisor.observe import RunObserver
+from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.policy import RestartHistory
 from dflashd.supervisor.recovery import previous_child, recover
 from dflashd.supervisor.reporting import Reporter

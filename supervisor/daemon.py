@@ -35,9 +35,9 @@ from dflashd.supervisor.inbox import GpuSampled, Inbox
 from dflashd.supervisor.launch import set_child_subreaper
 from dflashd.supervisor.launching import Launcher
 from dflashd.supervisor.lifecycle import State, transition
-from dflashd.supervisor.logging import get_logger
 from dflashd.supervisor.notify import NotifyServer, SystemdNotifier
 from dflashd.supervisor.observe import RunObserver
+from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.progress import Limits, LineMatcher, LineTap, line_watcher
 from dflashd.supervisor.recovery import boot_id
 from dflashd.supervisor.reporting import MetricsUnavailable, Reporter

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from dflashd.logs.drain import PipeDrain
 from dflashd.logs.framer import Frame
-from dflashd.logs.pump import PipeDrain
 from dflashd.supervisor import __version__
 from dflashd.supervisor.caches import clear_owned_cache
 from dflashd.supervisor.clock import Clock
@@ -25,7 +25,7 @@ from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.launch import ChildEnvironment, child_environ, dflashd_env
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.logging import get_logger
+from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.progress import Progress
 from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run

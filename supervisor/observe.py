@@ -16,8 +16,8 @@ from dflashd.supervisor.gpu import GpuSample
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.logging import get_logger
 from dflashd.supervisor.notify import NotifyMessage
+from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.progress import GPU, Change, LinesSeen
 from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run

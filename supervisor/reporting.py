@@ -19,8 +19,8 @@ from dflashd.supervisor.config import Config, config_to_dict
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.history import RunHistory, open_history
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.logging import get_logger
 from dflashd.supervisor.notify import SystemdNotifier
+from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.statefile import write_state
 from dflashd.supervisor.status import LogStats, StatusView

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflashd.logs.pump import PipeDrain
+from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor.gpu import ChildGpuUse
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.launch import Launched

@@ -30,7 +30,7 @@ from pathlib import Path
 from _bench import daemon_argv
 
 from dflashd.logs import LineRecord, LogSink, RotatingLogWriter, follow, read_records
-from dflashd.logs.pump import PipeDrain, grow_pipe
+from dflashd.logs.drain import PipeDrain, grow_pipe
 
 CHILD = Path(__file__).with_name("_writer_child.py")
 
