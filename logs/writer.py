@@ -141,6 +141,10 @@ class RotatingLogWriter:
     def _recover(self) -> int:
         """The next seq after the last complete record on disk; cuts a torn tail off the live file."""
         for path in reversed(rotated_paths(self.directory, self.basename, self.backups)):
+            if path.is_symlink():  # never read, let alone truncate, through a planted link
+                if path == self.path:
+                    raise OSError(errno.ELOOP, "a symlink is there; refusing to follow it", str(path))
+                continue
             if not path.exists() or path.stat().st_size == 0:
                 continue
             line, good_size = _last_complete_line(path)

@@ -64,7 +64,7 @@ class ControlServer:
     def on_event(self, selector: selectors.BaseSelector, fileobj: Any) -> None:
         """The selector saw ``fileobj`` (registered with data ``"control"``) readable."""
         if fileobj is self.sock:
-            conn = self.accept()
+            conn = self.accept(selector)
             if conn is not None:
                 selector.register(conn, selectors.EVENT_READ, "control")
             return
@@ -72,7 +72,7 @@ class ControlServer:
         if not self.on_readable(fileobj):
             selector.register(fileobj, selectors.EVENT_READ, "control")
 
-    def accept(self) -> socket.socket | None:
+    def accept(self, selector: selectors.BaseSelector | None = None) -> socket.socket | None:
         """Accept one waiting connection (non-blocking); never raises."""
         try:
             conn, _ = self.sock.accept()
@@ -85,8 +85,7 @@ class ControlServer:
         conn.setblocking(False)
         if len(self._buffers) >= MAX_CLIENTS:
             oldest = min(self._opened, key=self._opened.__getitem__)
-            self.drop(oldest)
-            self.refused += 1
+            self._forget(oldest, selector)
         self._buffers[conn] = b""
         self._opened[conn] = self._monotonic()
         return conn
@@ -116,12 +115,17 @@ class ControlServer:
         now = self._monotonic()
         for conn, opened in list(self._opened.items()):
             if now - opened >= IDLE_TIMEOUT_S:
-                try:
-                    selector.unregister(conn)
-                except (KeyError, ValueError):
-                    pass
-                self.drop(conn)
-                self.refused += 1
+                self._forget(conn, selector)
+
+    def _forget(self, conn: socket.socket, selector: selectors.BaseSelector | None) -> None:
+        """Close a connection unanswered, and take it off the selector first."""
+        if selector is not None:
+            try:
+                selector.unregister(conn)
+            except (KeyError, ValueError):
+                pass
+        self.drop(conn)
+        self.refused += 1
 
     def on_readable(self, conn: socket.socket) -> bool:
         """Read what is there; answer a complete request.  True when ``conn`` is finished (closed)."""

@@ -173,11 +173,12 @@ def start_daemon(tmp_path: Path, home: Path) -> Iterator[Callable[..., Daemon]]:
         **top: object,
     ) -> Daemon:
         top.setdefault("gpus", "none" if gpu_script is None else "all")
-        alerts = top.pop("alerts", None)
         tables: dict[str, dict[str, object]] = {"restart": {**FAST_RESTART, **(restart or {})}}
-        if alerts is not None:
-            assert isinstance(alerts, dict)
-            tables["alerts"] = alerts
+        for name in ("alerts", "logs"):
+            table = top.pop(name, None)
+            if table is not None:
+                assert isinstance(table, dict)
+                tables[name] = table
         config = write_config(tmp_path / f"config{len(started)}.toml", top, **tables)
         daemon = Daemon(home, config, command, gpu_script)
         started.append(daemon)

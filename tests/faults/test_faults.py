@@ -1,0 +1,384 @@
+"""The fault suite of issue 13: each case, with real processes, real links, real limits.
+
+Every test names the case it covers.  They failed on dflashd 0.1 and pass now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dflashd.logs import EventRecord, LineRecord, read_records
+from dflashd.supervisor.recovery import boot_id
+from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
+
+Start = Callable[..., Daemon]
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process dflashd did not start (this test's own child; ended by pid)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _state(home: Path, **fields: object) -> None:
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (home / "state.json").write_text(json.dumps(fields))
+
+
+# -- 1. recovery never kills a process it cannot prove is ours ------------------------------
+
+
+def test_1_reused_pid_is_never_killed(
+    start_daemon: Start, home: Path, stranger: subprocess.Popen[bytes]
+) -> None:
+    """state.json names a live pid with the same create time and boot, but no DFLASHD mark: untouched."""
+    created = psutil.Process(stranger.pid).create_time()
+    child_rec = {"pid": stranger.pid, "create_time": created, "boot_id": boot_id()}
+    _state(home, state="running", run=3, child=child_rec)
+    daemon = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
+    assert daemon.wait() == 4
+    assert stranger.poll() is None and psutil.Process(stranger.pid).is_running()
+    refused = daemon.events("orphan_not_ours")[0]
+    assert "DFLASHD_HOME" in refused.fields["refused"][str(stranger.pid)]
+    assert daemon.events("recovered_orphan") == []
+
+
+def test_1_other_boot_is_never_ours(
+    start_daemon: Start, home: Path, stranger: subprocess.Popen[bytes]
+) -> None:
+    """A pid recorded in another boot: nothing is touched."""
+    created = psutil.Process(stranger.pid).create_time()
+    _state(
+        home,
+        state="running",
+        run=3,
+        child={"pid": stranger.pid, "create_time": created, "boot_id": "x"},
+    )
+    daemon = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
+    daemon.wait()
+    assert stranger.poll() is None
+    assert "rebooted" in daemon.events("orphan_not_ours")[0].fields["note"]
+
+
+def test_1_a_proven_leftover_is_ended(start_daemon: Start, home: Path) -> None:
+    """A leftover carrying this home's DFLASHD_HOME/DFLASHD_RUN, created when recorded: ended."""
+    home.mkdir(mode=0o700, parents=True)
+    env = {**os.environ, "DFLASHD_HOME": str(home), "DFLASHD_RUN": "3"}
+    leftover = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], env=env, start_new_session=True
+    )
+    try:
+        created = psutil.Process(leftover.pid).create_time()
+        child_rec = {"pid": leftover.pid, "create_time": created, "boot_id": boot_id()}
+        _state(home, state="running", run=3, child=child_rec)
+        daemon = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
+        daemon.wait()
+        assert leftover.wait(10) is not None
+        assert daemon.events("recovered_orphan")[0].fields["pids"] == [leftover.pid]
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+            leftover.wait()
+
+
+# -- 2. links and loose permissions in the home ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["logs/dflashd.jsonl", "dflashd.lock", "daemon.log"])
+def test_2_planted_symlink_is_never_followed(home: Path, tmp_path: Path, name: str) -> None:
+    """A link at a home file: start refuses with one line (exit 2); the target is untouched."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (home / "logs").mkdir(mode=0o700, parents=True)
+    (home / name).symlink_to(victim)
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    result = run_cli(
+        "start", "--home", str(home), "--config", str(config), "--", *child("exit_silent.py")
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert victim.read_text() == "precious\n"
+
+
+def test_2_loose_home_is_refused_and_never_chmodded(tmp_path: Path) -> None:
+    """An existing 1777 directory as home: refused with a clear message, its mode unchanged."""
+    loose = tmp_path / "shared"
+    loose.mkdir()
+    loose.chmod(0o1777)
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    result = run_cli(
+        "start", "--home", str(loose), "--config", str(config), "--", *child("exit_silent.py")
+    )
+    assert result.returncode == 2 and "writable by group or others" in result.stderr
+    assert loose.stat().st_mode & 0o7777 == 0o1777
+
+
+# -- 3. terminal escapes ---------------------------------------------------------------------
+
+
+def test_3_tail_shows_control_characters_escaped(start_daemon: Start, home: Path) -> None:
+    """Text tail escapes ESC and BEL; --raw and --json keep the bytes."""
+    daemon = start_daemon(child("escapes.py"))
+    daemon.wait()
+    text = run_cli("tail", "--home", str(home), "--src", "stdout").stdout
+    assert "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;pwned title\\x07" in text
+    raw = run_cli("tail", "--home", str(home), "--src", "stdout", "--raw").stdout
+    assert "\x1b]0;pwned title\x07" in raw
+
+
+# -- 4. a full disk when a run ends -----------------------------------------------------------
+
+
+def test_4_full_disk_at_the_end_of_a_run(tmp_path: Path) -> None:
+    """The home on a tmpfs that fills while the job runs: the daemon reaches its fatal, no traceback."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir(mode=0o700)
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)]
+    if subprocess.run(mount, check=False, capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        home, full = mnt / "home", tmp_path / "disk_is_full"
+        job = (
+            "import os, sys, threading\n"
+            "print('working', flush=True)\n"
+            f"while not os.path.exists({str(full)!r}): threading.Event().wait(0.05)\n"
+            "sys.exit(1)\n"
+        )
+        config = write_config(
+            tmp_path / "c.toml",
+            {"gpus": "none"},
+            restart={"early_retries": 1, "backoff_initial_s": 0.0, "backoff_max_s": 1.0},
+        )
+        argv = dflashd_argv("start", "--foreground", "--quiet", "--home", str(home))
+        proc = subprocess.Popen(
+            [*argv, "--config", str(config), "--", sys.executable, "-c", job],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 20
+        while not (home / "runs.sqlite").exists():  # the daemon's files are the only signal
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 65536)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        full.write_text("now")  # the job may end: runs.sqlite, state.json and the log are full
+        assert proc.wait(60) == 4
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        proc.stderr.close()
+        assert "Traceback" not in err and "history_write_failed" in err
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+# -- 5. the control socket under load ------------------------------------------------------
+
+
+def test_5_idle_connections_and_a_small_fd_limit(home: Path, tmp_path: Path) -> None:
+    """200 idle clients against a daemon limited to 64 fds: it stays up and still answers status."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    argv = dflashd_argv(
+        "start", "--foreground", "--quiet", "--home", str(home), "--config", str(config)
+    )
+    proc = subprocess.Popen(
+        ["prlimit", "--nofile=64:64", *argv, "--", *child("prints_then_waits.py")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    clients: list[socket.socket] = []
+    try:
+        sock_path = home / "control.sock"
+        deadline = time.monotonic() + 20
+        while not sock_path.exists():  # the daemon's socket is the event; it has no other signal
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        for _ in range(200):
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                client.connect(str(sock_path))
+            except OSError:
+                client.close()
+                continue
+            clients.append(client)
+        status = run_cli("status", "--home", str(home), "--json", timeout=30)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["state"] == "running"
+    finally:
+        for client in clients:
+            client.close()
+        run_cli("stop", "--home", str(home), "--timeout", "2")
+        proc.wait(30)
+    records = list(read_records(home / "logs"))
+    assert any(isinstance(r, EventRecord) and r.event == "exit" for r in records)
+
+
+# -- 6. an absurd stop timeout -------------------------------------------------------------------
+
+
+def test_6_huge_stop_timeout_is_refused_not_fatal(start_daemon: Start, home: Path) -> None:
+    """--timeout 1e308 is a usage error; the same over the socket is refused; the daemon lives on."""
+    from dflashd.supervisor.control import request
+
+    daemon = start_daemon(child("prints_then_waits.py"))
+    daemon.wait_event("launched")
+    cli = run_cli("stop", "--home", str(home), "--timeout", "1e308")
+    assert cli.returncode == 2 and "Traceback" not in cli.stderr
+    reply = request(home / "control.sock", {"cmd": "stop", "timeout_s": 1e308})
+    assert reply["ok"] is False and "timeout_s" in reply["error"]
+    assert daemon.proc.poll() is None
+    assert run_cli("stop", "--home", str(home), "--timeout", "2").returncode == 0
+
+
+# -- 7. hostile state and home -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "state",
+    [{"restarts_by_verdict": 5}, {"child": {"pid": "x"}}, {"last_exit": "oops"}, {"run": "seven"}],
+)
+def test_7_state_json_of_the_wrong_shape(
+    start_daemon: Start, home: Path, state: dict[str, object]
+) -> None:
+    """Valid JSON, wrong types: status shows what it can, start works."""
+    _state(home, **state)
+    status = run_cli("status", "--home", str(home))
+    assert "Traceback" not in status.stderr and status.returncode == 3
+    daemon = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
+    assert daemon.wait() == 4
+
+
+def test_7_directory_where_files_belong_and_a_home_under_a_file(home: Path, tmp_path: Path) -> None:
+    """A directory at dflashd.lock / control.sock, a home below a regular file: one-line answers."""
+    (home / "dflashd.lock").mkdir(parents=True)
+    (home / "control.sock").mkdir()
+    home.chmod(0o700)
+    for args in (["status"], ["stop"], ["tail"]):
+        result = run_cli(*args, "--home", str(home))
+        assert "Traceback" not in result.stderr, result.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    for args in (["status"], ["stop"], ["start", "--config", str(config)]):
+        result = run_cli(*args, "--home", str(blocker / "home"))
+        assert "Traceback" not in result.stderr, result.stderr
+        assert result.returncode != 0 or args == ["stop"]
+
+
+# -- 8, 9. the log: ordering and the size bound ------------------------------------------------
+
+
+def test_8_exit_record_follows_every_line_of_a_fast_writer(start_daemon: Start) -> None:
+    """40 MB written fast, then exit: every line precedes the exit record, none split, count exact."""
+    count = 500_000
+    daemon = start_daemon(child("flood_and_exit.py", str(count)), logs={"max_bytes": 1 << 30})
+    assert daemon.wait(120) == 0
+    records = daemon.records()
+    exit_index = next(
+        i for i, r in enumerate(records) if isinstance(r, EventRecord) and r.event == "exit"
+    )
+    lines = [r for r in records if isinstance(r, LineRecord)]
+    assert len(lines) == count and not any(r.partial for r in lines)
+    assert all(isinstance(r, EventRecord) for r in records[exit_index + 1 :])
+    assert records[exit_index].fields["output_lines"] == count  # type: ignore[union-attr]
+
+
+def test_9_files_stay_within_one_record_of_max_bytes(start_daemon: Start, home: Path) -> None:
+    """max_bytes = 65536 with a fast writer: no file over the bound by more than one record."""
+    daemon = start_daemon(
+        child("flood_and_exit.py", "50000"), logs={"max_bytes": 65536, "backups": 100}
+    )
+    assert daemon.wait(60) == 0
+    sizes = [p.stat().st_size for p in (home / "logs").iterdir()]
+    assert max(sizes) <= 65536 + 200
+
+
+# -- 11. a daemon killed outright ------------------------------------------------------------------
+
+
+def test_11_run_of_a_killed_daemon_gets_an_exit_record(start_daemon: Start, home: Path) -> None:
+    """SIGKILL the daemon mid-run: the next daemon writes run 1's exit record (verdict lost)."""
+    first = start_daemon(child("prints_then_waits.py"))
+    first.wait_event("launched")
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(10)
+    second = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
+    second.wait()
+    exits = {r.run: r.fields for r in second.events("exit")}
+    assert exits[1]["verdict"] == "lost" and exits[1]["reason"] == "daemon_killed"
+
+
+# -- 12. a stopped child that stalls ---------------------------------------------------------------
+
+
+def test_12_sigstopped_child_still_dumps_its_stack(start_daemon: Start) -> None:
+    """A SIGSTOPped job past its first-step timeout gets SIGABRT then SIGCONT: the stack is logged."""
+    daemon = start_daemon(
+        child("stops_itself.py"),
+        first_step_pattern="^step ",
+        first_step_timeout_s=1.0,
+        restart={"early_retries": 0},
+    )
+    assert daemon.wait(30) == 4
+    stderr = "\n".join(
+        r.line for r in daemon.records() if isinstance(r, LineRecord) and r.src == "stderr"
+    )
+    assert "frozen_in_a_debugger" in stderr
+
+
+# -- 13, 14. bad values refused at start ------------------------------------------------------------
+
+
+def test_13_webhook_that_is_not_http_is_refused_and_never_printed(
+    home: Path, tmp_path: Path
+) -> None:
+    """A file:// webhook: exit 2, nothing launched, the URL's path nowhere in the output."""
+    secret = "file:///tmp/T0KEN-SECRET"
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"}, alerts={"webhook_url": secret})
+    result = run_cli(
+        "start", "--home", str(home), "--config", str(config), "--", *child("exit_silent.py")
+    )
+    assert result.returncode == 2 and "webhook_url" in result.stderr
+    assert "T0KEN" not in result.stdout + result.stderr
+    assert not (home / "logs" / "dflashd.jsonl").exists()
+
+
+def test_14_busy_metrics_listen_refuses_the_start(home: Path, tmp_path: Path) -> None:
+    """metrics_listen on a port already taken: exit 2 naming it, and nothing launched."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = write_config(
+            tmp_path / "c.toml", {"gpus": "none", "metrics_listen": f"127.0.0.1:{port}"}
+        )
+        result = run_cli(
+            "start", "--home", str(home), "--config", str(config), "--", *child("exit_silent.py")
+        )
+    assert result.returncode == 2 and f"metrics_listen 127.0.0.1:{port}" in result.stderr
+    spawned = [
+        r for r in read_records(home / "logs") if isinstance(r, EventRecord) and r.event == "spawn"
+    ]
+    assert spawned == []
