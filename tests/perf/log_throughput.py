@@ -6,7 +6,9 @@ REPS repetitions, the child's own MiB/s when its output goes:
   direct  - to files by shell redirection (the limit)
   tee     - through tee
   logs    - through dflashd.logs (pipe -> framer -> rotating writer, 100 MiB files)
-  daemon  - through the whole dflashd daemon (`dflashd start --foreground`)
+  daemon  - through the whole dflashd daemon (`dflashd start --foreground --quiet`)
+  echo    - the same, echoing every line to its stdout, a pipe read as fast as it comes
+  stuck   - the same, echoing to a pipe nobody reads (a terminal that froze): the job must not care
 plus the data lag at a low rate (a line every 10 ms: write -> record on disk), and a check
 that every line is present, in order, in its own record.
 
@@ -87,14 +89,42 @@ def run_library(mode: str, mib: float, work: Path) -> tuple[float, float, Path]:
     return rep["mib_s"], done - rep["last_write"], logdir
 
 
-def run_daemon(mode: str, mib: float, work: Path) -> tuple[float, Path]:
+def run_daemon(mode: str, mib: float, work: Path, echo: str = "quiet") -> tuple[float, Path]:
+    """The whole daemon; ``echo``: "quiet" (none), "read" (to a pipe drained at once), "stuck"."""
     report = work / "report.json"
     home = work / "home"
     shutil.rmtree(home, ignore_errors=True)
     config = work / "bench.toml"
     config.write_text('gpus = "none"\n[restart]\nearly_retries = 0\n')
-    argv = daemon_argv(home, config, [*child_argv(mode, mib, report)])
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    flags: tuple[str, ...] = ("--quiet",) if echo == "quiet" else ()
+    argv = daemon_argv(home, config, [*child_argv(mode, mib, report)], flags=flags)
+    if echo == "quiet":
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return read_report(report)["mib_s"], home / "logs"
+    out_r, out_w = os.pipe()
+    proc = subprocess.Popen(argv, stdout=out_w, stderr=subprocess.DEVNULL)
+    os.close(out_w)
+    reader = None
+    if echo == "read":
+
+        def drain() -> None:
+            while os.read(out_r, 1 << 20):
+                pass
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+    # "stuck": the read end stays open and unread until the daemon has exited.
+    rep_mib_s: float | None = None
+    while proc.poll() is None:
+        if report.exists() and rep_mib_s is None:
+            try:
+                rep_mib_s = read_report(report)["mib_s"]
+            except (ValueError, KeyError):
+                pass
+        time.sleep(0.05)
+    if reader is not None:
+        reader.join(10)
+    os.close(out_r)
     return read_report(report)["mib_s"], home / "logs"
 
 
@@ -173,6 +203,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--modes", default="block,line")
     parser.add_argument("--no-daemon", action="store_true")
+    parser.add_argument("--no-echo", action="store_true", help="skip the echo and stuck runs")
     args = parser.parse_args()
     line_bytes = len(b"step %09d loss %5.3f tok/s 51,200 lr 3e-4 " % (0, 0.0)) + 65
     expected = int(args.mib * 2**20) // line_bytes
@@ -182,7 +213,14 @@ def main() -> None:
             f"# log_throughput: {args.mib:g} MiB per run, {args.reps} reps, medians (child's own MiB/s)"
         )
         for mode in args.modes.split(","):
-            results: dict[str, list[float]] = {"direct": [], "tee": [], "logs": [], "daemon": []}
+            results: dict[str, list[float]] = {
+                "direct": [],
+                "tee": [],
+                "logs": [],
+                "daemon": [],
+                "echo": [],
+                "stuck": [],
+            }
             lags: list[float] = []
             logdir = daemon_logs = None
             for _ in range(args.reps):
@@ -194,6 +232,9 @@ def main() -> None:
                 if not args.no_daemon:
                     mib_s, daemon_logs = run_daemon(mode, args.mib, work)
                     results["daemon"].append(mib_s)
+                    if not args.no_echo:
+                        results["echo"].append(run_daemon(mode, args.mib, work, "read")[0])
+                        results["stuck"].append(run_daemon(mode, args.mib, work, "stuck")[0])
             direct = statistics.median(results["direct"])
             print(f"\n## {mode} mode")
             for name, values in results.items():
