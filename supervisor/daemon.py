@@ -38,7 +38,7 @@ from dflashd.supervisor.lifecycle import State, transition
 from dflashd.supervisor.notify import NotifyServer, SystemdNotifier
 from dflashd.supervisor.observe import RunObserver
 from dflashd.supervisor.ownlog import get_logger
-from dflashd.supervisor.progress import Limits, LineMatcher, LineTap, line_watcher
+from dflashd.supervisor.progress import Limits, LineMatcher, LineTap, LineWatcher
 from dflashd.supervisor.recovery import boot_id
 from dflashd.supervisor.reporting import MetricsUnavailable, Reporter
 from dflashd.supervisor.run import Run
@@ -104,7 +104,7 @@ class Daemon:
             self.ops,
             self.reporter,
             self.gpu,
-            lambda run_no: line_watcher(
+            lambda run_no: LineWatcher(
                 run_no, self._matcher, self.clock.monotonic, self.inbox.post, line_tap
             ),
             sees_steps=self._matcher.configured,
@@ -200,8 +200,11 @@ class Daemon:
 
     def next_timeout(self) -> float | None:
         """How long the selector may sleep: None when nothing is due (no periodic wake-ups)."""
-        expiry = self.control.next_expiry() if self.control is not None else None
-        return self.timers.next_timeout(self.run, self._limits, self.clock.monotonic(), expiry)
+        due = [self.control.next_expiry() if self.control is not None else None]
+        if self.run is not None and self.run.alive and self.run.watcher is not None:
+            due.append(self.run.watcher.due())
+        extra = min((d for d in due if d is not None), default=None)
+        return self.timers.next_timeout(self.run, self._limits, self.clock.monotonic(), extra)
 
     def _on_wake(self) -> None:
         for signum in self.inbox.signals():
@@ -217,6 +220,10 @@ class Daemon:
             self._systemd.notify("WATCHDOG=1")
             self.timers.watchdog_at = now + (self._systemd.watchdog_interval_s or 1.0)
         if run is not None and run.alive and run.pid is not None:
+            pending = run.watcher.due() if run.watcher is not None else None
+            if pending is not None and now >= pending and run.watcher is not None:
+                run.watcher.flush()  # a step printed, then quiet: post it now
+                self._process_inbox()
             if run.kill_at_mono is not None and now >= run.kill_at_mono:
                 run.kill_at_mono = None
                 self.ops.signal_group(run.pid, signal.SIGKILL)
@@ -302,6 +309,8 @@ class Daemon:
                 status, unknown = None, True
             if status is not None or unknown:
                 self.aftermath.catch_up(run)  # the last words, framed...
+                if run.watcher is not None:
+                    run.watcher.flush()
                 self._process_inbox()  # ...and their steps counted before the verdict
                 self._after(self.aftermath.child_died(run, status, self._stop_requested))
         keep = set(self.reporter.alerts.pids)

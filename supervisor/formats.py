@@ -25,11 +25,12 @@ the last few lines that hold a keyword are tried against the formats.  A tqdm ba
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 _LINES_TRIED: Final = 4  # keyword lines tried per frame, from the end
+_TAIL_LINES: Final = 64  # only a frame's last lines are searched: the latest step is near its end
 _ANSI_ESCAPE: Final = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours (torchtitan) and cursor moves
 _NUM: Final = r"([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|nan|inf)"
 
@@ -101,6 +102,7 @@ FORMATS: Final[tuple[_Format, ...]] = (
 
 _KEYWORDS: Final = ("iter", "step", "Step", "Epoch", "it/s", "s/it", "it [")
 _KEYWORDS_B: Final = tuple(k.encode() for k in _KEYWORDS)
+_T = TypeVar("_T", str, bytes)
 
 
 def match_line(line: str) -> StepLine | None:
@@ -129,38 +131,49 @@ def match_line(line: str) -> StepLine | None:
     return None
 
 
-def _last_keyword_lines(text: str | bytes, keywords: Sequence[str | bytes]) -> list[str]:
-    """Up to ``_LINES_TRIED`` lines that hold a keyword, last first."""
-    out: list[str] = []
-    end = len(text)
-    newline: str | bytes = b"\n" if isinstance(text, bytes) else "\n"
-    while end > 0 and len(out) < _LINES_TRIED:
-        hit = max(text.rfind(k, 0, end) for k in keywords)  # type: ignore[arg-type]
-        if hit < 0:
-            break
-        start = text.rfind(newline, 0, hit) + 1  # type: ignore[arg-type]
-        stop = text.find(newline, hit)  # type: ignore[arg-type]
-        stop = len(text) if stop < 0 else stop
-        line = text[start:stop]
-        out.append(line.decode("utf-8", "replace") if isinstance(line, bytes) else line)
-        end = start
-    return out
+def _keyword_lines(text: _T, keywords: Sequence[_T], newline: _T) -> Iterator[str]:
+    """Up to ``_LINES_TRIED`` lines that hold a keyword, last first (lazily).
+
+    Each keyword's last position is found once and moved back only when passed, and a
+    keyword absent from the text is dropped: a handful of C-speed scans per frame.
+    """
+    where = {k: p for k in keywords if (p := text.rfind(k)) >= 0}
+    for _ in range(_LINES_TRIED):
+        if not where:
+            return
+        hit = max(where.values())
+        start = text.rfind(newline, 0, hit) + 1
+        stop = text.find(newline, hit)
+        line = text[start : len(text) if stop < 0 else stop]
+        yield line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        for key, pos in list(where.items()):
+            if pos >= start:
+                before = text.rfind(key, 0, start)
+                if before < 0:
+                    del where[key]
+                else:
+                    where[key] = before
+
+
+def _tail(lines: Sequence[_T]) -> Sequence[_T]:
+    """The last lines of a frame (the latest step is near its end)."""
+    return lines[-_TAIL_LINES:]
 
 
 class FormatMatcher:
     """Finds the last recognised step in a frame of lines."""
 
     def last_step(self, lines: Sequence[str]) -> StepLine | None:
-        """The last step line among ``lines``, or None."""
-        return self._search("\n".join(lines), _KEYWORDS)
+        """The last step line among ``lines``, or None (only the frame's tail is joined)."""
+        return self._search("\n".join(_tail(lines)), _KEYWORDS, "\n")
 
-    def last_step_bytes(self, data: bytes) -> StepLine | None:
-        """The same over ASCII bytes joined by newlines (the framer's JSON-safe fast path)."""
-        return self._search(data, _KEYWORDS_B)
+    def last_step_bytes(self, lines: Sequence[bytes]) -> StepLine | None:
+        """The same over the framer's JSON-safe ASCII lines (only the frame's tail is joined)."""
+        return self._search(b"\n".join(_tail(lines)), _KEYWORDS_B, b"\n")
 
     @staticmethod
-    def _search(text: str | bytes, keywords: Sequence[str | bytes]) -> StepLine | None:
-        for line in _last_keyword_lines(text, keywords):
+    def _search(text: _T, keywords: Sequence[_T], newline: _T) -> StepLine | None:
+        for line in _keyword_lines(text, keywords, newline):
             found = match_line(line)
             if found is not None:
                 return found

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Final
 
 from dflashd.logs.drain import PipeDrain
-from dflashd.logs.framer import Frame
 from dflashd.supervisor import __version__
 from dflashd.supervisor.caches import clear_owned_cache
 from dflashd.supervisor.clock import Clock
@@ -26,7 +25,7 @@ from dflashd.supervisor.home import Home
 from dflashd.supervisor.launch import ChildEnvironment, child_environ, dflashd_env
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.ownlog import get_logger
-from dflashd.supervisor.progress import Progress
+from dflashd.supervisor.progress import LineWatcher, Progress
 from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run
 
@@ -54,7 +53,7 @@ class Launcher:
         ops: ProcessOps,
         reporter: Reporter,
         gpu: GpuWatch,
-        on_lines: Callable[[int], Callable[[str, Frame], None]],
+        on_lines: Callable[[int], LineWatcher],
         *,
         sees_steps: bool,
     ) -> None:
@@ -113,7 +112,7 @@ class Launcher:
         run.pids_seen.add(launched.pid)
         run.create_time = self.ops.create_time(launched.pid)
         self.reporter.event(run_no, Event.LAUNCHED, pid=launched.pid, pgid=launched.pid)
-        callback = self._on_lines(run_no)
+        callback = run.watcher = self._on_lines(run_no)
         run.drains = [
             PipeDrain(
                 fd,

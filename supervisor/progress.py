@@ -22,6 +22,7 @@ The first-step and stall rule (docs/design.md, "Progress"):
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -83,7 +84,7 @@ class LineMatcher:
         if self._formats is None:
             return None
         if frame.json_lines is not None:  # ASCII fast path: search the bytes, decode nothing
-            found = self._formats.last_step_bytes(b"\n".join(frame.json_lines))
+            found = self._formats.last_step_bytes(frame.json_lines)
         else:
             found = self._formats.last_step(frame.lines)
         if found is None:
@@ -239,29 +240,74 @@ class LinesSeen:
     last_line: str | None
 
 
-LIVENESS_POST_S: Final = 1.0
+LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second
+STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most four times a second
 LineTap = Callable[[int, str, Frame], None]
 
 
-def line_watcher(
-    run_no: int,
-    matcher: LineMatcher,
-    monotonic: Callable[[], float],
-    post: Callable[[LinesSeen], None],
-    tap: LineTap | None = None,
-) -> Callable[[str, Frame], None]:
-    """The drain threads' callback: match each frame; post a step at once, bare liveness once a second."""
-    last_post = [float("-inf")]
+class LineWatcher:
+    """The drain threads' callback for one run: match every frame, post sparingly.
 
-    def on_lines(src: str, frame: Frame) -> None:
-        if tap is not None:
-            tap(run_no, src, frame)
-        found = matcher.match(frame)
-        now = monotonic()
-        if found is None and now - last_post[0] < LIVENESS_POST_S:
-            return
-        last_post[0] = now
-        last = frame.last_lines(1)
-        post(LinesSeen(run_no, found, last[0] if last else None))
+    Matching is cheap (formats.py bounds it); waking the loop is not, so only the first step
+    goes at once; later steps are kept as ``pending`` and the latest is posted at most every
+    ``STEP_POST_S``.  :meth:`flush` hands over what is pending when the child dies, so the
+    exit record carries the last step it printed.
+    """
 
-    return on_lines
+    def __init__(
+        self,
+        run_no: int,
+        matcher: LineMatcher,
+        monotonic: Callable[[], float],
+        post: Callable[[LinesSeen], None],
+        tap: LineTap | None = None,
+    ) -> None:
+        self.run_no, self._matcher, self._monotonic, self._post, self._tap = (
+            run_no,
+            matcher,
+            monotonic,
+            post,
+            tap,
+        )
+        self._lock = threading.Lock()
+        self._last_post = float("-inf")
+        self._stepped = False
+        self._pending: LineProgress | None = None
+        self._pending_line: str | None = None
+
+    def __call__(self, src: str, frame: Frame) -> None:
+        if self._tap is not None:
+            self._tap(self.run_no, src, frame)
+        found = self._matcher.match(frame)
+        now = self._monotonic()
+        with self._lock:
+            if found is not None:
+                self._pending = found
+            last = frame.last_lines(1)
+            self._pending_line = last[0] if last else self._pending_line
+            first = found is not None and not self._stepped
+            wait = STEP_POST_S if self._pending is not None else LIVENESS_POST_S
+            if not first and now - self._last_post < wait:
+                return
+            message = self._take(now)
+        self._post(message)
+
+    def _take(self, now: float) -> LinesSeen:
+        message = LinesSeen(self.run_no, self._pending, self._pending_line)
+        self._stepped = self._stepped or self._pending is not None
+        self._pending, self._last_post = None, now
+        return message
+
+    def due(self) -> float | None:
+        """When a pending step must be posted even if no more output comes (monotonic)."""
+        with self._lock:
+            return None if self._pending is None else self._last_post + STEP_POST_S
+
+    def flush(self) -> None:
+        """Post what is pending (on the loop thread: when it is due, or once the child is dead)."""
+        with self._lock:
+            if self._pending is None and self._pending_line is None:
+                return
+            message = self._take(self._monotonic())
+            self._pending_line = None
+        self._post(message)

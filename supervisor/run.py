@@ -14,7 +14,7 @@ from dflashd.supervisor.gpu import ChildGpuUse
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.launch import Launched
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.progress import Progress
+from dflashd.supervisor.progress import LineWatcher, Progress
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
 
 
@@ -38,6 +38,7 @@ class Run:
     gpu_use: ChildGpuUse | None = None
     gpu_xids: list[int] = field(default_factory=list)
     pids_seen: set[int] = field(default_factory=set)
+    watcher: LineWatcher | None = None  # the drains' callback; flushed when the child dies
 
     @property
     def pid(self) -> int | None:

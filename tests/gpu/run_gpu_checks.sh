@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one call, on a machine with an NVIDIA GPU (the lent H200):
-#   the gpu-marked pytest tests, then tests/gpu/gpu_checks.py (sampler cost, memory release,
+#   the gpu-marked pytest tests, tests/gpu/zero_config_gpu.py (a silent busy job, compile-time
+#   utilisation, real Lightning and Hugging Face trainers), then tests/gpu/gpu_checks.py (sampler cost, memory release,
 #   no_gpu_memory timing, relaunch, the trainer's flex path, supervised vs unsupervised).
 # Wheels for packages the machine lacks may sit in .whl/ (see the device tool's README).
 set -uo pipefail
@@ -10,4 +11,5 @@ cd "$(dirname "$0")/../.."
 nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "gpus", torch.cuda.device_count())'
 python3 -m pytest -m gpu tests/gpu -v -W default -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt"
+python3 tests/gpu/zero_config_gpu.py 2>&1 | tee "$OUT/zero_config_gpu.txt"
 python3 tests/gpu/gpu_checks.py 2>&1 | tee "$OUT/gpu_checks.txt"

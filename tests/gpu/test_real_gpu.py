@@ -58,3 +58,47 @@ def test_four_threads_compile_flex_on_one_gpu_without_deadlock(tmp_path: Path) -
     assert len(backends) == 4
     assert all("attention_backend=flex_compiled" in line for line in backends), backends
     assert time.monotonic() - started < 600
+
+
+def test_silent_busy_job_is_seen_training_from_nvml(tmp_path: Path) -> None:
+    """A job that prints nothing and keeps the GPU busy: first step from the GPU, phase training."""
+    from dflashd.logs import EventRecord, follow
+
+    home = tmp_path / "home"
+    config = tmp_path / "c.toml"
+    config.write_text("gpu_busy_s = 5.0\ngpu_poll_s = 0.5\n")
+    job = (
+        "import torch\n"
+        "a = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
+        "while True:\n"
+        "    a = (a @ a).clamp_(-1, 1)\n"
+    )
+    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--quiet"]
+    argv += ["--home", str(home), "--config", str(config), "--", sys.executable, "-c", job]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    try:
+        found = None
+        for record in follow(
+            home / "logs", poll_s=0.2, should_stop=lambda: time.monotonic() > deadline
+        ):
+            if isinstance(record, EventRecord) and record.event == "first_step":
+                found = record
+                break
+        assert found is not None and found.fields["source"] == "gpu"
+    finally:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dflashd.supervisor",
+                "stop",
+                "--home",
+                str(home),
+                "--timeout",
+                "5",
+            ],
+            check=False,
+            capture_output=True,
+        )
+        proc.wait(60)
