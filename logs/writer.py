@@ -143,7 +143,9 @@ class RotatingLogWriter:
         for path in reversed(rotated_paths(self.directory, self.basename, self.backups)):
             if path.is_symlink():  # never read, let alone truncate, through a planted link
                 if path == self.path:
-                    raise OSError(errno.ELOOP, "a symlink is there; refusing to follow it", str(path))
+                    raise OSError(
+                        errno.ELOOP, "a symlink is there; refusing to follow it", str(path)
+                    )
                 continue
             if not path.exists() or path.stat().st_size == 0:
                 continue
