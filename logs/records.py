@@ -16,6 +16,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from dflashd.logs.framer import Frame
+
 Source = Literal["stdout", "stderr", "dflashd"]
 SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr", "dflashd")
 CHILD_SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr")
@@ -155,3 +157,56 @@ def reassemble(records: list[LineRecord]) -> str:
         if not rec.partial:
             parts.append(rec.eol if rec.eol is not None else "\n")
     return "".join(parts)
+
+
+def encode_frame(run: int, src: str, frame: Frame, ts: str, seq0: int) -> bytes:
+    """The records of one frame's lines, numbered from ``seq0``, as JSON lines."""
+    count = len(frame)
+    parts: list[bytes] | None = None
+    if frame.flags is None:
+        if frame.json_lines is not None:
+            parts = frame.json_lines  # already valid JSON string content
+        else:
+            # One orjson call for the whole frame.  Inside a JSON string every '"' is
+            # escaped, so '","' only ever occurs between two array elements.
+            parts = orjson.dumps(frame.lines)[2:-2].split(b'","')
+    if parts is not None and len(parts) == count:
+        # Interleave [seq, mid, line, tail+head] per record with C-level slice assignments:
+        # no Python code runs per line.
+        head = b'{"ts":"' + ts.encode() + b'","seq":'
+        mid = b',"run":%d,"src":"%s","line":"' % (run, src.encode())
+        seqs = orjson.dumps(list(range(seq0, seq0 + count)))[1:-1].split(b",")
+        pieces: list[bytes] = [b""] * (4 * count)
+        pieces[0::4] = seqs
+        pieces[1::4] = [mid] * count
+        pieces[2::4] = parts
+        pieces[3::4] = [b'"}\n' + head] * count
+        pieces[-1] = b'"}\n'
+        return head + b"".join(pieces)
+    flags = frame.flags if frame.flags is not None else [(False, None)] * count
+    out = []
+    for offset, (line, (partial, eol)) in enumerate(zip(frame.lines, flags, strict=True)):
+        obj: dict[str, Any] = {
+            "ts": ts,
+            "seq": seq0 + offset,
+            "run": run,
+            "src": src,
+            "line": line,
+        }
+        if partial:
+            obj["partial"] = True
+        if eol is not None:
+            obj["eol"] = eol
+        out.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+    return b"".join(out)
+
+
+def encode_event(run: int, event: str, fields: dict[str, Any], ts: str, seq: int) -> bytes:
+    """One ``dflashd`` record as a JSON line (envelope keys in ``fields`` are ignored)."""
+    obj: dict[str, Any] = {"ts": ts, "seq": seq, "run": run, "src": "dflashd", "event": event}
+    for key, value in fields.items():
+        if key not in ENVELOPE_KEYS:
+            obj[key] = value
+    return orjson.dumps(
+        obj, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY, default=str
+    )

@@ -28,7 +28,7 @@ from typing import Any, Final
 import orjson
 
 from dflashd.logs.framer import Frame
-from dflashd.logs.records import ENVELOPE_KEYS, utc_timestamp
+from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
 
 DEFAULT_BASENAME: Final = "dflashd.jsonl"
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
@@ -167,56 +167,6 @@ class RotatingLogWriter:
 
     # -- encoding -----------------------------------------------------------------------
 
-    def _encode_frame(self, run: int, src: str, frame: Frame, ts: str, seq0: int) -> bytes:
-        count = len(frame)
-        parts: list[bytes] | None = None
-        if frame.flags is None:
-            if frame.json_lines is not None:
-                parts = frame.json_lines  # already valid JSON string content
-            else:
-                # One orjson call for the whole frame.  Inside a JSON string every '"' is
-                # escaped, so '","' only ever occurs between two array elements.
-                parts = orjson.dumps(frame.lines)[2:-2].split(b'","')
-        if parts is not None and len(parts) == count:
-            # Interleave [seq, mid, line, tail+head] per record with C-level slice assignments:
-            # no Python code runs per line.
-            head = b'{"ts":"' + ts.encode() + b'","seq":'
-            mid = b',"run":%d,"src":"%s","line":"' % (run, src.encode())
-            seqs = orjson.dumps(list(range(seq0, seq0 + count)))[1:-1].split(b",")
-            pieces: list[bytes] = [b""] * (4 * count)
-            pieces[0::4] = seqs
-            pieces[1::4] = [mid] * count
-            pieces[2::4] = parts
-            pieces[3::4] = [b'"}\n' + head] * count
-            pieces[-1] = b'"}\n'
-            return head + b"".join(pieces)
-        flags = frame.flags if frame.flags is not None else [(False, None)] * count
-        out = []
-        for offset, (line, (partial, eol)) in enumerate(zip(frame.lines, flags, strict=True)):
-            obj: dict[str, Any] = {
-                "ts": ts,
-                "seq": seq0 + offset,
-                "run": run,
-                "src": src,
-                "line": line,
-            }
-            if partial:
-                obj["partial"] = True
-            if eol is not None:
-                obj["eol"] = eol
-            out.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
-        return b"".join(out)
-
-    @staticmethod
-    def _encode_event(run: int, event: str, fields: dict[str, Any], ts: str, seq: int) -> bytes:
-        obj: dict[str, Any] = {"ts": ts, "seq": seq, "run": run, "src": "dflashd", "event": event}
-        for key, value in fields.items():
-            if key not in ENVELOPE_KEYS:
-                obj[key] = value
-        return orjson.dumps(
-            obj, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY, default=str
-        )
-
     # -- writing ------------------------------------------------------------------------
 
     def write_frame(self, run: int, src: str, frame: Frame, wall_s: float | None = None) -> bool:
@@ -227,7 +177,7 @@ class RotatingLogWriter:
         with self._lock:
             if self._unreported_records:
                 self._report_drops()
-            data = self._encode_frame(run, src, frame, ts, self.next_seq)
+            data = encode_frame(run, src, frame, ts, self.next_seq)
             self.last_run = run
             return self._append(data, len(frame))
 
@@ -240,7 +190,7 @@ class RotatingLogWriter:
             parts = []
             for run, src, frame, wall_s in batch:
                 if len(frame):
-                    parts.append(self._encode_frame(run, src, frame, utc_timestamp(wall_s), seq))
+                    parts.append(encode_frame(run, src, frame, utc_timestamp(wall_s), seq))
                     seq += len(frame)
                     self.last_run = run
             if not parts:
@@ -254,7 +204,7 @@ class RotatingLogWriter:
             if self._unreported_records:
                 self._report_drops()
             seq = self.next_seq
-            data = self._encode_event(run, event, fields or {}, ts, seq)
+            data = encode_event(run, event, fields or {}, ts, seq)
             self.last_run = run
             return seq if self._append(data, 1) else None
 
@@ -296,7 +246,7 @@ class RotatingLogWriter:
             "bytes": self._unreported_bytes,
             "error": self._last_error,
         }
-        data = self._encode_event(self.last_run, "log_dropped", fields, ts, self.next_seq)
+        data = encode_event(self.last_run, "log_dropped", fields, ts, self.next_seq)
         if self._write_all(data):
             self.next_seq += 1
             self._records_written += 1

@@ -194,6 +194,22 @@ def stop_timeout(request: dict[str, Any], default_s: float) -> float | str:
     return float(timeout)
 
 
+def stop_handler(
+    default_s: float, request_stop: Callable[[float], None], current: Callable[[], Any]
+) -> Handler:
+    """The ``stop`` command: validate ``timeout_s``, then ask the daemon to stop."""
+
+    def handle(req: dict[str, Any]) -> dict[str, Any]:
+        timeout = stop_timeout(req, default_s)
+        if isinstance(timeout, str):
+            return {"ok": False, "error": timeout}
+        request_stop(timeout)
+        run = current()
+        return {"ok": True, "run": run.run_no if run is not None else None}
+
+    return handle
+
+
 def request(path: Path, obj: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
     """Send one request to the daemon and return its reply; ControlError when nobody answers."""
     try:

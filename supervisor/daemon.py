@@ -24,7 +24,7 @@ from typing import Any, Final
 from dflashd.supervisor.aftermath import Aftermath, Ledger
 from dflashd.supervisor.clock import Clock, SystemClock
 from dflashd.supervisor.config import MAX_SECONDS, Config
-from dflashd.supervisor.control import ControlServer, stop_timeout
+from dflashd.supervisor.control import ControlServer, stop_handler
 from dflashd.supervisor.ending import EXIT_FATAL, Outcome
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpu import NvmlSampler
@@ -45,7 +45,7 @@ from dflashd.supervisor.run import Run
 from dflashd.supervisor.statefile import read_state
 from dflashd.supervisor.status import StatusView, one_line, status_view
 from dflashd.supervisor.timers import Timers
-from dflashd.supervisor.verdicts import Observations, Verdict
+from dflashd.supervisor.verdicts import Observations
 
 log = get_logger("dflashd")
 
@@ -135,7 +135,8 @@ class Daemon:
     def open(self) -> None:
         """Everything before the loop: history, sockets, recovery, GPUs, metrics, the first launch."""
         self.reporter.open_history()
-        handlers = {"status": lambda _: dict(self.status()), "stop": self._control_stop}
+        stop = stop_handler(self.config.restart.stop_timeout_s, self.request_stop, lambda: self.run)
+        handlers = {"status": lambda _: dict(self.status()), "stop": stop}
         self.control = ControlServer(self.home.control_socket, handlers, self.clock.monotonic)
         self.notify = NotifyServer(self.home.notify_socket)
         self._selector.register(self.inbox.read_fd, selectors.EVENT_READ, "wake")
@@ -149,11 +150,9 @@ class Daemon:
         if off is not None:
             self.reporter.event(0, off[0], **off[1])
         try:
-            listen = self.reporter.start_metrics()
+            self.reporter.start_metrics()  # before the launch: a busy address refuses the start
         except MetricsUnavailable as exc:
             raise StartupError(str(exc)) from None
-        if listen is not None:
-            self.reporter.event(0, Event.METRICS_ON, listen=listen)
         if self._systemd.watchdog_interval_s:
             self.timers.watchdog_at = self.clock.monotonic()
         self._launch()
@@ -200,11 +199,8 @@ class Daemon:
 
     def next_timeout(self) -> float | None:
         """How long the selector may sleep: None when nothing is due (no periodic wake-ups)."""
-        due = [self.control.next_expiry() if self.control is not None else None]
-        if self.run is not None and self.run.alive and self.run.watcher is not None:
-            due.append(self.run.watcher.due())
-        extra = min((d for d in due if d is not None), default=None)
-        return self.timers.next_timeout(self.run, self._limits, self.clock.monotonic(), extra)
+        expiry = self.control.next_expiry() if self.control is not None else None
+        return self.timers.next_timeout(self.run, self._limits, self.clock.monotonic(), expiry)
 
     def _on_wake(self) -> None:
         for signum in self.inbox.signals():
@@ -220,10 +216,8 @@ class Daemon:
             self._systemd.notify("WATCHDOG=1")
             self.timers.watchdog_at = now + (self._systemd.watchdog_interval_s or 1.0)
         if run is not None and run.alive and run.pid is not None:
-            pending = run.watcher.due() if run.watcher is not None else None
-            if pending is not None and now >= pending and run.watcher is not None:
-                run.watcher.flush()  # a step printed, then quiet: post it now
-                self._process_inbox()
+            if run.watcher is not None and run.watcher.flush_if_due(now):
+                self._process_inbox()  # a step printed, then quiet: counted now
             if run.kill_at_mono is not None and now >= run.kill_at_mono:
                 run.kill_at_mono = None
                 self.ops.signal_group(run.pid, signal.SIGKILL)
@@ -273,10 +267,9 @@ class Daemon:
         self._systemd.notify(f"READY=1\nSTATUS={one_line(self.status())}")
 
     def _announce(self, info: dict[str, Any]) -> None:
-        if self._on_first_launch is not None:
-            callback, self._on_first_launch = self._on_first_launch, None
-            info.update({"log": str(self.reporter.log_path), "daemon_pid": os.getpid()})
-            callback(info)
+        callback, self._on_first_launch = self._on_first_launch, None
+        if callback is not None:
+            callback({**info, "log": str(self.reporter.log_path), "daemon_pid": os.getpid()})
 
     # -- the end of a run -----------------------------------------------------------------
 
@@ -320,11 +313,8 @@ class Daemon:
 
     def _after(self, outcome: Outcome) -> None:
         """The loop's share of a run's end: the state machine, the restart timer, the exit code."""
-        target = outcome.next_state
-        if target is State.STOPPED and outcome.result.verdict is Verdict.COMPLETED:
-            target = State.COMPLETED
-        if target is not self.state:
-            self.state = transition(self.state, target)
+        if outcome.next_state is not self.state:
+            self.state = transition(self.state, outcome.next_state)
         if outcome.restart_delay_s is not None:
             self.timers.restart_at = self.clock.monotonic() + outcome.restart_delay_s
         if outcome.daemon_exit_code is not None:
@@ -332,13 +322,6 @@ class Daemon:
         self._publish()
 
     # -- control and status ---------------------------------------------------------------
-
-    def _control_stop(self, request: dict[str, Any]) -> dict[str, Any]:
-        timeout = stop_timeout(request, self.config.restart.stop_timeout_s)
-        if isinstance(timeout, str):
-            return {"ok": False, "error": timeout}
-        self.request_stop(timeout)
-        return {"ok": True, "run": self.run.run_no if self.run else None}
 
     def status(self) -> StatusView:
         """The ``status --json`` object (docs/design.md, "Status")."""

@@ -127,9 +127,8 @@ def conclude(
         return Outcome(result, fields, decision, State.STOPPED, tuple(alerts), daemon_exit_code=0)
     if decision.action is Action.DONE:
         records = ((Event.DONE, {"verdict": verdict}),)
-        return Outcome(
-            result, fields, decision, State.STOPPED, tuple(alerts), records, daemon_exit_code=0
-        )
+        done = State.COMPLETED if result.verdict is Verdict.COMPLETED else State.STOPPED
+        return Outcome(result, fields, decision, done, tuple(alerts), records, daemon_exit_code=0)
     if decision.action is Action.FATAL:
         maybe_alert(AlertKind.FATAL, decision.reason, 0)
         records = ((Event.FATAL, {"reason": decision.reason, "verdict": verdict}),)

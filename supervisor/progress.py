@@ -303,6 +303,14 @@ class LineWatcher:
         with self._lock:
             return None if self._pending is None else self._last_post + STEP_POST_S
 
+    def flush_if_due(self, now: float) -> bool:
+        """Post a pending step whose time has come; True when something was posted."""
+        due = self.due()
+        if due is None or now < due:
+            return False
+        self.flush()
+        return True
+
     def flush(self) -> None:
         """Post what is pending (on the loop thread: when it is due, or once the child is dead)."""
         with self._lock:

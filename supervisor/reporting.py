@@ -151,10 +151,10 @@ class Reporter:
 
     # -- metrics ----------------------------------------------------------------------
 
-    def start_metrics(self) -> str | None:
-        """Serve /metrics when configured; the address, or MetricsUnavailable."""
+    def start_metrics(self) -> None:
+        """Serve /metrics when configured (a ``metrics_on`` record), or raise MetricsUnavailable."""
         if not self.config.metrics_listen:
-            return None
+            return
         from dflashd.supervisor.metrics import MetricsServer
 
         def extra() -> dict[str, float]:
@@ -173,7 +173,7 @@ class Reporter:
                 f"metrics_listen {self.config.metrics_listen}: {exc.strerror or exc}"
             ) from None
         self._metrics = server
-        return f"{server.host}:{server.port}"
+        self.event(0, Event.METRICS_ON, listen=f"{server.host}:{server.port}")
 
     def close(self) -> None:
         """Let alerts finish (bounded), stop metrics, flush and close the log and history."""

@@ -33,6 +33,7 @@ class Timers:
             out.append(self.last_state_write + STATE_WRITE_MIN_S)
         if run is not None and run.alive:
             out.append(run.kill_at_mono)
+            out.append(run.watcher.due() if run.watcher is not None else None)  # a pending step
             if not run.ended_by_us:
                 out.append(run.progress.stall_deadline(limits))
         return [d for d in out if d is not None]
