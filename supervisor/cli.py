@@ -18,6 +18,7 @@ from dflashd.supervisor import __version__
 from dflashd.supervisor.cli_common import (
     EXIT_NOT_RUNNING,
     EXIT_USAGE,
+    config_option,
     fail,
     home_option,
     resolve_home,
@@ -65,13 +66,7 @@ main.add_command(report)
     is_flag=True,
     help="Stay attached and show the job's output (systemd uses this).",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="TOML config (docs/design.md, Config); every key has a default.",
-)
+@config_option("TOML config (docs/design.md, Config); every key has a default.")
 @click.option("--raw", is_flag=True, help="With --foreground: the job's lines bare, unprefixed.")
 @click.option("--quiet", is_flag=True, help="With --foreground: do not show the job's output.")
 @click.option("--ready-fd", type=int, default=None, hidden=True)
@@ -203,13 +198,7 @@ def _stop(home: Home, timeout_s: float | None) -> None:
     default=None,
     help="Seconds between SIGTERM and SIGKILL for the running job.",
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="A config to start with instead of the last start's.",
-)
+@config_option("A config to start with instead of the last start's.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def restart(
     home: Path | None, timeout_s: float | None, config_path: Path | None, command: tuple[str, ...]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 
 import click
 
@@ -23,6 +24,17 @@ home_option = click.option(
     help="State directory [env DFLASHD_HOME; default $XDG_STATE_HOME/dflashd]; "
     "accepted before or after the command.",
 )
+
+
+def config_option(help_text: str) -> Callable[[Any], Any]:
+    """``--config FILE`` (a TOML file; a directory is refused)."""
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help=help_text,
+    )
 
 
 def resolve_home(path: Path | None) -> Home:

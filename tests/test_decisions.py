@@ -254,3 +254,10 @@ def test_config_defaults_and_override(tmp_path: Path) -> None:
         and config.restart.backoff_initial_s == 2.0
         and config.command == ("echo", "hi")
     )
+
+
+def test_alert_kinds_cover_every_verdict() -> None:
+    """AlertKind repeats the verdicts (for static typing): it must never miss one."""
+    from dflashd.supervisor.verdicts import AlertKind, Verdict
+
+    assert {v.value for v in Verdict} | {"fatal", "recovered"} == {k.value for k in AlertKind}
