@@ -264,7 +264,9 @@ class Daemon:
         self.state = transition(self.state, State.RUNNING)
         self._publish()
         self._announce({"ok": True, "run": run.run_no, "pid": run.pid})
-        self._systemd.notify(f"READY=1\nSTATUS={one_line(self.status())}")
+        if self._systemd.enabled:  # READY means the launch is in the log: on disk first
+            self.reporter.sink.flush(1.0)
+            self._systemd.notify(f"READY=1\nSTATUS={one_line(self.status())}")
 
     def _announce(self, info: dict[str, Any]) -> None:
         callback, self._on_first_launch = self._on_first_launch, None

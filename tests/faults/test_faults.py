@@ -315,6 +315,23 @@ def test_9_files_stay_within_one_record_of_max_bytes(start_daemon: Start, home: 
     assert max(sizes) <= 65536 + 200
 
 
+# -- 10. the live log deleted under the daemon -----------------------------------------------
+
+
+def test_10_deleted_live_log_loses_nothing(start_daemon: Start, home: Path, tmp_path: Path) -> None:
+    """rm of the live log mid-run: every later line is in the new file, nothing dropped uncounted."""
+    marker = tmp_path / "go"
+    daemon = start_daemon(child("two_phases.py", str(marker)))
+    daemon.wait_for(lambda r: isinstance(r, LineRecord) and r.line == "phase one")
+    (home / "logs" / "dflashd.jsonl").unlink()
+    marker.write_text("go")
+    assert daemon.wait() == 0
+    lines = [r.line for r in daemon.records() if isinstance(r, LineRecord)]
+    assert lines == [f"phase two {i}" for i in range(100)]
+    assert daemon.events("log_dropped") == []
+    assert daemon.events("exit")[0].fields["verdict"] == "completed"
+
+
 # -- 11. a daemon killed outright ------------------------------------------------------------------
 
 
