@@ -68,6 +68,8 @@ class ControlServer:
             if conn is not None:
                 selector.register(conn, selectors.EVENT_READ, "control")
             return
+        if fileobj not in self._buffers:  # closed earlier in this batch (evicted or timed out)
+            return
         selector.unregister(fileobj)
         if not self.on_readable(fileobj):
             selector.register(fileobj, selectors.EVENT_READ, "control")

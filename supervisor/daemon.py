@@ -122,7 +122,10 @@ class Daemon:
         self.inbox.catch_signals()
         set_child_subreaper()
         try:
-            self.open()
+            try:
+                self.open()
+            except OSError as exc:  # a socket or file of the home cannot be made: refuse the start
+                raise StartupError(f"{exc.filename or self.home.root}: {exc.strerror}") from None
             self._loop()
         except StartupError:
             raise
