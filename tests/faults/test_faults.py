@@ -27,8 +27,11 @@ Start = Callable[..., Daemon]
 
 @pytest.fixture
 def stranger() -> Iterator[subprocess.Popen[bytes]]:
-    """A real process dflashd did not start (this test's own child; ended by pid)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    """A real process dflashd did not start, leading its own process group as a reused pid would
+    (this test's own child; ended by pid)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True
+    )
     yield proc
     proc.kill()
     proc.wait()
