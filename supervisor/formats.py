@@ -12,7 +12,9 @@ torchtitan         ``[rank0]:[titan] 2025-03-12 ... - root - INFO - step: 22  lo
 deepspeed          ``[2022-03-11 02:06:58,985] [INFO] [logging.py:69:log_dist] [Rank 0] step=40, skipped=2, ...``
 lightning          ``Epoch 0:  22%|██▏       | 4/18 [00:17<01:02,  4.47s/it, loss=10.072, v_num=193315]``
 pytorch_examples   ``[GPU0] Epoch 0 | Batchsize: 32 | Steps: 64`` (DDP tutorial), ``Train Epoch: 1 [640/60000 (1%)]\tLoss: 2.30``
-tqdm               `` 10%|█         | 50/500 [00:10<01:30,  5.00it/s]`` (Hugging Face Trainer, Accelerate scripts), ``45it [00:05, 8.52it/s]``
+tqdm               `` 10%|█         | 50/500 [00:10<01:30,  5.00it/s]`` (Hugging Face Trainer, Accelerate scripts), ``45it [00:05, 8.52it/s]``;
+                   only bars with no description or one that says training: ``Map:``, ``Loading checkpoint
+                   shards:``, ``Sanity Checking …`` bars come before training and are not steps
 plain              ``step 12``, ``Step 12/500``, ``step=12``, ``Step: 12``
 =================  ===================================================================
 
@@ -51,6 +53,7 @@ class _Format:
     step_group: int | None  # None: the line marks training but carries no global step
     loss_pattern: re.Pattern[str] | None = None
     zero_is_start: bool = False  # a bar at 0 has done nothing yet
+    training_desc_only: bool = False  # a bar's description must be empty or say training
 
 
 def _c(pattern: str) -> re.Pattern[str]:
@@ -87,14 +90,24 @@ FORMATS: Final[tuple[_Format, ...]] = (
     ),
     _Format(
         "tqdm",
-        _c(r"(?:\|\s*([0-9]+)/[0-9]+ \[[0-9:]+<|(?:^|\s)([0-9]+)it \[[0-9:]+,)"),
+        _c(r"^(?P<desc>.*?)\s*[0-9]+%\|[^|]*\|\s*(?P<step>[0-9]+)/[0-9]+ \[[0-9:]+<"),
         1,
         _c(r"\bloss[=:]\s*" + _NUM),
         zero_is_start=True,
+        training_desc_only=True,
+    ),
+    _Format(
+        "tqdm",
+        _c(r"^(?P<desc>.*?)\s*(?P<step>[0-9]+)it \[[0-9:]+,"),
+        1,
+        _c(r"\bloss[=:]\s*" + _NUM),
+        zero_is_start=True,
+        training_desc_only=True,
     ),
     _Format(
         "plain",
-        _c(r"\b[Ss]tep\s*[:=]?\s*([0-9]+)(?:\s*/\s*[0-9]+)?\b"),
+        # "resuming from step 1000", "saved at step 500" name a step, they do not take one
+        _c(r"(?<!from )(?<!at )(?<!to )(?<!of )\b[Ss]tep\s*[:=]?\s*([0-9]+)(?:\s*/\s*[0-9]+)?\b"),
         1,
         _c(r"\bloss\s*[:=]?\s*" + _NUM),
     ),
@@ -105,6 +118,18 @@ _KEYWORDS_B: Final = tuple(k.encode() for k in _KEYWORDS)
 _T = TypeVar("_T", str, bytes)
 
 
+_TRAINING_DESC: Final = re.compile(r"train|epoch|step|iter", re.IGNORECASE)
+_NOT_TRAINING_DESC: Final = re.compile(r"eval|valid|test|sanity|predict", re.IGNORECASE)
+
+
+def _training_bar(desc: str) -> bool:
+    """A bar without a description (Hugging Face's Trainer) or one that says it trains."""
+    desc = desc.strip()
+    if not desc:
+        return True
+    return _TRAINING_DESC.search(desc) is not None and _NOT_TRAINING_DESC.search(desc) is None
+
+
 def match_line(line: str) -> StepLine | None:
     """The first format that recognises ``line`` (a single line, no terminator)."""
     if "\x1b" in line:
@@ -113,9 +138,12 @@ def match_line(line: str) -> StepLine | None:
         found = fmt.pattern.search(line)
         if found is None:
             continue
+        if fmt.training_desc_only and not _training_bar(found.group("desc")):
+            continue  # "Map:", "Loading checkpoint shards:", "Sanity Checking…": not training
         step: int | None = None
         if fmt.step_group is not None:
-            digits = next((g for g in found.groups() if g is not None), None)
+            named = found.groupdict().get("step")
+            digits = named or next((g for g in found.groups() if g is not None), None)
             step = int(digits) if digits is not None else None
             if fmt.zero_is_start and step == 0:
                 return None

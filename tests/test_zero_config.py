@@ -187,9 +187,19 @@ def test_tail_grep_and_since(start_daemon: Start, home: Path) -> None:
         ("global_step=10 micro_step=3", None),
         ("Loading 3 steps of warm-up", None),
         ("45it [00:05, 8.52it/s]", ("tqdm", 45)),
+        (" 10%|█         | 50/500 [00:10<01:30,  5.00it/s]", ("tqdm", 50)),
+        ("Training:  10%|█ | 5/50 [00:01<00:09,  5.00it/s, loss=2.1]", ("tqdm", 5)),
+        ("Map: 100%|██████████| 1000/1000 [00:01<00:00, 800.00 examples/s]", None),
+        ("Loading checkpoint shards:  50%|█████     | 1/2 [00:05<00:05,  5.00s/it]", None),
+        ("Sanity Checking DataLoader 0: 100%|██████████| 2/2 [00:00<00:00, 10.0it/s]", None),
+        ("Evaluating: 100%|██████████| 63/63 [00:02<00:00, 30.1it/s]", None),
+        ("Resuming training from step 1000", None),
+        ("checkpoint saved at step 500", None),
+        ("2026-11-30 12:00:01 INFO Step 12/500 loss 2.31", ("plain", 12)),
     ],
 )
 def test_format_edges(line: str, expected: tuple[str, int] | None) -> None:
-    """Bars at 0 and lookalikes are not steps; an unknown-total bar is."""
+    """Bars at 0, bars before training (data maps, checkpoint loading) and lookalikes are not
+    steps; a training bar is, with or without a description."""
     found = match_line(line)
     assert (None if found is None else (found.format, found.step)) == expected
