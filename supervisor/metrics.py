@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
+from dflashd.supervisor import __version__
 from dflashd.supervisor.lifecycle import Phase, State
+from dflashd.supervisor.verdicts import AlertKind, Verdict
 
 _MIB: Final = 1024 * 1024
 
@@ -27,7 +29,7 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def metric_families(snapshot: dict[str, Any], extra: dict[str, float], now: float) -> Iterator[Any]:
+def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float) -> Iterator[Any]:
     """The metric families for one scrape, from a status snapshot (pure apart from the import)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -57,8 +59,12 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, float], now: floa
     restarts = CounterMetricFamily(
         "dflashd_restarts", "Relaunches, by the verdict that caused them", labels=["verdict"]
     )
-    for verdict, count in sorted((snapshot.get("restarts_by_verdict") or {}).items()):
-        restarts.add_metric([verdict], float(count))
+    # Every verdict from the first scrape, at 0: rate() and absence alerts need the series.
+    counts = {v.value: 0.0 for v in Verdict} | {
+        str(k): float(v) for k, v in (snapshot.get("restarts_by_verdict") or {}).items()
+    }
+    for name, count in sorted(counts.items()):
+        restarts.add_metric([name], count)
     yield restarts
     last_exit = snapshot.get("last_exit") or {}
     ended = GaugeMetricFamily(
@@ -104,9 +110,18 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, float], now: floa
         "Log bytes lost to a failing disk",
         value=extra["log_dropped_bytes"],
     )
-    yield CounterMetricFamily(
-        "dflashd_alerts", "Alert deliveries attempted", value=extra.get("alerts", 0.0)
+    alerts = CounterMetricFamily(
+        "dflashd_alerts", "Alert deliveries attempted, by kind and outcome", labels=["kind", "ok"]
     )
+    sent = extra.get("alerts_by_kind") or {}
+    for kind in AlertKind:
+        for ok in ("true", "false"):
+            alerts.add_metric([kind.value, ok], float(sent.get(f"{kind.value}:{ok}", 0.0)))
+    yield alerts
+    info = GaugeMetricFamily("dflashd_info", "dflashd's version", labels=["version"])
+    info.add_metric([str(snapshot.get("version") or __version__)], 1.0)
+    yield info
+    yield GaugeMetricFamily("dflashd_up", "1 while the daemon serves its loop", value=1.0)
 
 
 class MetricsServer:
@@ -116,7 +131,7 @@ class MetricsServer:
         self,
         listen: str,
         snapshot: Callable[[], dict[str, Any]],
-        extra: Callable[[], dict[str, float]],
+        extra: Callable[[], dict[str, Any]],
     ) -> None:
         self.host, self.port = parse_listen(listen)
         self._snapshot = snapshot

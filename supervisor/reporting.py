@@ -50,7 +50,7 @@ class Reporter:
         self.state_errors = 0
         self.snapshot: dict[str, Any] = {}
         self._metrics: Any = None
-        self._alerts_sent = 0
+        self._alerts_sent: dict[str, float] = {}  # "kind:ok" -> deliveries (metrics)
 
     @property
     def log_path(self) -> Path:
@@ -113,7 +113,8 @@ class Reporter:
         self.alerts.send(run.run_no, payload)
 
     def _alert_done(self, run_no: int, outcome: AlertOutcome) -> None:
-        self._alerts_sent += 1  # called on the alert thread: the sink is thread-safe
+        key = f"{outcome.verdict}:{'true' if outcome.ok else 'false'}"
+        self._alerts_sent = {**self._alerts_sent, key: self._alerts_sent.get(key, 0.0) + 1}
         fields = {
             "sink": outcome.sink,
             "ok": outcome.ok,
@@ -157,12 +158,12 @@ class Reporter:
             return
         from dflashd.supervisor.metrics import MetricsServer
 
-        def extra() -> dict[str, float]:
+        def extra() -> dict[str, Any]:
             stats = self.sink.stats()
             return {
                 "log_written_bytes": float(stats.writer.bytes_written),
                 "log_dropped_bytes": float(stats.writer.bytes_dropped + stats.stalled_drops_bytes),
-                "alerts": float(self._alerts_sent),
+                "alerts_by_kind": self._alerts_sent,
             }
 
         server = MetricsServer(self.config.metrics_listen, lambda: self.snapshot, extra)

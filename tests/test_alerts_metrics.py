@@ -230,3 +230,14 @@ def test_metrics_are_scraped_and_parsed(start_daemon: Start) -> None:
         "dflashd_last_exit_timestamp_seconds",
     } <= families.keys()
     assert families["dflashd_log_written_bytes"].samples[0].value > 0  # type: ignore[attr-defined]
+    # Counters exist from the first scrape, at 0 for every label value (rate() needs the series).
+    restarts = {
+        s.labels["verdict"]: s.value
+        for s in families["dflashd_restarts"].samples
+        if s.name.endswith("_total")
+    }  # type: ignore[attr-defined]
+    assert restarts["crashed"] == 0 and restarts["crash_before_first_step"] == 0
+    alerts = {(s.labels["kind"], s.labels["ok"]) for s in families["dflashd_alerts"].samples}  # type: ignore[attr-defined]
+    assert ("fatal", "false") in alerts and ("recovered", "true") in alerts
+    assert families["dflashd_up"].samples[0].value == 1  # type: ignore[attr-defined]
+    assert families["dflashd_info"].samples[0].labels["version"]  # type: ignore[attr-defined]
