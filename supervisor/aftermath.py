@@ -22,14 +22,11 @@ from dflashd.supervisor.groups import ProcessOps, kill_own_descendants, terminat
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.observe import RunObserver
-from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.policy import RestartHistory
 from dflashd.supervisor.recovery import previous_child, recover
 from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import EndedBy, Observations, Verdict
-
-log = get_logger("dflashd")
 
 
 def observations(run: Run, status: int | None, stderr_tail: tuple[str, ...]) -> Observations:
@@ -146,7 +143,7 @@ class Aftermath:
             self.observer.recovering_from = "fatal"
         timeout = self.config.restart.stop_timeout_s
         for event, run_no, fields in recover(previous, self.ops, home.root, boot, timeout):
-            self.reporter.event(run_no, event, **fields)
+            self.reporter.announce(run_no, event, "warning", **fields)
         self._close_lost_run(previous)
         writer = self.reporter.writer
         if writer.torn_bytes:
@@ -203,10 +200,9 @@ class Aftermath:
         if run.pid is None or not run.alive or run.ended_by_us:
             return
         run.ended_by = why
-        self.reporter.event(
-            run.run_no, Event.ENDING_RUN, why=why.value, signal="SIGABRT", then="SIGKILL"
+        self.reporter.announce(
+            run.run_no, Event.ENDING_RUN, "warning", why=why.value, signal="SIGABRT", then="SIGKILL"
         )
-        log.warning("ending_run", run=run.run_no, why=why.value)
         # PYTHONFAULTHANDLER=1 makes a Python child print every thread's stack on SIGABRT;
         # SIGCONT after it, so a stopped (SIGSTOPped) child wakes up to take it.
         self.ops.kill(run.pid, signal.SIGABRT)
@@ -254,8 +250,8 @@ class Aftermath:
         ended_at = self.clock.time()
         outcome = self.ledger.book(facts, self.config, jitter=self._rng.random(), ended_at=ended_at)
         fields, result = outcome.exit_fields, outcome.result
-        self.reporter.event_on_disk(run.run_no, Event.EXIT, fields, 0.1)
-        log.info("exit", run=run.run_no, verdict=result.verdict.value, reason=result.reason)
+        level = "info" if result.verdict.value in ("completed", "stopped") else "error"
+        self.reporter.event_on_disk(run.run_no, Event.EXIT, fields, 0.1, level)
         self.reporter.record_history(
             lambda db: db.ended(run.run_no, ended_at=ended_at, **ended_fields(fields))
         )
@@ -264,7 +260,6 @@ class Aftermath:
         if outcome.recovering_from is not None:
             self.observer.recovering_from = outcome.recovering_from
         for event, extra in outcome.records:
-            self.reporter.event(run.run_no, event, **extra)
-        if outcome.fatal_reason is not None:
-            log.error("fatal", run=run.run_no, reason=outcome.fatal_reason)
+            level = "error" if event is Event.FATAL else "info"
+            self.reporter.announce(run.run_no, event, level, **extra)
         return outcome

@@ -94,7 +94,7 @@ def run_foreground(
     """The daemon in this process until it ends; its exit code."""
     from dflashd.logs.writer import LogWriterError
     from dflashd.supervisor.daemon import Daemon, StartupError
-    from dflashd.supervisor.ownlog import configure_logging
+    from dflashd.supervisor.diagnostics import configure_logging
 
     lock = HomeLock(home.lock)
     try:

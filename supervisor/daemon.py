@@ -37,7 +37,6 @@ from dflashd.supervisor.launching import Launcher
 from dflashd.supervisor.lifecycle import State, transition
 from dflashd.supervisor.notify import NotifyServer, SystemdNotifier
 from dflashd.supervisor.observe import RunObserver
-from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.progress import Limits, LineMatcher, LineTap, LineWatcher
 from dflashd.supervisor.recovery import boot_id
 from dflashd.supervisor.reporting import MetricsUnavailable, Reporter
@@ -46,8 +45,6 @@ from dflashd.supervisor.statefile import read_state
 from dflashd.supervisor.status import StatusView, one_line, status_view
 from dflashd.supervisor.timers import Timers
 from dflashd.supervisor.verdicts import Observations
-
-log = get_logger("dflashd")
 
 _WAKE: Final = b"\x00"
 _DONE_STATES: Final = (State.STOPPED, State.FATAL, State.COMPLETED)
@@ -341,8 +338,9 @@ class Daemon:
     def _daemon_failed(self, exc: BaseException) -> None:
         text = "".join(traceback.format_exception(exc))[-4000:]
         run_no = self.run.run_no if self.run else 0
-        self.reporter.event(run_no, Event.FATAL, reason="daemon_error", traceback=text)
-        log.error("daemon_error", error=repr(exc))
+        self.reporter.announce(
+            run_no, Event.FATAL, "error", reason="daemon_error", error=repr(exc), traceback=text
+        )
         self.state, self.exit_code = State.FATAL, EXIT_FATAL
         self.ledger.fatal_reason = "daemon_error"
 

@@ -18,13 +18,13 @@ from dflashd.supervisor import __version__
 from dflashd.supervisor.caches import clear_owned_cache
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
+from dflashd.supervisor.diagnostics import bind_run, get_logger
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.launch import ChildEnvironment, child_environ, dflashd_env
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.progress import LineWatcher, Progress
 from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run
@@ -111,7 +111,8 @@ class Launcher:
         run.launched = launched
         run.pids_seen.add(launched.pid)
         run.create_time = self.ops.create_time(launched.pid)
-        self.reporter.event(run_no, Event.LAUNCHED, pid=launched.pid, pgid=launched.pid)
+        bind_run(run=run_no, pid=launched.pid)
+        self.reporter.announce(run_no, Event.LAUNCHED, "info", pid=launched.pid, pgid=launched.pid)
         callback = run.watcher = self._on_lines(run_no)
         run.drains = [
             PipeDrain(
@@ -129,7 +130,6 @@ class Launcher:
         self.reporter.record_history(
             lambda db: db.started(run_no, run.started_wall, launched.pid, argv_text)
         )
-        log.info("launched", run=run_no, pid=launched.pid, argv=list(run.argv))
         return run, None
 
     def _clear_cache(self, run_no: int) -> None:

@@ -17,13 +17,11 @@ from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.notify import NotifyMessage
-from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.progress import GPU, Change, LinesSeen
 from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
 
-log = get_logger("dflashd")
 _LAST_LINE_CHARS = 500
 
 
@@ -83,10 +81,14 @@ class RunObserver:
         if change.first_step and progress.first_step_mono is not None:
             after = round(progress.first_step_mono - run.started_mono, 3)
             source = progress.first_step_source
-            self.reporter.event(
-                run.run_no, Event.FIRST_STEP, after_s=after, step=progress.step, source=source
+            self.reporter.announce(
+                run.run_no,
+                Event.FIRST_STEP,
+                "info",
+                after_s=after,
+                step=progress.step,
+                source=source,
             )
-            log.info("first_step", run=run.run_no, after_s=after, source=source)
             if self.recovering_from is not None:  # training resumed after a stall or a fatal
                 empty: dict[str, Any] = {"tail": []}
                 self.reporter.alert(

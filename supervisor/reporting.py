@@ -10,23 +10,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from dflashd.logs.sink import LogSink
 from dflashd.logs.writer import RotatingLogWriter
 from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_payload
 from dflashd.supervisor.config import Config, config_to_dict
+from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.history import RunHistory, open_history
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.notify import SystemdNotifier
-from dflashd.supervisor.ownlog import get_logger
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.statefile import write_state
 from dflashd.supervisor.status import LogStats, StatusView
 from dflashd.supervisor.verdicts import AlertKind
 
 log = get_logger("dflashd")
+_NOT_LOGGED: Final = frozenset(
+    {"tail", "gpus", "holders", "traceback", "argv", "env_keys", "refused"}
+)
 
 
 class MetricsUnavailable(Exception):
@@ -68,10 +71,28 @@ class Reporter:
         return self.sink.submit_event(run_no, event, fields)
 
     def event_on_disk(
-        self, run_no: int, event: Event, fields: dict[str, Any], wait_s: float
+        self,
+        run_no: int,
+        event: Event,
+        fields: dict[str, Any],
+        wait_s: float,
+        level: str | None = None,
     ) -> None:
         """One record, waited onto disk (``spawn`` before the fork, ``exit`` before bookkeeping)."""
         self.sink.wait_written(self.sink.submit_event(run_no, event, fields), wait_s)
+        if level is not None:
+            self._log(level, run_no, event, fields)
+
+    def announce(self, run_no: int, event: Event, level: str | None, **fields: Any) -> None:
+        """One call, both outputs: the ``dflashd`` record, and (at ``level``) dflashd's own log line."""
+        self.sink.submit_event(run_no, event, fields)
+        if level is not None:
+            self._log(level, run_no, event, fields)
+
+    @staticmethod
+    def _log(level: str, run_no: int, event: Event, fields: dict[str, Any]) -> None:
+        small = {k: v for k, v in fields.items() if k not in _NOT_LOGGED and k != "run"}
+        getattr(log, level)(event.value, run=run_no, **small)
 
     def log_stats(self) -> LogStats:
         """The run log's counters for status."""

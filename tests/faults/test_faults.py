@@ -342,6 +342,11 @@ def test_11_run_of_a_killed_daemon_gets_an_exit_record(start_daemon: Start, home
     """SIGKILL the daemon mid-run: the next daemon writes run 1's exit record (verdict lost)."""
     first = start_daemon(child("prints_then_waits.py"))
     first.wait_event("launched")
+    deadline = time.monotonic() + 10
+    state = home / "state.json"
+    while not state.exists() or "child" not in json.loads(state.read_text() or "{}"):
+        assert time.monotonic() < deadline  # state.json (written right after the launch) is
+        time.sleep(0.02)  # the daemon's only record of its child, and a file has no event
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait(10)
     second = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})

@@ -1,0 +1,71 @@
+"""dflashd's own log through structlog: captured in tests, rendered for the journal, JSON, console."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import structlog
+from structlog.testing import capture_logs
+
+from dflashd.supervisor.diagnostics import configure_logging, get_logger
+from tests.test_loop import Harness
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+def _render(environ: dict[str, str], tty: bool) -> str:
+    stream = _Stream(tty)
+    configure_logging(stream=stream, environ=environ)
+    try:
+        get_logger().error("exit", run=3, verdict="crashed")
+        get_logger().info("launched", run=4, pid=99)
+    finally:
+        structlog.reset_defaults()
+    return stream.getvalue()
+
+
+def test_journal_lines_carry_sd_daemon_priorities() -> None:
+    """Under systemd (JOURNAL_STREAM): <3> for an error, <6> for info, at the very start of a line."""
+    lines = _render({"JOURNAL_STREAM": "8:1234"}, tty=False).splitlines()
+    assert lines[0].startswith("<3>event='exit'") and "verdict='crashed'" in lines[0]
+    assert lines[1].startswith("<6>event='launched'")
+
+
+def test_daemon_log_is_one_json_object_per_line() -> None:
+    """Not a terminal, not the journal (daemon.log): JSON with a UTC timestamp and the level."""
+    first = json.loads(_render({}, tty=False).splitlines()[0])
+    assert first["event"] == "exit" and first["level"] == "error" and first["run"] == 3
+    assert first["timestamp"].endswith("Z")
+
+
+def test_console_has_colours_only_without_no_color() -> None:
+    """A terminal gets colours, unless NO_COLOR is set."""
+    assert "\x1b[" in _render({}, tty=True)
+    assert "\x1b[" not in _render({"NO_COLOR": "1"}, tty=True)
+
+
+def test_one_call_writes_the_record_and_the_log_line(tmp_path: Path) -> None:
+    """A run that ends: the exit record and an error-level log line come from the same call."""
+    harness = Harness(tmp_path / "home", {"restart": {"early_retries": 0}})
+    try:
+        with capture_logs() as logs:
+            harness.ops.die(harness.pid, sig=signal.SIGSEGV)
+            harness.daemon.reap()
+        exits: list[dict[str, Any]] = [e for e in logs if e["event"] == "exit"]
+        assert exits and exits[0]["log_level"] == "error" and exits[0]["run"] == 1
+        assert exits[0]["verdict"] == "silent_death" and "tail" not in exits[0]
+        assert any(e["event"] == "fatal" for e in logs)
+        assert harness.events("exit")[0].fields["verdict"] == "silent_death"
+    finally:
+        harness.close()
