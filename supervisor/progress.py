@@ -33,6 +33,7 @@ from dflashd.supervisor.notify import NotifyMessage
 from dflashd.supervisor.verdicts import EndedBy
 
 PROGRESS_RECORD_EVERY_S: Final = 30.0
+_STATUS_LOSS: Final = re.compile(r"\bloss\s*[=:]?\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)")
 NOTIFY: Final = "notify"
 PATTERN: Final = "pattern"
 GPU: Final = "gpu"
@@ -180,7 +181,9 @@ class Progress:
         if self.first_step_mono is None:
             return NOTHING
         self.last_progress_mono = now
-        record = step is not None and now - self.last_record_mono >= PROGRESS_RECORD_EVERY_S
+        # Denser early (a short run still draws a curve), every 30 s at most later on.
+        every = min(PROGRESS_RECORD_EVERY_S, max(1.0, (now - self.first_step_mono) / 20))
+        record = step is not None and now - self.last_record_mono >= every
         if record:
             self.last_record_mono = now
         return Change(first_step=became_first, progress_record=record)
@@ -200,6 +203,9 @@ class Progress:
         if msg.status is not None and msg.status != self.status_text:
             self.status_text = msg.status
             status = msg.status
+            loss = _STATUS_LOSS.search(msg.status)  # "step 120 loss 2.31": chart the loss too
+            if loss is not None:
+                self.loss = float(loss.group(1))
         if msg.extend_timeout_us is not None and self.first_step_mono is None:
             self.extend_until_mono = now + min(msg.extend_timeout_us / 1e6, 1e7)
         if msg.is_progress:

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from dflashd.logs.records import EventRecord, Record, parse_timestamp
 
+# One colour per verdict, used by the table, the timeline and the step and loss lines alike.
 VERDICT_COLORS: Final = {
     "completed": "#2e7d32",
     "stopped": "#757575",
@@ -23,8 +24,11 @@ VERDICT_COLORS: Final = {
     "silent_death": "#6a1b9a",
     "no_gpu_memory": "#283593",
     "spawn_failed": "#000000",
+    "lost": "#8d6e63",
     "running": "#1565c0",
 }
+_OTHER_COLOR: Final = "#424242"
+_GPU_PALETTE: Final = ("#1565c0", "#00838f", "#6a1b9a", "#ef6c00", "#5d4037", "#37474f")
 _W: Final = 900
 _LEFT: Final = 70
 _RIGHT: Final = 20
@@ -53,7 +57,13 @@ class ReportData:
         default_factory=dict
     )  # gpu -> (time, MiB)
     gpu_total: dict[int, float] = field(default_factory=dict)
-    fatal: list[tuple[float, str]] = field(default_factory=list)
+    fatal: list[tuple[float, int, str]] = field(default_factory=list)  # (time, run, reason)
+    losses: list[tuple[float, int, float]] = field(default_factory=list)  # (time, run, loss)
+
+    def color(self, run: int) -> str:
+        """A run's colour: its verdict's."""
+        span = self.runs.get(run)
+        return VERDICT_COLORS.get(span.verdict if span else "running", _OTHER_COLOR)
 
     @property
     def span(self) -> tuple[float, float]:
@@ -81,8 +91,11 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
             data.runs[rec.run].first_step_at = at
             if isinstance(fields.get("step"), int):
                 data.steps.append((at, rec.run, fields["step"]))
-        elif rec.event == "progress" and isinstance(fields.get("step"), int):
-            data.steps.append((at, rec.run, fields["step"]))
+        elif rec.event == "progress":
+            if isinstance(fields.get("step"), int):
+                data.steps.append((at, rec.run, fields["step"]))
+            if isinstance(fields.get("loss"), int | float):
+                data.losses.append((at, rec.run, float(fields["loss"])))
         elif rec.event == "exit" and rec.run in data.runs:
             span = data.runs[rec.run]
             span.end, span.verdict, span.reason = (
@@ -103,8 +116,14 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
                 if gpu.get("memory_total_mib"):
                     data.gpu_total[gpu["index"]] = float(gpu["memory_total_mib"])
         elif rec.event == "fatal":
-            data.fatal.append((at, str(fields.get("reason"))))
+            data.fatal.append((at, rec.run, str(fields.get("reason"))))
     return data
+
+
+def _clock(epoch_s: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch_s, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _x(t: float, lo: float, hi: float) -> float:
@@ -118,9 +137,10 @@ def _axis(lo: float, hi: float, y: float) -> str:
     for i in range(6):
         t = lo + (hi - lo) * i / 5
         label = dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%H:%M:%S")
+        anchor = "end" if i == 5 else "middle"  # the last label inside the picture
         ticks.append(
             f'<line x1="{_x(t, lo, hi):.1f}" y1="{y}" x2="{_x(t, lo, hi):.1f}" y2="{y + 4}" stroke="#999"/>'
-            f'<text x="{_x(t, lo, hi):.1f}" y="{y + 16}" font-size="10" text-anchor="middle" fill="#555">{label}</text>'
+            f'<text x="{_x(t, lo, hi):.1f}" y="{y + 16}" font-size="10" text-anchor="{anchor}" fill="#555">{label}</text>'
         )
     return f'<line x1="{_LEFT}" y1="{y}" x2="{_W - _RIGHT}" y2="{y}" stroke="#999"/>' + "".join(
         ticks
@@ -134,23 +154,24 @@ def timeline_svg(data: ReportData) -> str:
     row = 22
     height = 30 + row * max(1, len(runs)) + 24
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif">'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" font-family="sans-serif">'
     ]
     parts.append('<text x="4" y="14" font-size="12" font-weight="bold">Runs</text>')
     for i, span in enumerate(runs):
         y = 24 + i * row
         x0 = _x(span.start, lo, hi)
         x1 = max(x0 + 2, _x(span.end if span.end else hi, lo, hi))
-        color = VERDICT_COLORS.get(span.verdict, "#424242")
+        color = data.color(span.run)
         title = html.escape(f"run {span.run}: {span.verdict} ({span.reason})")
         parts.append(
             f'<rect x="{x0:.1f}" y="{y}" width="{x1 - x0:.1f}" height="{row - 6}" fill="{color}" rx="2">'
             f"<title>{title}</title></rect>"
         )
-        if span.first_step_at is not None:
+        if span.first_step_at is not None:  # a notch under the label line, never through it
             xf = _x(span.first_step_at, lo, hi)
             parts.append(
-                f'<line x1="{xf:.1f}" y1="{y}" x2="{xf:.1f}" y2="{y + row - 6}" stroke="#fff" stroke-width="2"/>'
+                f'<path d="M{xf - 4:.1f},{y + row - 6} L{xf:.1f},{y + row - 11} L{xf + 4:.1f},{y + row - 6} Z" fill="#fff">'
+                "<title>first step</title></path>"
             )
         parts.append(
             f'<text x="{_LEFT - 6}" y="{y + 12}" font-size="11" text-anchor="end">run {span.run}</text>'
@@ -169,37 +190,34 @@ def timeline_svg(data: ReportData) -> str:
 
 
 def _line_chart(
-    title: str, series: dict[str, list[tuple[float, float]]], lo: float, hi: float, unit: str
+    title: str,
+    series: dict[str, tuple[str, list[tuple[float, float]]]],
+    lo: float,
+    hi: float,
+    unit: str,
 ) -> str:
-    height = 160
-    top, bottom = 24, height - 24
-    values = [v for pts in series.values() for _, v in pts]
+    """Lines over the shared time axis; ``series``: name -> (colour, points).  The legend sits
+    in the title row, outside the plot, so it never covers a line's end."""
+    height = 170
+    top, bottom = 34, height - 24
+    values = [v for _, pts in series.values() for _, v in pts]
     vmax = max(values) if values else 1.0
     vmax = vmax if vmax > 0 else 1.0
-    palette = [
-        "#1565c0",
-        "#c62828",
-        "#2e7d32",
-        "#ef6c00",
-        "#6a1b9a",
-        "#00838f",
-        "#5d4037",
-        "#37474f",
-    ]
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif">'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" font-family="sans-serif">'
     ]
     parts.append(
         f'<text x="4" y="14" font-size="12" font-weight="bold">{html.escape(title)}</text>'
     )
+    label = f"{vmax:,.0f}{unit}" if vmax >= 10 else f"{vmax:.3g}{unit}"
     parts.append(
-        f'<text x="{_LEFT - 6}" y="{top + 8}" font-size="10" text-anchor="end">{vmax:,.0f}{unit}</text>'
+        f'<text x="{_LEFT - 6}" y="{top + 8}" font-size="10" text-anchor="end">{label}</text>'
     )
     parts.append(f'<text x="{_LEFT - 6}" y="{bottom}" font-size="10" text-anchor="end">0</text>')
-    for i, (name, pts) in enumerate(sorted(series.items())):
+    legend_x = _LEFT + 80
+    for name, (color, pts) in series.items():
         if not pts:
             continue
-        color = palette[i % len(palette)]
         coords = " ".join(
             f"{_x(t, lo, hi):.1f},{bottom - (v / vmax) * (bottom - top):.1f}"
             for t, v in sorted(pts)
@@ -210,27 +228,45 @@ def _line_chart(
         for point in coords.split():  # markers, so a series of one point still shows
             px, py = point.split(",")
             parts.append(f'<circle cx="{px}" cy="{py}" r="2" fill="{color}"/>')
-        parts.append(
-            f'<text x="{_W - _RIGHT - 4}" y="{top + 12 * i}" font-size="10" text-anchor="end" fill="{color}">{html.escape(name)}</text>'
-        )
+        if legend_x < _W - 60:
+            parts.append(
+                f'<rect x="{legend_x}" y="6" width="10" height="10" fill="{color}"/>'
+                f'<text x="{legend_x + 14}" y="15" font-size="10" fill="#333">{html.escape(name)}</text>'
+            )
+            legend_x += 24 + 7 * len(name)
     parts.append(_axis(lo, hi, bottom))
     parts.append("</svg>")
     return "".join(parts)
 
 
+def _per_run(data: ReportData, points: list[tuple[float, int, float]]) -> dict[str, Any]:
+    series: dict[str, tuple[str, list[tuple[float, float]]]] = {}
+    for t, run, value in sorted(points, key=lambda p: (p[1], p[0])):
+        name = f"run {run}"
+        series.setdefault(name, (data.color(run), []))[1].append((t, value))
+    return series
+
+
 def steps_svg(data: ReportData) -> str:
-    """The step over time, one line per run."""
+    """The step over time, one line per run, in its verdict's colour."""
     lo, hi = data.span
-    series: dict[str, list[tuple[float, float]]] = {}
-    for t, run, step in data.steps:
-        series.setdefault(f"run {run}", []).append((t, float(step)))
-    return _line_chart("Steps", series, lo, hi, "")
+    points = [(t, run, float(step)) for t, run, step in data.steps]
+    return _line_chart("Steps", _per_run(data, points), lo, hi, "")
+
+
+def loss_svg(data: ReportData) -> str:
+    """The training loss over time, one line per run (from recognised formats or notify)."""
+    lo, hi = data.span
+    return _line_chart("Loss", _per_run(data, data.losses), lo, hi, "")
 
 
 def gpu_svg(data: ReportData) -> str:
     """Memory used per GPU over time."""
     lo, hi = data.span
-    series = {f"gpu {i}": pts for i, pts in data.gpu_memory.items()}
+    series = {
+        f"gpu {i}": (_GPU_PALETTE[n % len(_GPU_PALETTE)], pts)
+        for n, (i, pts) in enumerate(sorted(data.gpu_memory.items()))
+    }
     return _line_chart("GPU memory used", series, lo, hi, " MiB")
 
 
@@ -240,22 +276,25 @@ def render_html(data: ReportData, title: str) -> str:
     for span in sorted(data.runs.values(), key=lambda r: r.run):
         duration = f"{(span.end - span.start):.1f}s" if span.end else "running"
         first = f"{span.first_step_at - span.start:.1f}s" if span.first_step_at else "-"
-        color = VERDICT_COLORS.get(span.verdict, "#424242")
+        color = data.color(span.run)
         rows.append(
             f"<tr><td>{span.run}</td><td style='color:{color}'><b>{html.escape(span.verdict)}</b></td>"
             f"<td>{html.escape(span.reason)}</td><td>{duration}</td><td>{first}</td>"
             f"<td>{'' if span.last_step is None else span.last_step}</td></tr>"
         )
     fatal = "".join(
-        f"<p class='fatal'>fatal: {html.escape(reason)}</p>" for _, reason in data.fatal
+        f"<p class='fatal'>fatal after run {run} at {_clock(at)} UTC: {html.escape(reason)}</p>"
+        for at, run, reason in data.fatal
     )
+    loss = f"<div>{loss_svg(data)}</div>" if data.losses else ""
     gpu = (
         gpu_svg(data) if data.gpu_memory else "<p>No GPU records in this log (GPU checks off).</p>"
     )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:20px;color:#222}}table{{border-collapse:collapse}}
-td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}}.fatal{{color:#c62828;font-weight:bold}}</style>
+td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}}.fatal{{color:#c62828;font-weight:bold}}
+svg{{max-width:100%;height:auto}}</style>
 </head><body>
 <h2>{html.escape(title)}</h2>
 <table><tr><th>run</th><th>verdict</th><th>reason</th><th>duration</th><th>first step after</th><th>last step</th></tr>
@@ -263,6 +302,7 @@ td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}}.fatal{{co
 {fatal}
 <div>{timeline_svg(data)}</div>
 <div>{steps_svg(data)}</div>
+{loss}
 <div>{gpu}</div>
 </body></html>
 """
@@ -271,6 +311,8 @@ td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}}.fatal{{co
 def svg_document(data: ReportData) -> str:
     """The three charts stacked in one SVG (for ``-o report.svg``)."""
     charts = [timeline_svg(data), steps_svg(data)]
+    if data.losses:
+        charts.append(loss_svg(data))
     if data.gpu_memory:
         charts.append(gpu_svg(data))
     y = 0

@@ -8,7 +8,7 @@ from pathlib import Path
 from unittest import mock
 
 from dflashd.logs import RotatingLogWriter, read_records
-from dflashd.supervisor.report import collect, render_html, svg_document
+from dflashd.supervisor.report import VERDICT_COLORS, collect, render_html, svg_document
 
 
 def write_fixture(logs: Path) -> None:
@@ -46,7 +46,7 @@ def write_fixture(logs: Path) -> None:
         if t == 10:
             writer.write_event(2, "first_step", {"step": 1})
         else:
-            writer.write_event(2, "progress", {"step": i * 100})
+            writer.write_event(2, "progress", {"step": i * 100, "loss": 4.0 - i * 0.2})
     at(400)
     gpu(0)
     writer.write_event(2, "exit", {"verdict": "crashed", "reason": "gpu_xid_79", "step": 1200})
@@ -55,6 +55,8 @@ def write_fixture(logs: Path) -> None:
     at(420)
     writer.write_event(3, "first_step", {"step": 1201})
     gpu(31000)
+    at(430)
+    writer.write_event(3, "fatal", {"reason": "early_retries_exhausted"})
     writer.close()
 
 
@@ -69,8 +71,14 @@ def test_report_data_and_page(tmp_path: Path) -> None:
     ]
     assert data.runs[2].last_step == 1200 and sorted(data.gpu_memory) == [0, 1]
     page = render_html(data, "fixture")
-    assert page.count("<svg") == 3 and "gpu_xid_79" in page and "import_error" in page
+    assert page.count("<svg") == 4 and "gpu_xid_79" in page and "import_error" in page
     assert "<script" not in page  # self-contained and static
+    # One colour per verdict everywhere: run 2 crashed, so its step and loss lines are red.
+    crashed = VERDICT_COLORS["crashed"]
+    assert data.color(2) == crashed
+    assert page.count(f'stroke="{crashed}"') == 2  # its step line and its loss line
+    assert f"color:{crashed}" in page and f'fill="{crashed}"' in page
+    assert [round(loss, 1) for _, run, loss in data.losses if run == 2][:2] == [3.8, 3.6]
 
 
 def test_report_cli_writes_html_and_svg(tmp_path: Path) -> None:
@@ -96,6 +104,6 @@ def test_report_cli_writes_html_and_svg(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         assert "3 runs" in result.stdout
     svg = (tmp_path / "report.svg").read_text()
-    assert svg.startswith("<svg") and svg.count("<polyline") == 4  # 2 step series + 2 GPUs
+    assert svg.startswith("<svg") and svg.count("<polyline") == 5  # 2 steps, 1 loss, 2 GPUs
     with mock.patch("sys.argv", ["x"]):
         assert svg_document(collect(read_records(home / "logs"))) == svg
