@@ -175,15 +175,10 @@ class Daemon:
             elif self.observer.lines(self.run, message, now):
                 self.timers.state_dirty = True
 
-    @property
-    def done(self) -> bool:
-        """True once the daemon has nothing left to do (stopped, completed or fatal)."""
-        return self.state in _DONE_STATES
-
     # -- the loop -------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self.done:
+        while self.state not in _DONE_STATES:
             for key, _ in self._selector.select(self.next_timeout()):
                 if key.data == "wake":
                     self._on_wake()
@@ -277,7 +272,7 @@ class Daemon:
 
     def request_stop(self, timeout_s: float) -> None:
         """Stop: SIGTERM to the child's group, SIGKILL after ``timeout_s``, then exit."""
-        if self._stop_requested or self.done:
+        if self._stop_requested or self.state in _DONE_STATES:
             return
         if not math.isfinite(timeout_s) or not 0 <= timeout_s <= MAX_SECONDS:
             timeout_s = self.config.restart.stop_timeout_s
