@@ -279,7 +279,7 @@ class LineWatcher:
         self._last_post = float("-inf")
         self._stepped = False
         self._pending: LineProgress | None = None
-        self._pending_line: str | None = None
+        self._last_frame: Frame | None = None  # decoded only when a message is posted
 
     def __call__(self, src: str, frame: Frame) -> None:
         if self._tap is not None:
@@ -289,8 +289,7 @@ class LineWatcher:
         with self._lock:
             if found is not None:
                 self._pending = found
-            last = frame.last_lines(1)
-            self._pending_line = last[0] if last else self._pending_line
+            self._last_frame = frame
             first = found is not None and not self._stepped
             wait = STEP_POST_S if self._pending is not None else LIVENESS_POST_S
             if not first and now - self._last_post < wait:
@@ -299,7 +298,8 @@ class LineWatcher:
         self._post(message)
 
     def _take(self, now: float) -> LinesSeen:
-        message = LinesSeen(self.run_no, self._pending, self._pending_line)
+        last = self._last_frame.last_lines(1) if self._last_frame is not None else []
+        message = LinesSeen(self.run_no, self._pending, last[0] if last else None)
         self._stepped = self._stepped or self._pending is not None
         self._pending, self._last_post = None, now
         return message
@@ -320,8 +320,8 @@ class LineWatcher:
     def flush(self) -> None:
         """Post what is pending (on the loop thread: when it is due, or once the child is dead)."""
         with self._lock:
-            if self._pending is None and self._pending_line is None:
+            if self._pending is None and self._last_frame is None:
                 return
             message = self._take(self._monotonic())
-            self._pending_line = None
+            self._last_frame = None
         self._post(message)
