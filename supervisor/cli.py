@@ -22,6 +22,7 @@ from dflashd.supervisor.cli_common import (
     fail,
     home_option,
     resolve_home,
+    timeout_option,
 )
 from dflashd.supervisor.cli_logs import report, tail
 from dflashd.supervisor.cli_start import (
@@ -147,13 +148,7 @@ def _current_state(home: Home) -> tuple[dict[str, Any] | None, bool]:
 
 @main.command()
 @home_option
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0, max=1e7),
-    default=None,
-    help="Seconds between SIGTERM and SIGKILL [default: restart.stop_timeout_s].",
-)
+@timeout_option("Seconds between SIGTERM and SIGKILL [default: restart.stop_timeout_s].")
 def stop(home: Path | None, timeout_s: float | None) -> None:
     """Stop the job (SIGTERM to its process group, SIGKILL after the timeout) and the daemon."""
     where = resolve_home(home)
@@ -191,13 +186,7 @@ def _stop(home: Home, timeout_s: float | None) -> None:
 
 @main.command()
 @home_option
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0, max=1e7),
-    default=None,
-    help="Seconds between SIGTERM and SIGKILL for the running job.",
-)
+@timeout_option("Seconds between SIGTERM and SIGKILL for the running job.")
 @config_option("A config to start with instead of the last start's.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def restart(

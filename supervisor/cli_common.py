@@ -37,6 +37,19 @@ def config_option(help_text: str) -> Callable[[Any], Any]:
     )
 
 
+def timeout_option(help_text: str) -> Callable[[Any], Any]:
+    """``--timeout S``: finite seconds, at most the config's bound on durations."""
+    from dflashd.supervisor.config import MAX_SECONDS
+
+    return click.option(
+        "--timeout",
+        "timeout_s",
+        type=click.FloatRange(min=0, max=MAX_SECONDS),
+        default=None,
+        help=help_text,
+    )
+
+
 def resolve_home(path: Path | None) -> Home:
     """The command's ``--home``, else the group's, else the default."""
     if path is None:
@@ -80,18 +93,9 @@ def parse_since(text: str, now: float | None = None) -> str:
 
 def known_runs(home: Home) -> list[int]:
     """The run numbers this home has a record of (runs.sqlite, read-only)."""
-    import sqlite3
+    from dflashd.supervisor.history import recorded_runs
 
-    if not home.runs_db.is_file():
-        return []
-    try:
-        db = sqlite3.connect(f"file:{home.runs_db}?mode=ro", uri=True, timeout=1.0)
-        try:
-            return [int(r[0]) for r in db.execute("SELECT run FROM runs ORDER BY run")]
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return []
+    return recorded_runs(home.runs_db)
 
 
 def resolve_run(home: Home, which: str | None, *, must_exist: bool = True) -> int | None:

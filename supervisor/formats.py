@@ -60,6 +60,18 @@ def _c(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
+def _tqdm(bar: str) -> _Format:
+    """A tqdm bar after its description (``desc``), which must be empty or say training."""
+    return _Format(
+        "tqdm",
+        _c(r"^(?P<desc>.*?)\s*" + bar),
+        1,
+        _c(r"\bloss[=:]\s*" + _NUM),
+        zero_is_start=True,
+        training_desc_only=True,
+    )
+
+
 FORMATS: Final[tuple[_Format, ...]] = (
     _Format(
         "megatron",
@@ -88,22 +100,8 @@ FORMATS: Final[tuple[_Format, ...]] = (
         None,
         _c(r"\bLoss: " + _NUM),
     ),
-    _Format(
-        "tqdm",
-        _c(r"^(?P<desc>.*?)\s*[0-9]+%\|[^|]*\|\s*(?P<step>[0-9]+)/[0-9]+ \[[0-9:]+<"),
-        1,
-        _c(r"\bloss[=:]\s*" + _NUM),
-        zero_is_start=True,
-        training_desc_only=True,
-    ),
-    _Format(
-        "tqdm",
-        _c(r"^(?P<desc>.*?)\s*(?P<step>[0-9]+)it \[[0-9:]+,"),
-        1,
-        _c(r"\bloss[=:]\s*" + _NUM),
-        zero_is_start=True,
-        training_desc_only=True,
-    ),
+    _tqdm(r"[0-9]+%\|[^|]*\|\s*(?P<step>[0-9]+)/[0-9]+ \[[0-9:]+<"),  # n/total [elapsed<left
+    _tqdm(r"(?P<step>[0-9]+)it \[[0-9:]+,"),  # an unknown total: n it [elapsed,
     _Format(
         "plain",
         # "resuming from step 1000", "saved at step 500" name a step, they do not take one

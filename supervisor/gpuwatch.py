@@ -91,6 +91,7 @@ class GpuWatch:
     def __init__(self, settings: GpuSettings) -> None:
         self.settings = settings
         self.status = "off"
+        self._sampling = False
         self.last: tuple[dict[str, Any], ...] = ()
         self.poller: GpuPoller | None = None
         self._sample: GpuSample | None = None
@@ -103,7 +104,7 @@ class GpuWatch:
     @property
     def on(self) -> bool:
         """True when the GPU checks are on (a sampler was created)."""
-        return self.status.startswith("on")
+        return self._sampling
 
     def begin(
         self,
@@ -129,7 +130,7 @@ class GpuWatch:
         except GpuUnavailable as exc:
             self.status = f"off ({exc})"
             return Event.GPU_CHECKS_OFF, {"reason": str(exc)}
-        self.status = f"on ({sampler.name})"
+        self.status, self._sampling = f"on ({sampler.name})", True
         try:
             self.last = tuple(reading_to_dict(r, None) for r in sampler.sample())
         except Exception as exc:  # a broken driver must not stop the daemon

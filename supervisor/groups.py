@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -160,17 +160,30 @@ def reap_any() -> None:
             return
 
 
-def terminate_group(ops: ProcessOps, pgid: int, timeout_s: float) -> None:
-    """SIGTERM a group we started, SIGKILL what is left after ``timeout_s`` (blocking: shutdown only)."""
-    ops.signal_group(pgid, signal.SIGTERM)
+def term_then_kill(
+    send: Callable[[int], object], gone: Callable[[], bool], timeout_s: float
+) -> None:
+    """``send(SIGTERM)``, wait until ``gone()``, ``send(SIGKILL)`` after ``timeout_s``.
+
+    Blocking (shutdown and start-up only).  Polls: the processes are grandchildren or a
+    previous daemon's, not children this process can wait on, so no event exists.
+    """
+    send(signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not ops.group_members(pgid):
-            return
         reap_any()
-        time.sleep(0.05)  # polling a group that is not ours to wait on: no event exists
-    ops.signal_group(pgid, signal.SIGKILL)
+        if gone():
+            return
+        time.sleep(0.05)
+    send(signal.SIGKILL)
     reap_any()
+
+
+def terminate_group(ops: ProcessOps, pgid: int, timeout_s: float) -> None:
+    """SIGTERM a group we started, SIGKILL what is left after ``timeout_s``."""
+    term_then_kill(
+        lambda sig: ops.signal_group(pgid, sig), lambda: not ops.group_members(pgid), timeout_s
+    )
 
 
 def kill_own_descendants(exclude: set[int]) -> None:

@@ -81,3 +81,17 @@ def open_history(path: Path) -> RunHistory | None:
         return RunHistory(path)
     except sqlite3.Error:
         return None
+
+
+def recorded_runs(path: Path) -> list[int]:
+    """The run numbers in a history file, read-only (empty when there is none or it is unreadable)."""
+    if not path.is_file() or path.is_symlink():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1.0)
+        try:
+            return [int(row[0]) for row in db.execute("SELECT run FROM runs ORDER BY run")]
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return []

@@ -16,14 +16,12 @@ ended by pid (never by a group id that may have been reused).
 from __future__ import annotations
 
 import os
-import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.groups import ProcessOps, reap_any
+from dflashd.supervisor.groups import ProcessOps, term_then_kill
 
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _SAME_CREATE_TIME_S: Final = 0.05  # create times are in clock ticks (1/100 s)
@@ -108,18 +106,16 @@ def find_leftovers(
 
 
 def end_processes(ops: ProcessOps, pids: list[int], timeout_s: float) -> None:
-    """SIGTERM each proven pid, SIGKILL the ones left after ``timeout_s`` (blocking: start-up only)."""
-    for pid in pids:
-        ops.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        reap_any()
-        if all(ops.create_time(pid) is None or _is_zombie(pid) for pid in pids):
-            return
-        time.sleep(0.05)  # not our children: there is no event to wait on
-    for pid in pids:
-        ops.kill(pid, signal.SIGKILL)
-    reap_any()
+    """SIGTERM each proven pid, SIGKILL the ones left after ``timeout_s`` (by pid, never a group)."""
+
+    def send(signum: int) -> None:
+        for pid in pids:
+            ops.kill(pid, signum)
+
+    def gone() -> bool:
+        return all(ops.create_time(pid) is None or _is_zombie(pid) for pid in pids)
+
+    term_then_kill(send, gone, timeout_s)
 
 
 def _is_zombie(pid: int) -> bool:
