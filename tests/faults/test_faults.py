@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import psutil
 import pytest
 
-from dflashd.logs import EventRecord, LineRecord, read_records
+from dflashd.logs import EventRecord, LineRecord, follow, read_records
 from dflashd.supervisor.recovery import boot_id
 from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
 
@@ -35,6 +36,17 @@ def stranger() -> Iterator[subprocess.Popen[bytes]]:
     yield proc
     proc.kill()
     proc.wait()
+
+
+def _wait_for_event(home: Path, name: str, timeout: float = 20) -> None:
+    """Follow the run log until a dflashd record named ``name`` appears (bounded)."""
+    deadline = time.monotonic() + timeout
+    stream = follow(home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline)
+    with closing(stream):
+        for record in stream:
+            if isinstance(record, EventRecord) and record.event == name:
+                return
+    raise AssertionError(f"no {name} record within {timeout}s")
 
 
 def _state(home: Path, **fields: object) -> None:
@@ -175,10 +187,7 @@ def test_4_full_disk_at_the_end_of_a_run(tmp_path: Path) -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 20
-        while not (home / "runs.sqlite").exists():  # the daemon's files are the only signal
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
+        _wait_for_event(home, "launched")  # runs.sqlite, state.json and the log are open by then
         fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
         try:
             while True:
@@ -214,10 +223,7 @@ def test_5_idle_connections_and_a_small_fd_limit(home: Path, tmp_path: Path) -> 
     clients: list[socket.socket] = []
     try:
         sock_path = home / "control.sock"
-        deadline = time.monotonic() + 20
-        while not sock_path.exists():  # the daemon's socket is the event; it has no other signal
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
+        _wait_for_event(home, "launched")  # the control socket is bound before the launch
         for _ in range(200):
             client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
