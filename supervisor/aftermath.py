@@ -84,6 +84,8 @@ class Ledger:
     last_exit: dict[str, Any] | None = None
     fatal_reason: str | None = None
     clear_cache_next: bool = False
+    agent_restarts: int = 0  # torchrun restarted its workers itself (this daemon's lifetime)
+    agent_worker_failures: int = 0
 
     def book(
         self,
@@ -117,6 +119,8 @@ class Ledger:
 # by a healthy disk, and the exit record still follows every byte caught up.
 CATCH_UP_S = 5.0
 DUMP_GRACE_S = 3.0  # between SIGABRT (stack dump) and SIGKILL
+LEFTOVER_GRACE_S = 3.0  # a dead run's leftovers: between SIGTERM and SIGKILL, before a relaunch
+LEFTOVER_POLL_S = 0.1
 
 
 class Aftermath:
@@ -134,6 +138,7 @@ class Aftermath:
         self.config, self.clock, self.ops = config, clock, ops
         self.reporter, self.observer, self.ledger = reporter, observer, ledger
         self.ended_groups: list[int] = []
+        self._leftovers_since: float | None = None
         self._rng = random.Random()
 
     def restore(self, previous: dict[str, Any], home: Home, boot: str | None) -> None:
@@ -148,6 +153,38 @@ class Aftermath:
         writer = self.reporter.writer
         if writer.torn_bytes:
             self.reporter.event(writer.last_run, Event.LOG_TORN_TAIL, bytes=writer.torn_bytes)
+
+    def end_leftovers(self, run: Run | None, now: float) -> float | None:
+        """Before a relaunch, end what the dead run left running; None once nothing is left.
+
+        Its group's members, and the orphans we adopted as subreaper (a torchrun agent's
+        workers run in sessions of their own, so a SIGKILLed agent leaves them behind): SIGTERM,
+        then SIGKILL after ``LEFTOVER_GRACE_S``.  Returns when to look again meanwhile.
+        """
+        pids = self._leftovers(run)
+        if not pids or run is None:
+            self._leftovers_since = None
+            return None
+        if self._leftovers_since is None:
+            self._leftovers_since = now
+            named = {str(pid): self.ops.cmdline(pid) for pid in sorted(pids)}
+            self.reporter.announce(
+                run.run_no, Event.ENDING_LEFTOVERS, "warning", pids=named, signal="SIGTERM"
+            )
+            for pid in pids:
+                self.ops.kill(pid, signal.SIGTERM)
+                self.ops.kill(pid, signal.SIGCONT)
+        elif now - self._leftovers_since >= LEFTOVER_GRACE_S:
+            for pid in pids:
+                self.ops.kill(pid, signal.SIGKILL)
+        return now + LEFTOVER_POLL_S
+
+    def _leftovers(self, run: Run | None) -> set[int]:
+        if run is None or run.pid is None or run.alive:
+            return set()
+        pids = self.ops.group_members(run.pid) if self.ops.group_alive(run.pid) else set()
+        adopted = self.ops.live_children(os.getpid()) - set(self.reporter.alerts.pids) - {run.pid}
+        return pids | adopted
 
     def sweep(self, run: Run | None, *, own_descendants: bool) -> None:
         """Shutdown: every group we started ends with us (grandchildren holding pipes too)."""

@@ -113,9 +113,19 @@ class Config:
         2.0, above=None, low=0.0
     )  # `dflashd start` waits for signs of life
     metrics_listen: str = ""
+    node: str = (
+        ""  # this node's name in status and metrics (a node of a larger job); "": the host name
+    )
     restart: RestartConfig = _key(factory=RestartConfig)
     logs: LogsConfig = _key(factory=LogsConfig)
     alerts: AlertsConfig = _key(factory=AlertsConfig)
+
+    @property
+    def node_name(self) -> str:
+        """``node``, or the host name."""
+        import socket
+
+        return self.node or socket.gethostname()
 
     @property
     def gpus_enabled(self) -> bool:

@@ -93,7 +93,7 @@ class Daemon:
         self.gpu = GpuWatch(GpuSettings.from_config(config))
         self.boot_id = boot_id()
         self.reporter = Reporter(home, config, self._systemd)
-        self.observer = RunObserver(self.reporter, self.gpu, self.ops)
+        self.observer = RunObserver(self.reporter, self.gpu, self.ops, self.ledger)
         self.launcher = Launcher(
             home,
             config,
@@ -217,16 +217,15 @@ class Daemon:
                 run.kill_at_mono = None
                 self.ops.signal_group(run.pid, signal.SIGKILL)
             stall = None if run.ended_by_us else run.progress.stall_deadline(self._limits)
-            if stall is not None and now >= stall:
-                self.aftermath.end_run(run, run.progress.stall_reason())
+            if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
+                self.aftermath.end_run(run, why)
         if self.timers.stop_deadline is not None and now >= self.timers.stop_deadline:
             self.timers.stop_deadline = None
             if run is not None and run.alive and run.pid is not None:
                 self.reporter.event(run.run_no, Event.STOP_TIMEOUT, signal="SIGKILL")
                 self.ops.signal_group(run.pid, signal.SIGKILL)
         for due in ("restart_at", "release_check_at"):
-            at = getattr(self.timers, due)
-            if at is not None and now >= at:
+            if (at := getattr(self.timers, due)) is not None and now >= at:
                 setattr(self.timers, due, None)
                 self._relaunch_when_released(now)
         if self.timers.state_write_due(now):
@@ -235,6 +234,9 @@ class Daemon:
     # -- launch ---------------------------------------------------------------------------
 
     def _relaunch_when_released(self, now: float) -> None:
+        if (wait := self.aftermath.end_leftovers(self.run, now)) is not None:
+            self.timers.release_check_at = wait  # nothing of the dead run lives into the next
+            return
         check = self.gpu.release_check(self.run, self.ops, now)
         for event, fields in check.records:
             self.reporter.event(self.run.run_no if self.run else 0, event, **fields)

@@ -23,6 +23,11 @@ class Event(StrEnum):
     STOP_TIMEOUT = "stop_timeout"
     EXIT = "exit"
     LEFTOVER_PROCESSES = "leftover_processes"
+    ENDING_LEFTOVERS = "ending_leftovers"  # before a relaunch: what the dead run left running
+    # a node of a larger job: what torchrun's agent handled itself (elastic.py)
+    WORKER_FAILED = "worker_failed"
+    WORKERS_RESTARTED = "workers_restarted"
+    RENDEZVOUS = "rendezvous"
     # what follows a run
     RESTART = "restart"
     CACHE_CLEARED = "cache_cleared"

@@ -52,6 +52,10 @@ class ProcessOps(Protocol):
         """The process group of ``pid`` (None when it is gone)."""
         ...
 
+    def live_children(self, pid: int) -> set[int]:
+        """The live (non-zombie) children of ``pid``; of the daemon itself: orphans it adopted too."""
+        ...
+
     def descends_from(self, pid: int, root: int) -> bool:
         """True when ``root`` is among the parents of ``pid``."""
         ...
@@ -116,6 +120,23 @@ class HostProcesses:
             return os.getpgid(pid)
         except OSError:
             return None
+
+    def live_children(self, pid: int) -> set[int]:
+        """psutil's children, zombies left out."""
+        import psutil
+
+        try:
+            found = psutil.Process(pid).children()
+        except psutil.Error:
+            return set()
+        live: set[int] = set()
+        for child in found:
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    live.add(child.pid)
+            except psutil.Error:
+                continue
+        return live
 
     def descends_from(self, pid: int, root: int) -> bool:
         """Walk the parents of ``pid``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor import __version__
@@ -19,6 +19,7 @@ from dflashd.supervisor.caches import clear_owned_cache
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.diagnostics import bind_run, get_logger
+from dflashd.supervisor.elastic import ElasticState, scan_frame, torchrun_job
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
@@ -84,16 +85,22 @@ class Launcher:
         spec = ChildEnvironment(self.home.notify_socket, self.home.cache, run_no, self.home.root)
         run = Run(run_no, self.config.command, now, self.clock.time(), Progress(now))
         run.progress.sees_steps = self.sees_steps
+        job = torchrun_job(run.argv)
+        if job is not None:  # a node of a larger job: its agent's rendezvous is warm-up
+            run.elastic = ElasticState(job, rendezvous_since=now)
+            run.progress.rendezvous = True
         run.gpu_baseline_mib = self.gpu.baseline()
         if clear_cache:
             self._clear_cache(run_no)
-        spawn_fields = {
+        spawn_fields: dict[str, Any] = {
             "argv": list(run.argv),
             "cwd": str(cwd),
             "env_keys": sorted(dflashd_env(spec)),
             "config_env_keys": sorted(self.config.env),
             "dflashd_version": __version__,
         }
+        if job is not None:
+            spawn_fields["torchrun"] = job.fields()
         self.reporter.event_on_disk(run_no, Event.SPAWN, spawn_fields, SPAWN_ON_DISK_S)
         argv_text = " ".join(run.argv)
         try:
@@ -114,6 +121,8 @@ class Launcher:
         bind_run(run=run_no, pid=launched.pid)
         self.reporter.announce(run_no, Event.LAUNCHED, "info", pid=launched.pid, pgid=launched.pid)
         callback = run.watcher = self._on_lines(run_no)
+        if run.elastic is not None:
+            callback.agent_scan = scan_frame
         run.drains = [
             PipeDrain(
                 fd,

@@ -8,7 +8,7 @@ published (replaced whole, never mutated) plus the log sink's counters.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from dflashd.supervisor import __version__
@@ -118,10 +118,41 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
         for ok in ("true", "false"):
             alerts.add_metric([kind.value, ok], float(sent.get(f"{kind.value}:{ok}", 0.0)))
     yield alerts
+    yield from _elastic_families(snapshot.get("elastic"))
     info = GaugeMetricFamily("dflashd_info", "dflashd's version", labels=["version"])
     info.add_metric([str(snapshot.get("version") or __version__)], 1.0)
     yield info
     yield GaugeMetricFamily("dflashd_up", "1 while the daemon serves its loop", value=1.0)
+
+
+def labelled_by_node(families: Iterable[Any], node: str) -> Iterator[Any]:
+    """Every series labelled ``node``: a cluster's nodes stay apart in one Prometheus."""
+    for family in families:
+        family.samples = [s._replace(labels={**s.labels, "node": node}) for s in family.samples]
+        yield family
+
+
+def _elastic_families(elastic: dict[str, Any] | None) -> Iterator[Any]:
+    """A torchrun job's agent: restarts it handled itself, and how long it waits for its peers."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if elastic is None:
+        return
+    yield CounterMetricFamily(
+        "dflashd_agent_restarts",
+        "Worker-group restarts torchrun's agent made itself (this daemon's lifetime)",
+        value=float(elastic.get("restarts_total") or 0),
+    )
+    yield CounterMetricFamily(
+        "dflashd_agent_worker_failures",
+        "Worker failures torchrun's agent reported (this daemon's lifetime)",
+        value=float(elastic.get("worker_failures_total") or 0),
+    )
+    yield GaugeMetricFamily(
+        "dflashd_rendezvous_waiting_seconds",
+        "How long the agent has been waiting for its peers (0 when not waiting)",
+        value=float(elastic.get("rendezvous_waiting_s") or 0.0),
+    )
 
 
 class MetricsServer:
@@ -140,7 +171,10 @@ class MetricsServer:
 
     def collect(self) -> Iterator[Any]:
         """prometheus-client's collector interface."""
-        yield from metric_families(self._snapshot(), self._extra(), time.time())
+        snapshot = self._snapshot()
+        yield from labelled_by_node(
+            metric_families(snapshot, self._extra(), time.time()), str(snapshot.get("node") or "")
+        )
 
     def start(self) -> None:
         """Bind and serve on a daemon thread (raises OSError when the address is taken)."""

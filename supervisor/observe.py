@@ -9,8 +9,9 @@ the grace), it returns the reason and the daemon ends the run.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from dflashd.supervisor.elastic import AgentLine, AgentSaid, ElasticState
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpu import GpuSample
 from dflashd.supervisor.gpuwatch import GpuWatch
@@ -22,14 +23,17 @@ from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
 
+if TYPE_CHECKING:
+    from dflashd.supervisor.aftermath import Ledger
+
 _LAST_LINE_CHARS = 500
 
 
 class RunObserver:
     """Evidence in, progress and records out."""
 
-    def __init__(self, reporter: Reporter, gpu: GpuWatch, ops: ProcessOps) -> None:
-        self.reporter, self.gpu, self.ops = reporter, gpu, ops
+    def __init__(self, reporter: Reporter, gpu: GpuWatch, ops: ProcessOps, ledger: Ledger) -> None:
+        self.reporter, self.gpu, self.ops, self.ledger = reporter, gpu, ops, ledger
         self.recovering_from: str | None = None  # "stalled" or "fatal": alert when training resumes
 
     def lines(self, run: Run | None, seen: LinesSeen, now: float) -> bool:
@@ -38,6 +42,9 @@ class RunObserver:
             return False
         if seen.last_line is not None:
             run.progress.last_line = seen.last_line[:_LAST_LINE_CHARS]
+        completed = [s for s in seen.agent if self._agent_said(run, s, now)]
+        if completed and run.elastic is not None:  # after the batch: its world lines are in
+            self._rendezvous_record(run, run.elastic, completed[-1].fields)
         found = seen.progress
         if found is None:
             run.progress.on_alive(now)
@@ -54,6 +61,8 @@ class RunObserver:
             return False
         if msg.sender_pid is not None and not run.belongs(msg.sender_pid, self.ops):
             return False  # a leftover of an earlier run, or a stranger: not this run's progress
+        if run.elastic is not None and msg.sender_pid not in (None, run.pid):
+            self._workers_running(run, now)  # a worker speaks: the agent's rendezvous is over
         change = run.progress.on_notify(msg, now)
         if change.status is not None:
             self.reporter.event(run.run_no, Event.CHILD_STATUS, status=change.status)
@@ -74,8 +83,69 @@ class RunObserver:
             run.progress.on_alive(now)
         return EndedBy.NO_GPU_MEMORY if update.no_gpu_memory else None
 
+    def stall_reason(self, run: Run, now: float) -> EndedBy | None:
+        """The run passed its deadline: why it ends, or None when it turns out not to be stuck.
+
+        A torchrun agent that launched workers is past its rendezvous even if nothing said so
+        (at torchrun's default log level the rendezvous is silent): the process tree decides.
+        """
+        progress = run.progress
+        if progress.rendezvous and run.pid is not None and self.ops.live_children(run.pid):
+            self._workers_running(run, now)
+            return None
+        return progress.stall_reason()
+
+    def _agent_said(self, run: Run, said: AgentLine, now: float) -> bool:
+        """Apply one agent line and record it; True for a completed rendezvous (recorded later)."""
+        state = run.elastic
+        if state is None or not state.take(said, now):
+            return False
+        if not run.progress.reached_first_step:  # after it, the stall rule decides alone
+            run.progress.rendezvous = state.rendezvous == "waiting"
+        if said.said is AgentSaid.RENDEZVOUS_DONE:
+            return True
+        fields: dict[str, Any] = dict(said.fields)
+        if said.said is AgentSaid.WORKER_FAILED:
+            self.ledger.agent_worker_failures += 1
+            fields["worker_failures"] = state.worker_failures
+            self.reporter.announce(run.run_no, Event.WORKER_FAILED, "warning", **fields)
+        elif said.said in (AgentSaid.GROUP_RESTART, AgentSaid.MEMBERSHIP_RESTART):
+            self.ledger.agent_restarts += 1
+            cause = "failure" if said.said is AgentSaid.GROUP_RESTART else "node_joined"
+            self.reporter.announce(
+                run.run_no,
+                Event.WORKERS_RESTARTED,
+                "warning",
+                by="torchrun",
+                cause=cause,
+                restarts=state.group_restarts,
+                **fields,
+            )
+        elif said.said is AgentSaid.RENDEZVOUS_TIMEOUT:
+            self.reporter.event(run.run_no, Event.RENDEZVOUS, state="timeout", **state.job.fields())
+        else:
+            self._rendezvous_record(run, state, fields)
+        return False
+
+    def _workers_running(self, run: Run, now: float) -> None:
+        state = run.elastic
+        run.progress.rendezvous = False
+        if state is None or state.rendezvous == "complete":
+            return
+        state.workers_running()
+        self._rendezvous_record(run, state, {"evidence": "workers_running"})
+
+    def _rendezvous_record(self, run: Run, state: ElasticState, fields: dict[str, Any]) -> None:
+        fields = {"state": state.rendezvous, **fields}
+        if state.rendezvous == "complete":
+            fields.setdefault("group_rank", state.group_rank)
+            fields.setdefault("group_world_size", state.group_world_size)
+        self.reporter.event(run.run_no, Event.RENDEZVOUS, **fields)
+
     def _progressed(self, run: Run, change: Change) -> None:
         progress = run.progress
+        if change.first_step and run.elastic is not None:
+            self._workers_running(run, progress.first_step_mono or run.started_mono)
         if progress.reached_first_step:
             run.phase = Phase.TRAINING
         if change.first_step and progress.first_step_mono is not None:

@@ -17,6 +17,9 @@ The first-step and stall rule (docs/design.md, "Progress"):
 - After the first step, a run that reports steps must keep reporting them; one that does
   not report steps (its first step came from the GPU, say) stays alive by any output or
   GPU activity.
+- A torchrun agent waiting in its rendezvous (elastic.py) is warm-up, not silence: until its
+  workers run, ``first_step_timeout_s`` from launch applies, and passing it is a
+  ``rendezvous_timeout``, not a stall.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from dflashd.logs.framer import Frame
+from dflashd.supervisor.elastic import AgentLine
 from dflashd.supervisor.formats import FormatMatcher
 from dflashd.supervisor.notify import NotifyMessage
 from dflashd.supervisor.verdicts import EndedBy
@@ -141,6 +145,7 @@ class Progress:
     extend_until_mono: float | None = None
     last_record_mono: float = float("-inf")
     last_line: str | None = None
+    rendezvous: bool = False  # a torchrun agent waiting for its peers: warm-up, not silence
 
     @property
     def reached_first_step(self) -> bool:
@@ -221,7 +226,7 @@ class Progress:
         if self.first_step_mono is None:
             quiet = max(self.started_mono, self.last_alive_mono or self.started_mono)
             silence = quiet + limits.stall_timeout_s
-            if not self.sees_steps:
+            if not self.sees_steps and not self.rendezvous:
                 return silence  # no way to see steps: only total silence ends the run
             deadline = self.started_mono + limits.first_step_timeout_s
             if self.extend_until_mono is not None:
@@ -232,6 +237,8 @@ class Progress:
 
     def stall_reason(self) -> EndedBy:
         """Which stall a passed deadline means."""
+        if self.first_step_mono is None and self.rendezvous:
+            return EndedBy.RENDEZVOUS_TIMEOUT
         if self.first_step_mono is None and self.sees_steps:
             return EndedBy.FIRST_STEP_TIMEOUT
         return EndedBy.NO_PROGRESS
@@ -244,6 +251,7 @@ class LinesSeen:
     run_no: int
     progress: LineProgress | None
     last_line: str | None
+    agent: tuple[AgentLine, ...] = ()  # torchrun agent lines (elastic.py), in order
 
 
 LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second
@@ -280,17 +288,22 @@ class LineWatcher:
         self._stepped = False
         self._pending: LineProgress | None = None
         self._last_frame: Frame | None = None  # decoded only when a message is posted
+        self.agent_scan: Callable[[Frame], list[AgentLine]] | None = None  # a torchrun job's
+        self._agent: list[AgentLine] = []
 
     def __call__(self, src: str, frame: Frame) -> None:
         if self._tap is not None:
             self._tap(self.run_no, src, frame)
         found = self._matcher.match(frame)
+        agent = self.agent_scan(frame) if self.agent_scan is not None else []
         now = self._monotonic()
         with self._lock:
             if found is not None:
                 self._pending = found
             self._last_frame = frame
-            first = found is not None and not self._stepped
+            self._agent.extend(agent)
+            # The first step, and what the agent says (rare), go at once.
+            first = (found is not None and not self._stepped) or bool(agent)
             wait = STEP_POST_S if self._pending is not None else LIVENESS_POST_S
             if not first and now - self._last_post < wait:
                 return
@@ -299,7 +312,10 @@ class LineWatcher:
 
     def _take(self, now: float) -> LinesSeen:
         last = self._last_frame.last_lines(1) if self._last_frame is not None else []
-        message = LinesSeen(self.run_no, self._pending, last[0] if last else None)
+        message = LinesSeen(
+            self.run_no, self._pending, last[0] if last else None, tuple(self._agent)
+        )
+        self._agent.clear()
         self._stepped = self._stepped or self._pending is not None
         self._pending, self._last_post = None, now
         return message
@@ -320,7 +336,7 @@ class LineWatcher:
     def flush(self) -> None:
         """Post what is pending (on the loop thread: when it is due, or once the child is dead)."""
         with self._lock:
-            if self._pending is None and self._last_frame is None:
+            if self._pending is None and self._last_frame is None and not self._agent:
                 return
             message = self._take(self._monotonic())
             self._last_frame = None

@@ -33,6 +33,7 @@ _VERDICT_COLOR: Final = {
     "stopped": "dim",
     "crashed": "red",
     "stalled": "yellow",
+    "rendezvous_timeout": "yellow",
 }
 
 

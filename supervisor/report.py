@@ -20,6 +20,7 @@ VERDICT_COLORS: Final = {
     "stopped": "#757575",
     "crashed": "#c62828",
     "stalled": "#ef6c00",
+    "rendezvous_timeout": "#f9a825",
     "crash_before_first_step": "#ad1457",
     "silent_death": "#6a1b9a",
     "no_gpu_memory": "#283593",

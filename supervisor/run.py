@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflashd.logs.drain import PipeDrain
+from dflashd.supervisor.elastic import ElasticState
 from dflashd.supervisor.gpu import ChildGpuUse
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.launch import Launched
@@ -39,6 +40,7 @@ class Run:
     gpu_xids: list[int] = field(default_factory=list)
     pids_seen: set[int] = field(default_factory=set)
     watcher: LineWatcher | None = None  # the drains' callback; flushed when the child dies
+    elastic: ElasticState | None = None  # the job is a torchrun agent (a node of a larger job)
 
     @property
     def pid(self) -> int | None:

@@ -75,6 +75,8 @@ class StatusView(TypedDict):
     command: list[str]
     next_restart_in_s: float | None
     log_stats: LogStats
+    node: str  # config "node", or the host name: this node's name in a larger job
+    elastic: dict[str, Any] | None  # a torchrun job: its rendezvous and the restarts it handled
     child: NotRequired[ChildIdentity]  # present while a child lives
 
 
@@ -138,9 +140,24 @@ def status_view(source: StatusSource) -> StatusView:
         if restart_at is None
         else round(max(0.0, restart_at - now_mono), 3),
         "log_stats": source.reporter.log_stats(),
+        "node": source.config.node_name,
+        "elastic": _elastic(run, ledger, now_mono),
     }
     if alive and run is not None and run.pid is not None:
         view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}
+    return view
+
+
+def _elastic(run: Run | None, ledger: Ledger, now_mono: float) -> dict[str, Any] | None:
+    """The torchrun agent's side of the run: this run's view, plus this daemon's totals."""
+    if run is None or run.elastic is None:
+        return None
+    view = run.elastic.view()
+    since = run.elastic.rendezvous_since
+    waiting = run.alive and view["rendezvous"] == "waiting" and since is not None
+    view["rendezvous_waiting_s"] = round(now_mono - since, 3) if waiting and since else None
+    view["restarts_total"] = ledger.agent_restarts
+    view["worker_failures_total"] = ledger.agent_worker_failures
     return view
 
 

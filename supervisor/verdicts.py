@@ -21,6 +21,7 @@ class Verdict(StrEnum):
     CRASH_BEFORE_FIRST_STEP = "crash_before_first_step"
     NO_GPU_MEMORY = "no_gpu_memory"
     STALLED = "stalled"
+    RENDEZVOUS_TIMEOUT = "rendezvous_timeout"  # a node of a larger job waited for its peers in vain
     CRASHED = "crashed"
     COMPLETED = "completed"
     STOPPED = "stopped"
@@ -46,6 +47,7 @@ class AlertKind(StrEnum):
     CRASH_BEFORE_FIRST_STEP = "crash_before_first_step"
     NO_GPU_MEMORY = "no_gpu_memory"
     STALLED = "stalled"
+    RENDEZVOUS_TIMEOUT = "rendezvous_timeout"
     CRASHED = "crashed"
     COMPLETED = "completed"
     STOPPED = "stopped"
@@ -61,6 +63,7 @@ DEFAULT_ALERTS: Final = (
     AlertKind.CRASH_BEFORE_FIRST_STEP,
     AlertKind.NO_GPU_MEMORY,
     AlertKind.STALLED,
+    AlertKind.RENDEZVOUS_TIMEOUT,
     AlertKind.FATAL,
     AlertKind.RECOVERED,
 )
@@ -72,6 +75,7 @@ class EndedBy(StrEnum):
     CHILD = "child"
     STOP = "stop"
     FIRST_STEP_TIMEOUT = "first_step_timeout"
+    RENDEZVOUS_TIMEOUT = "rendezvous_timeout"  # a torchrun agent still waiting for its peers
     NO_PROGRESS = "no_progress"
     NO_GPU_MEMORY = "no_gpu_memory"
 
@@ -110,6 +114,7 @@ _REASON_PATTERNS: Final = (
     (re.compile(r"\b(?:SyntaxError|IndentationError|TabError)\b"), "syntax_error"),
     (re.compile(r"torch\._(?:dynamo|inductor)\.config\b|InvalidBackend\b"), "compile_config_error"),
     (re.compile(r"Fatal Python error"), "fatal_python_error"),
+    (re.compile(r"\bRendezvousTimeoutError\b"), "rendezvous_timeout"),
 )
 _EXCEPTION_LINE: Final = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))\b")
 
@@ -171,11 +176,17 @@ def classify(obs: Observations) -> Classification:
     if obs.ended_by in (EndedBy.FIRST_STEP_TIMEOUT, EndedBy.NO_PROGRESS):
         hardware = _hardware_xid(obs)  # a hang after a GPU fell off the bus: the XID explains it
         return Classification(Verdict.STALLED, hardware or obs.ended_by.value)
+    if obs.ended_by is EndedBy.RENDEZVOUS_TIMEOUT:
+        return Classification(Verdict.RENDEZVOUS_TIMEOUT, "first_step_timeout_in_rendezvous")
     if obs.ended_by is EndedBy.NO_GPU_MEMORY:
         return Classification(Verdict.NO_GPU_MEMORY, "no_gpu_memory_before_first_step")
     if obs.exit_code == 0 and not obs.status_unknown:
         return Classification(Verdict.COMPLETED, "exit_code_0")
     if not obs.reached_first_step:
+        if (
+            reason_from_output(obs.stderr_tail) == "rendezvous_timeout"
+        ):  # torchrun's own join timeout
+            return Classification(Verdict.RENDEZVOUS_TIMEOUT, "agent_join_timeout")
         if obs.output_lines == 0:
             return Classification(Verdict.SILENT_DEATH, _death_reason(obs))
         return Classification(Verdict.CRASH_BEFORE_FIRST_STEP, _death_reason(obs))

@@ -8,6 +8,8 @@ PY="${PYTHON:-python3}"
 command -v promtool >/dev/null || { echo "promtool not found (apt-get install prometheus)"; exit 2; }
 echo "== promtool check rules"
 promtool check rules systemd/dflashd-alerts.rules.yml
+echo "== promtool check config (the example scrape config)"
+(cd systemd && promtool check config prometheus.example.yml)
 work="$(mktemp -d)"
 trap 'DFLASHD_HOME="$work/home" "$PY" -m dflashd.supervisor stop --timeout 2 >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 port="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"

@@ -22,6 +22,7 @@ from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.clock import ManualClock
 from dflashd.supervisor.config import parse_config
 from dflashd.supervisor.daemon import Daemon
+from dflashd.supervisor.elastic import AgentLine, AgentSaid
 from dflashd.supervisor.gpu import GpuProcess, GpuReading, GpuSample
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.inbox import GpuSampled
@@ -47,6 +48,7 @@ class ScriptedProcesses:
     signals: list[tuple[str, int, int]] = field(default_factory=list)
     next_pid: int = 40000
     gone_without_status: set[int] = field(default_factory=set)
+    kids: dict[int, set[int]] = field(default_factory=dict)  # pid -> its live children
 
     def spawn(self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str]) -> Launched:
         pid, self.next_pid = self.next_pid, self.next_pid + 1
@@ -90,6 +92,9 @@ class ScriptedProcesses:
 
     def descends_from(self, pid: int, root: int) -> bool:
         return False
+
+    def live_children(self, pid: int) -> set[int]:
+        return set(self.kids.get(pid, set()))
 
     def create_time(self, pid: int) -> float | None:
         return 1.7e9 if pid in self.children else None
@@ -363,3 +368,76 @@ def test_stop_timeout_is_bounded_and_sigkills(harness: Any) -> None:
     assert h.pid in h.ops.sent(signal.SIGKILL)
     h.die(sig=signal.SIGKILL)
     assert h.daemon.state is State.STOPPED
+
+
+TORCHRUN = [
+    "torchrun",
+    "--nnodes=2",
+    "--nproc-per-node=1",
+    "--rdzv-backend=c10d",
+    "--rdzv-endpoint=10.0.0.1:29400",
+    "--rdzv-id=job7",
+    "train.py",
+]
+
+
+def test_a_node_waiting_for_its_peers_ends_as_rendezvous_timeout(harness: Any) -> None:
+    """A torchrun agent with no workers is in its rendezvous: silence is warm-up; first_step_timeout_s ends it."""
+    h = harness({"command": TORCHRUN, "first_step_timeout_s": 600.0, "stall_timeout_s": 300.0})
+    h.advance(300.0)  # silent past stall_timeout_s: not a stall while waiting for peers
+    assert h.ops.sent(signal.SIGABRT) == []
+    assert h.daemon.status()["elastic"]["rendezvous"] == "waiting"  # type: ignore[index]
+    assert h.daemon.status()["elastic"]["rendezvous_waiting_s"] == pytest.approx(300.0)  # type: ignore[index]
+    h.advance(300.0)
+    assert h.ops.sent(signal.SIGABRT) == [h.pid]
+    assert h.events("ending_run")[0].fields["why"] == "rendezvous_timeout"
+    h.advance_to_next_timer()
+    h.die(sig=signal.SIGKILL)
+    exit_rec = h.events("exit")[0]
+    assert exit_rec.fields["verdict"] == "rendezvous_timeout"
+    assert h.events("spawn")[0].fields["torchrun"]["rdzv_endpoint"] == "10.0.0.1:29400"
+
+
+def test_an_agent_whose_workers_run_is_past_its_rendezvous(harness: Any) -> None:
+    """At the deadline the process tree decides: workers running means the rendezvous is over."""
+    h = harness({"command": TORCHRUN, "first_step_timeout_s": 600.0, "stall_timeout_s": 900.0})
+    h.ops.kids[h.pid] = {h.pid + 100}
+    h.advance(600.0)
+    assert h.ops.sent(signal.SIGABRT) == []
+    rendezvous = h.events("rendezvous")[-1].fields
+    assert (rendezvous["state"], rendezvous["evidence"]) == ("complete", "workers_running")
+    h.advance(299.0)  # now only silence ends it (no steps visible): 900 s after launch
+    assert h.ops.sent(signal.SIGABRT) == []
+    h.advance(1.0)
+    assert h.ops.sent(signal.SIGABRT) == [h.pid]
+    assert h.events("ending_run")[0].fields["why"] == "no_progress"
+
+
+def test_restarts_torchrun_handles_are_counted_not_acted_on(harness: Any) -> None:
+    """A worker failure and the agent's own restart: records and counts; dflashd restarts nothing."""
+    h = harness({"command": TORCHRUN})
+    run = h.daemon.run
+    assert run is not None
+    h.step(10)
+    said = (
+        AgentLine(AgentSaid.WORKER_FAILED, {"exit_code": -9, "local_rank": 0, "pid": 7}),
+        AgentLine(
+            AgentSaid.GROUP_RESTART, {"state": "FAILED", "attempts_left": 3, "max_restarts": 3}
+        ),
+        AgentLine(AgentSaid.RENDEZVOUS_WAIT),
+        AgentLine(AgentSaid.RENDEZVOUS_DONE, {"group_rank": 1, "group_world_size": 2}),
+    )
+    h.daemon.inbox.post(LinesSeen(run.run_no, None, "agent", said))
+    h.daemon.turn()
+    assert h.events("worker_failed")[0].fields["exit_code"] == -9
+    restarted = h.events("workers_restarted")[0].fields
+    assert (restarted["by"], restarted["cause"], restarted["restarts"]) == (
+        "torchrun",
+        "failure",
+        1,
+    )
+    assert [r.fields["state"] for r in h.events("rendezvous")][-2:] == ["waiting", "complete"]
+    elastic = h.daemon.status()["elastic"]
+    assert elastic is not None
+    assert (elastic["restarts"], elastic["worker_failures"], elastic["group_rank"]) == (1, 1, 1)
+    assert h.daemon.run is run and h.ops.signals == []

@@ -11,6 +11,15 @@ from typing import Any
 import torch
 
 from dflashd.trainer.data import MarkovChain, SequencePool, make_batch
+from dflashd.trainer.distributed import (
+    Node,
+    all_reduce_mean,
+    join,
+    leave,
+    local_device_slots,
+    mean_over_nodes,
+    share_resume,
+)
 from dflashd.trainer.model import Drafter, ModelConfig, TargetModel
 from dflashd.trainer.notify import Notifier
 from dflashd.trainer.train import (
@@ -42,10 +51,13 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
 
 
 def worker_devices(cfg: TrainConfig) -> list[torch.device]:
-    """One worker per device slot; more workers than GPUs share them round-robin."""
+    """One worker per device slot; more workers than GPUs share them round-robin.
+
+    Under torchrun with several processes per node, each takes its share of the node's GPUs.
+    """
     if cfg.device == "cuda":
-        count = torch.cuda.device_count()
-        return [torch.device("cuda", i % count) for i in range(cfg.workers)]
+        slots = local_device_slots(torch.cuda.device_count())
+        return [torch.device("cuda", slots[i % len(slots)]) for i in range(cfg.workers)]
     return [torch.device("cpu")] * cfg.workers
 
 
@@ -92,7 +104,9 @@ def broadcast_parameters(replicas: list[list[torch.nn.Parameter]]) -> None:
 
 def parse_crash_at(inject: str) -> tuple[int | None, int]:
     """``crash_at_step:N[:WORKER]``; under dflashd it fires in the first run only, so the relaunch can resume."""
-    if not inject.startswith("crash_at_step:") or os.environ.get("DFLASHD_RUN", "1") != "1":
+    first_run = os.environ.get("DFLASHD_RUN", "1") == "1"
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # torchrun's restarts
+    if not inject.startswith("crash_at_step:") or not first_run or not first_attempt:
         return None, 0
     parts = inject.split(":")
     return int(parts[1]), int(parts[2]) if len(parts) > 2 else 0
@@ -112,6 +126,25 @@ def run(args: argparse.Namespace, stop: Stop, inject: str) -> int:
             "attention: dense path on CPU on purpose (FlexAttention has no backward on CPU); "
             "the mask comes from the same mask_mod as the GPU's flex path"
         )
+    devices = worker_devices(cfg)
+    if cfg.device == "cuda":
+        torch.cuda.set_device(devices[0])  # NCCL binds to the main thread's current device
+    node = join(cfg.device)
+    try:
+        return _run_joined(args, stop, inject, cfg, node, devices, notifier)
+    finally:
+        leave(node)
+
+
+def _run_joined(
+    args: argparse.Namespace,
+    stop: Stop,
+    inject: str,
+    cfg: TrainConfig,
+    node: Node | None,
+    devices: list[torch.device],
+    notifier: Notifier,
+) -> int:
     mcfg = model_config(cfg)
     torch.manual_seed(cfg.seed)
     target = TargetModel(mcfg)
@@ -119,8 +152,10 @@ def run(args: argparse.Namespace, stop: Stop, inject: str) -> int:
     ckpt_path = checkpoint_dir(args) / "latest.pt"
     start_step = 0
     resume: dict[str, Any] | None = None
-    if ckpt_path.exists():
+    if (node is None or node.leader) and ckpt_path.exists():
         resume = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    resume = share_resume(resume, node)  # rank 0's checkpoint for every node
+    if resume is not None:
         if resume["config"] != config_dict(cfg):
             say(f"checkpoint {ckpt_path} was written with another config; refusing to mix them")
             return EX_CONFIG
@@ -130,11 +165,14 @@ def run(args: argparse.Namespace, stop: Stop, inject: str) -> int:
         torch.set_rng_state(resume["torch_rng"])
         say(f"resumed from {ckpt_path} at step {start_step}")
     crash_step, crash_worker = parse_crash_at(inject)
-    devices = worker_devices(cfg)
+    where = (
+        f", node rank {node.rank} of {node.world_size} ({node.backend})" if node is not None else ""
+    )
     say(
         f"dflashd trainer: torch {torch.__version__}, {cfg.workers} worker thread(s) on "
         f"{', '.join(sorted({str(d) for d in devices}))}, attention {cfg.attention}"
         f"{' compiled' if cfg.compile else ' eager'}, steps {cfg.steps}, run {os.environ.get('DFLASHD_RUN', '-')}"
+        f"{where}"
     )
     target_state, drafter_state = target.state_dict(), drafter.state_dict()
     workers = [
@@ -157,7 +195,7 @@ def run(args: argparse.Namespace, stop: Stop, inject: str) -> int:
         w.start()
     try:
         return _train(
-            cfg, mcfg, args, workers, target, resume, start_step, ckpt_path, notifier, stop, inject
+            cfg, mcfg, workers, target, resume, start_step, ckpt_path, notifier, stop, inject, node
         )
     finally:
         # Worker threads must be gone before the interpreter exits, or torch aborts the process.
@@ -170,7 +208,6 @@ def run(args: argparse.Namespace, stop: Stop, inject: str) -> int:
 def _train(
     cfg: TrainConfig,
     mcfg: ModelConfig,
-    args: argparse.Namespace,
     workers: list[Worker],
     target: TargetModel,
     resume: dict[str, Any] | None,
@@ -179,12 +216,19 @@ def _train(
     notifier: Notifier,
     stop: Stop,
     inject: str,
+    node: Node | None,
 ) -> int:
     devices = [w.device for w in workers]
+    # Across nodes every worker thread has its own data: global index = rank * workers + local.
+    first_worker = node.rank * cfg.workers if node is not None else 0
+    world_size = node.world_size if node is not None else 1
+    leader = node is None or node.leader
     chain = MarkovChain.build(cfg.vocab, cfg.seed)
     length = cfg.ctx_len + cfg.block_size
     pools = [
-        SequencePool.build(chain, seed=cfg.seed, worker=w.index, size=256, length=length)
+        SequencePool.build(
+            chain, seed=cfg.seed, worker=first_worker + w.index, size=256, length=length
+        )
         for w in workers
     ]
     optimizer = torch.optim.AdamW(workers[0].drafter.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -196,7 +240,7 @@ def _train(
             pools[worker],
             seed=cfg.seed,
             step=step,
-            worker=worker,
+            worker=first_worker + worker,
             batch=cfg.batch,
             ctx_len=cfg.ctx_len,
             blocks=cfg.blocks,
@@ -241,7 +285,7 @@ def _train(
             torch.empty(1 << 50, dtype=torch.uint8, device=devices[0])
         raise torch.OutOfMemoryError("injected: CUDA out of memory (simulated on CPU)")
 
-    tokens_per_step = cfg.batch * cfg.blocks * cfg.block_size * cfg.workers
+    tokens_per_step = cfg.batch * cfg.blocks * cfg.block_size * cfg.workers * world_size
     step = start_step
     first_done = False
     window_start, window_steps = time.monotonic(), 0
@@ -278,6 +322,8 @@ def _train(
                 return EX_CONFIG
         main_params = replica_params[0]
         average_gradients(replica_params)
+        if node is not None:
+            all_reduce_mean(main_params, node)  # the same step on every node
         with torch.no_grad():
             torch.nn.utils.clip_grad_norm_(main_params, 1.0)
         optimizer.step()
@@ -297,6 +343,7 @@ def _train(
         else:
             notifier.send(f"STEP={step}")
         if step % cfg.log_every == 0 or step == cfg.steps:
+            loss, acc = mean_over_nodes([loss, acc], devices[0], node)
             elapsed = time.monotonic() - window_start
             tok_s = tokens_per_step * window_steps / elapsed if elapsed > 0 else 0.0
             mem = ""
@@ -308,7 +355,8 @@ def _train(
             )
             window_start, window_steps = time.monotonic(), 0
         stopping = stop.event.is_set()
-        if step % cfg.checkpoint_every == 0 or stopping or step == cfg.steps:
+        saving = step % cfg.checkpoint_every == 0 or stopping or step == cfg.steps
+        if saving and leader:
             save_checkpoint(
                 ckpt_path,
                 {
@@ -325,6 +373,11 @@ def _train(
             say(f"stopped at step {step} (checkpoint {ckpt_path})")
             return 0
     final = ckpt_path.with_name(f"completed-step{step}.pt")
+    if not leader:
+        say(
+            f"completed {step} steps (node rank {first_worker // cfg.workers}; rank 0 keeps the checkpoint)"
+        )
+        return 0
     if ckpt_path.exists():
         os.replace(ckpt_path, final)
     say(f"completed {step} steps; final checkpoint {final}")

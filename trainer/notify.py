@@ -10,7 +10,9 @@ class Notifier:
     """Sends READY=1, STEP=n, STATUS=…, EXTEND_TIMEOUT_USEC=…; never raises."""
 
     def __init__(self) -> None:
-        path = os.environ.get("NOTIFY_SOCKET", "")
+        # Under torchrun with several processes per node, local rank 0 speaks for the node.
+        speaks = os.environ.get("LOCAL_RANK", "0") == "0"
+        path = os.environ.get("NOTIFY_SOCKET", "") if speaks else ""
         self._address = ("\0" + path[1:]) if path.startswith("@") else path
         self._sock: socket.socket | None = None
         if self._address:
