@@ -55,6 +55,7 @@ def _event_text(record: Record) -> str:
 
 
 KEEP_ALL: Final = RecordFilter()
+Progress = Callable[[int], object]
 
 
 def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
@@ -150,8 +151,13 @@ class _OpenSet:
             fh.close()
 
 
-def _read_from(fh: BinaryIO, min_seq: int, keep: RecordFilter, last: list[int]) -> Iterator[Record]:
+def _read_from(
+    fh: BinaryIO, min_seq: int, keep: RecordFilter, last: list[int], progress: Progress | None
+) -> Iterator[Record]:
     """Records of one open file with seq >= min_seq; stops before a torn (unterminated) last line."""
+    if keep.src == "dflashd":  # the supervisor's records only: find them without parsing the rest
+        yield from _read_marked(fh, _DFLASHD_MARK, min_seq, keep, last, progress)
+        return
     fh.seek(0)
     offset = 0
     for raw in fh:
@@ -164,7 +170,55 @@ def _read_from(fh: BinaryIO, min_seq: int, keep: RecordFilter, last: list[int]) 
         last[0] = rec.seq
         if keep.keeps(rec):
             yield rec
+    if progress is not None:
+        progress(offset)
     fh.seek(offset)
+
+
+# Every supervisor record holds this exactly (encode_event); a child's line cannot, since its
+# quotes are escaped inside "line".  A byte search finds the records; each is then parsed.
+_DFLASHD_MARK: Final = b'"src":"dflashd"'
+_CHUNK: Final = 8 << 20
+
+
+def _read_marked(
+    fh: BinaryIO,
+    mark: bytes,
+    min_seq: int,
+    keep: RecordFilter,
+    last: list[int],
+    progress: Progress | None,
+) -> Iterator[Record]:
+    """The complete lines holding ``mark``, parsed and filtered; C-speed over the others."""
+    fh.seek(0)
+    carry, offset = b"", 0
+    while chunk := fh.read(_CHUNK):
+        buf = carry + chunk
+        end = buf.rfind(b"\n") + 1  # complete lines only: a torn tail waits (or is dropped)
+        carry = buf[end:]
+        offset += end
+        pos = buf.find(mark, 0, end)
+        while pos >= 0:
+            start = buf.rfind(b"\n", 0, pos) + 1
+            stop = buf.find(b"\n", pos) + 1
+            rec = _parse(buf[start:stop])
+            if rec is not None and rec.seq >= min_seq and rec.seq > last[0]:
+                last[0] = rec.seq
+                if keep.keeps(rec):
+                    yield rec
+            pos = buf.find(mark, stop, end)
+        if progress is not None:
+            progress(end)
+    fh.seek(offset)
+
+
+def _last_ts(fh: BinaryIO) -> str | None:
+    """The timestamp of a file's last complete record (None when it has none)."""
+    for raw in _reverse_lines(fh):
+        rec = _parse(raw)
+        if rec is not None:
+            return rec.ts
+    return None
 
 
 def read_records(
@@ -173,16 +227,23 @@ def read_records(
     *,
     basename: str = DEFAULT_BASENAME,
     min_seq: int = 0,
+    progress: Progress | None = None,
 ) -> Iterator[Record]:
-    """All records of the set in seq order, filtered; tolerant of rotation while reading."""
+    """All records of the set in seq order, filtered; tolerant of rotation while reading.
+
+    ``progress`` is called with the bytes read as they are read (a progress bar's update).
+    With ``keep.since_ts``, a whole file that ends before it is skipped unread.
+    """
     opened = _OpenSet(Path(directory), basename)
     try:
-        yield from _scan(opened, keep, min_seq, [min_seq - 1])
+        yield from _scan(opened, keep, min_seq, [min_seq - 1], progress)
     finally:
         opened.close()
 
 
-def _scan(opened: _OpenSet, keep: RecordFilter, min_seq: int, last: list[int]) -> Iterator[Record]:
+def _scan(
+    opened: _OpenSet, keep: RecordFilter, min_seq: int, last: list[int], progress: Progress | None
+) -> Iterator[Record]:
     handles = opened.handles
     # Skip whole files that end before min_seq: a file is needed only if the next one starts after it.
     start = 0
@@ -190,7 +251,13 @@ def _scan(opened: _OpenSet, keep: RecordFilter, min_seq: int, last: list[int]) -
         if handles[index + 1][0] <= min_seq:
             start = index + 1
     for _, fh in handles[start:]:
-        yield from _read_from(fh, min_seq, keep, last)
+        if keep.since_ts is not None and fh is not opened.live:
+            ended = _last_ts(fh)
+            if ended is not None and ended < keep.since_ts:  # the whole file is older
+                if progress is not None:
+                    progress(os.fstat(fh.fileno()).st_size)
+                continue
+        yield from _read_from(fh, min_seq, keep, last, progress)
 
 
 def _reverse_lines(fh: BinaryIO) -> Iterator[bytes]:
@@ -266,7 +333,7 @@ def follow(
             if live is None:
                 opened = _OpenSet(directory, basename)
                 try:
-                    yield from _scan(opened, keep, last[0] + 1, last)
+                    yield from _scan(opened, keep, last[0] + 1, last, None)
                 except BaseException:
                     opened.close()
                     raise

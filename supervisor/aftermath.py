@@ -23,7 +23,7 @@ from dflashd.supervisor.home import Home
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.observe import RunObserver
 from dflashd.supervisor.policy import RestartHistory
-from dflashd.supervisor.recovery import previous_child, recover
+from dflashd.supervisor.recovery import previous_child, process_mark, recover
 from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import EndedBy, Observations, Verdict
@@ -157,8 +157,9 @@ class Aftermath:
     def end_leftovers(self, run: Run | None, now: float) -> float | None:
         """Before a relaunch, end what the dead run left running; None once nothing is left.
 
-        Its group's members, and the orphans we adopted as subreaper (a torchrun agent's
-        workers run in sessions of their own, so a SIGKILLed agent leaves them behind): SIGTERM,
+        Its group's members, and the orphans we adopted as subreaper that carry this home's
+        ``DFLASHD_HOME``/``DFLASHD_RUN`` mark (a torchrun agent's workers run in sessions of
+        their own, so a SIGKILLed agent leaves them behind): SIGTERM,
         then SIGKILL after ``LEFTOVER_GRACE_S``.  Returns when to look again meanwhile.
         """
         pids = self._leftovers(run)
@@ -183,8 +184,15 @@ class Aftermath:
         if run is None or run.pid is None or run.alive:
             return set()
         pids = self.ops.group_members(run.pid) if self.ops.group_alive(run.pid) else set()
-        adopted = self.ops.live_children(os.getpid()) - set(self.reporter.alerts.pids) - {run.pid}
-        return pids | adopted
+        # Adopted orphans, only those carrying this home's mark and a run number of the past
+        # (an alert command, a child of the daemon too, carries none).
+        home = str(self.reporter.home.root)
+        for pid in self.ops.live_children(os.getpid()) - {run.pid}:
+            mark = process_mark(pid)
+            number = mark.get("DFLASHD_RUN", "")
+            if mark.get("DFLASHD_HOME") == home and number.isdigit() and int(number) <= run.run_no:
+                pids.add(pid)
+        return pids
 
     def sweep(self, run: Run | None, *, own_descendants: bool) -> None:
         """Shutdown: every group we started ends with us (grandchildren holding pipes too)."""
@@ -271,7 +279,9 @@ class Aftermath:
                 if leftovers:
                     event = Event.LEFTOVER_PROCESSES
                     self.reporter.event(run.run_no, event, pgid=pgid, pids=leftovers)
-            self.ended_groups.append(pgid)
+            # Only groups that may still have members: a crash loop must not grow this list.
+            alive = [g for g in self.ended_groups if self.ops.group_alive(g)]
+            self.ended_groups = [*alive, pgid]
         return outcome
 
     def conclude(

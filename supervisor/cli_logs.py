@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Final
@@ -131,6 +133,27 @@ def _last_seq(logs: Path) -> int:
     return last[0].seq if last else 0
 
 
+@contextlib.contextmanager
+def _reading_bar(logs: Path) -> Iterator[Callable[[int], object] | None]:
+    """A progress bar over the log's bytes on a terminal (stderr); nothing when piped."""
+    from dflashd.logs.reader import log_files
+
+    total = 0
+    for path in log_files(logs):
+        with contextlib.suppress(OSError):
+            total += path.stat().st_size
+    if not sys.stderr.isatty() or total < _BAR_MIN_BYTES:
+        yield None
+        return
+    with click.progressbar(
+        length=total, label="reading the log", file=sys.stderr, show_eta=True
+    ) as bar:
+        yield bar.update
+
+
+_BAR_MIN_BYTES = 64 << 20  # below this, reading takes well under a second
+
+
 @click.command()
 @home_option
 @click.option(
@@ -155,7 +178,9 @@ def report(home: Path | None, which_run: str | None, output: Path) -> None:
             f"no logs in {where.root} (has dflashd been started with this home?)", EXIT_NOT_RUNNING
         )
     run = resolve_run(where, which_run)
-    data = collect(read_records(where.logs, RecordFilter(run=run, src="dflashd")))
+    with _reading_bar(where.logs) as progress:
+        keep = RecordFilter(run=run, src="dflashd")
+        data = collect(read_records(where.logs, keep, progress=progress))
     if not data.runs:
         fail("no runs in the log" + (f" for run {run}" if run is not None else ""), 1)
     text = (

@@ -94,6 +94,7 @@ def run_foreground(
     """The daemon in this process until it ends; its exit code."""
     from dflashd.logs.writer import LogWriterError
     from dflashd.supervisor.daemon import Daemon, StartupError
+    from dflashd.supervisor.daemonlog import DaemonLog, is_daemon_log
     from dflashd.supervisor.diagnostics import configure_logging
 
     lock = HomeLock(home.lock)
@@ -107,6 +108,11 @@ def run_foreground(
         report_ready(ready_fd, {"ok": False, "error": str(exc), "code": EXIT_USAGE})
         fail(str(exc), EXIT_USAGE)
     configure_logging()
+    if ready_fd is not None and is_daemon_log(2, home.daemon_log):  # detached: bound daemon.log
+        logs = config.logs
+        configure_logging(
+            stream=DaemonLog(home.daemon_log, logs.daemon_max_bytes, logs.daemon_backups)
+        )
     printer = None
     if echo and ready_fd is None:
         from dflashd.supervisor.echo import Echo

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, MutableMapping
-from typing import Any, Final, TextIO
+from typing import Any, Final, Protocol, TextIO, cast
 
 import orjson
 import structlog
@@ -41,7 +41,15 @@ class JournalRenderer:
         return f"<{JOURNAL_PRIORITY.get(level, 6)}>{self._kv(logger, name, event_dict)}"
 
 
-def renderer_for(stream: TextIO, environ: Mapping[str, str]) -> Any:
+class LogStream(Protocol):
+    """Where dflashd's own log goes: a text stream (stderr, or daemon.log's rotating stream)."""
+
+    def write(self, text: str, /) -> int: ...
+    def flush(self) -> None: ...
+    def isatty(self) -> bool: ...
+
+
+def renderer_for(stream: LogStream, environ: Mapping[str, str]) -> Any:
     """The last processor: journal, console or JSON (see the module doc)."""
     if environ.get("JOURNAL_STREAM"):
         return JournalRenderer()
@@ -51,7 +59,7 @@ def renderer_for(stream: TextIO, environ: Mapping[str, str]) -> Any:
 
 
 def configure_logging(
-    level: str = "info", stream: TextIO | None = None, environ: Mapping[str, str] | None = None
+    level: str = "info", stream: LogStream | None = None, environ: Mapping[str, str] | None = None
 ) -> None:
     """Route dflashd's own log to ``stream`` (stderr by default), rendered for it."""
     stream = stream or sys.stderr
@@ -67,7 +75,8 @@ def configure_logging(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        # PrintLogger needs only write() and flush(): any LogStream will do.
+        logger_factory=structlog.PrintLoggerFactory(file=cast("TextIO", stream)),
         cache_logger_on_first_use=False,  # structlog.testing.capture_logs must see every call
     )
 

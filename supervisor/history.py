@@ -22,10 +22,18 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 
 
-class RunHistory:
-    """A small wrapper; every call is one short transaction."""
+PRUNE_EVERY = 100  # runs between two prunings of the oldest rows
 
-    def __init__(self, path: Path) -> None:
+
+class RunHistory:
+    """A small wrapper; every call is one short transaction.
+
+    Retention: the newest ``keep_runs`` runs (``logs.history_runs``); older rows are deleted
+    every ``PRUNE_EVERY`` launches, so a crash loop running all night keeps the file bounded.
+    """
+
+    def __init__(self, path: Path, keep_runs: int = 100_000) -> None:
+        self.keep_runs = keep_runs
         self._db = sqlite3.connect(path, timeout=2.0, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # No fsync per commit: the history is a convenience, and the death-to-relaunch path must stay fast.
@@ -44,6 +52,8 @@ class RunHistory:
             "INSERT OR REPLACE INTO runs (run, started_at, pid, argv) VALUES (?, ?, ?, ?)",
             (run, started_at, pid, argv),
         )
+        if run % PRUNE_EVERY == 0:
+            self._db.execute("DELETE FROM runs WHERE run <= ?", (run - self.keep_runs,))
 
     def ended(
         self,
@@ -69,7 +79,7 @@ class RunHistory:
         self._db.close()
 
 
-def open_history(path: Path) -> RunHistory | None:
+def open_history(path: Path, keep_runs: int = 100_000) -> RunHistory | None:
     """The history, or None when it cannot be opened safely (status then simply shows less).
 
     sqlite follows symlinks: a link planted at runs.sqlite (or its -wal/-shm) is refused.
@@ -78,7 +88,7 @@ def open_history(path: Path) -> RunHistory | None:
         if name.is_symlink():
             return None
     try:
-        return RunHistory(path)
+        return RunHistory(path, keep_runs)
     except sqlite3.Error:
         return None
 

@@ -62,7 +62,7 @@ class Reporter:
 
     def open_history(self) -> None:
         """runs.sqlite (None-safe: an unusable file only means less history)."""
-        self.history = open_history(self.home.runs_db)
+        self.history = open_history(self.home.runs_db, self.config.logs.history_runs)
 
     # -- the run log ------------------------------------------------------------------
 
