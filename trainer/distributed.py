@@ -28,9 +28,12 @@ NVLINK_MULTICAST_OFF = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 # A peer that died mid-step must fail the survivors' collective in bounded time, so that
-# torchrun's agent sees the failure and restarts the group (gloo usually fails at once,
-# on the closed connection; this is the bound when it cannot tell).
-COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+# torchrun's agent sees the failure and restarts the group (gloo usually fails at once, on
+# the closed connection; this is the bound when it cannot tell).  The same bound ends a
+# process-group setup that hangs after a restart (seen on CPU with gloo: the nodes' workers
+# of one round never meet), so torchrun rendezvouses again instead of waiting forever.
+# --dist-timeout-s sets it; a step (checkpoint save included) must fit well inside it.
+DEFAULT_DIST_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ def torchrun_world() -> tuple[int, int, int, int] | None:
     return rank, world, local_rank, local_world
 
 
-def join(device: str) -> Node | None:
+def join(device: str, timeout_s: float = DEFAULT_DIST_TIMEOUT_S) -> Node | None:
     """Join the process group torchrun set up; None when running alone."""
     world = torchrun_world()
     if world is None:
@@ -75,7 +78,7 @@ def join(device: str) -> Node | None:
     if backend == "nccl":
         for name, value in NVLINK_MULTICAST_OFF.items():
             os.environ.setdefault(name, value)
-    dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return Node(rank, world_size, local_rank, local_world, backend)
 
 

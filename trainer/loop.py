@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, stop: Stop, inject: str) -> int:
     devices = worker_devices(cfg)
     if cfg.device == "cuda":
         torch.cuda.set_device(devices[0])  # NCCL binds to the main thread's current device
-    node = join(cfg.device)
+    node = join(cfg.device, args.dist_timeout_s)
     try:
         return _run_joined(args, stop, inject, cfg, node, devices, notifier)
     finally:

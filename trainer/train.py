@@ -119,6 +119,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint-dir", type=Path, help="default: $DFLASHD_HOME/trainer, else ./dflashd-trainer"
     )
+    parser.add_argument(
+        "--dist-timeout-s",
+        type=float,
+        default=120.0,
+        help="under torchrun: how long a collective (or the process group's setup) may wait for "
+        "the other nodes before failing, so torchrun restarts the group",
+    )
     parser.add_argument("--ctx-len", type=int)
     parser.add_argument("--hidden", type=int)
     parser.add_argument(

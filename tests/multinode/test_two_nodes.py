@@ -15,7 +15,9 @@ from tests.multinode.two_nodes import run_scenario
 
 pytestmark = pytest.mark.trainer
 
-CPU_TRAINER = ["--workers", "1", "--batch", "4", "--log-every", "5"]
+# --dist-timeout-s 20: a process-group setup that hangs after a restart fails in 20 s
+# (torchrun then rendezvouses again) instead of the default 120 s.
+CPU_TRAINER = ["--workers", "1", "--batch", "4", "--log-every", "5", "--dist-timeout-s", "20"]
 
 
 def test_two_nodes_survive_a_dead_worker_and_a_dead_agent(tmp_path: Path) -> None:

@@ -134,6 +134,14 @@ def main() -> int:
     ]:
         secs, rc, text = timed(argv)
         print(f"{label:40s} {secs:6.2f} s  rc={rc}  {text.splitlines()[-1] if text else ''}"[:200])
+    # The baseline, in this run: what report did before issue 16 (parse every record, then filter).
+    from dflashd.logs import read_records
+
+    t0 = time.perf_counter()
+    kept = sum(1 for r in read_records(home / "logs") if r.src == "dflashd")
+    print(
+        f"{'baseline: parse every record':40s} {time.perf_counter() - t0:6.2f} s  ({kept} dflashd records)"
+    )
     rotated = [p for p in files if p.name.endswith(".1")]
     if rotated:
         compression(rotated[0])

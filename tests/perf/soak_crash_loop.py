@@ -106,8 +106,12 @@ def main() -> int:
         while int(status(home).get("run") or 0) < args.warmup:  # type: ignore[call-overload]
             time.sleep(0.5)  # the crash loop runs on its own; we only look at it now and then
         first = snapshot(home, proc)
-        time.sleep(args.seconds)
-        last = snapshot(home, proc)
+        series = [first]
+        ends = first["t"] + args.seconds
+        while (left := ends - time.monotonic()) > 0:
+            time.sleep(min(30.0, left))  # a look every 30 s: the trend, not just two points
+            series.append(snapshot(home, proc))
+        last = series[-1]
     finally:
         subprocess.run(
             [sys.executable, "-m", "dflashd.supervisor", "stop", "--home", str(home)],
@@ -130,6 +134,8 @@ def main() -> int:
     print(
         f"runs.sqlite rows {first['history_rows']:.0f} -> {last['history_rows']:.0f} (history_runs {HISTORY_RUNS})"
     )
+    trend = ", ".join(f"{p['run']:.0f}: {p['rss_mib']:.2f}" for p in series)
+    print(f"RSS (MiB) by run: {trend}")
     print(
         f"fds {first['fds']:.0f} -> {last['fds']:.0f}, threads {first['threads']:.0f} -> {last['threads']:.0f}"
     )

@@ -1,0 +1,104 @@
+"""Long runs (issue 16): daemon.log rotates, runs.sqlite is bounded, big logs are read fast.
+
+Real files throughout: a real daemon.log with its fds redirected on rotation, a real sqlite
+file, a real rotated run log with a torn tail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from pathlib import Path
+
+from dflashd.logs import EventRecord, RotatingLogWriter, read_records
+from dflashd.logs.framer import Frame
+from dflashd.logs.reader import RecordFilter
+from dflashd.supervisor.daemonlog import DaemonLog, is_daemon_log, rotated_name
+from dflashd.supervisor.history import PRUNE_EVERY, RunHistory
+
+
+def test_daemon_log_rotates_by_size_and_count_and_the_fds_follow(tmp_path: Path) -> None:
+    path = tmp_path / "daemon.log"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    spare = os.dup(fd)  # stands for fds 1 and 2 of the detached daemon
+    try:
+        log = DaemonLog(path, max_bytes=4096, backups=2, fds=(spare, fd))
+        record = '{"event":"restart","run":1,"delay_s":0.0}\n'
+        for _ in range(1000):  # ~42 KB: ten rotations' worth
+            log.write(record)
+        os.write(spare, b"a stray write lands in the current file\n")
+        files = sorted(tmp_path.glob("daemon.log*"))
+        assert [f.name for f in files] == ["daemon.log", "daemon.log.1", "daemon.log.2"]
+        assert log.rotations >= 9
+        assert all(f.stat().st_size < 4096 + len(record) + 64 for f in files)
+        assert path.read_text().endswith("a stray write lands in the current file\n")
+        assert is_daemon_log(fd, path) and not is_daemon_log(fd, rotated_name(path, 1))
+    finally:
+        os.close(fd)
+        os.close(spare)
+
+
+def test_runs_sqlite_keeps_the_newest_runs(tmp_path: Path) -> None:
+    db_path = tmp_path / "runs.sqlite"
+    history = RunHistory(db_path, keep_runs=100)
+    for run in range(1, 451):
+        history.started(run, float(run), 1000 + run, "job")
+    history.close()
+    db = sqlite3.connect(db_path)
+    low, high, count = db.execute("SELECT MIN(run), MAX(run), COUNT(*) FROM runs").fetchone()
+    db.close()
+    assert high == 450 and count <= 100 + PRUNE_EVERY and low > 450 - 100 - PRUNE_EVERY
+
+
+def _mixed_log(directory: Path) -> RotatingLogWriter:
+    writer = RotatingLogWriter(directory, max_bytes=64 * 1024, backups=50)
+    for run in range(1, 4):
+        writer.write_event(run, "spawn", {"argv": ["job"]})
+        for i in range(300):
+            # A child line that tries to look like a supervisor record stays a line.
+            lines = [f'step {i} loss 1.0 "src":"dflashd" {k}' for k in range(10)]
+            writer.write_frame(run, "stdout", Frame(lines, None, 0))
+            if i % 50 == 0:
+                writer.write_event(run, "progress", {"step": i})
+        writer.write_event(run, "exit", {"verdict": "crashed"})
+    return writer
+
+
+def test_the_supervisor_records_fast_path_equals_the_plain_filter(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    writer = _mixed_log(logs)
+    writer.close()
+    with open(logs / "dflashd.jsonl", "ab") as live:  # a torn tail: never a record
+        live.write(b'{"ts":"2026-01-01T00:00:00.000000Z","seq":999999,"run":3,"src":"dflashd","ev')
+    assert len(list(logs.iterdir())) > 5  # rotated many times
+    everything = list(read_records(logs))
+    by_hand = [r for r in everything if isinstance(r, EventRecord)]
+    seen: list[int] = []
+    fast = list(read_records(logs, RecordFilter(src="dflashd"), progress=seen.append))
+    assert [r.seq for r in fast] == [r.seq for r in by_hand]
+    assert [r.event for r in fast if isinstance(r, EventRecord)][:2] == ["spawn", "progress"]
+    assert sum(seen) > 0.9 * sum(p.stat().st_size for p in logs.iterdir())
+    one_run = list(read_records(logs, RecordFilter(run=2, src="dflashd")))
+    assert {r.run for r in one_run} == {2} and len(one_run) == 8
+
+
+def test_since_skips_whole_older_files_and_keeps_the_same_answer(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    clock = [1_800_000_000.0]
+
+    def now() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    writer = RotatingLogWriter(logs, max_bytes=16 * 1024, backups=50, clock=now)
+    for i in range(3000):
+        writer.write_frame(1, "stdout", Frame([f"line {i}"], None, 0))
+    writer.close()
+    everything = list(read_records(logs))
+    since = everything[-100].ts
+    seen: list[int] = []
+    got = list(read_records(logs, RecordFilter(since_ts=since), progress=seen.append))
+    assert [r.seq for r in got] == [r.seq for r in everything if r.ts >= since]
+    grep = RecordFilter(since_ts=since, grep=re.compile(r"line 29\d\d$"))
+    assert len(list(read_records(logs, grep))) == sum(1 for r in got if "line 29" in r.line)  # type: ignore[union-attr]
