@@ -8,6 +8,7 @@ read neither repeats nor loses a record that is still on disk.
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 import time
@@ -15,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, cast
 
 from dflashd.logs.records import EventRecord, LineRecord, Record, RecordError, decode
 from dflashd.logs.writer import DEFAULT_BASENAME
@@ -59,9 +60,13 @@ Progress = Callable[[int], object]
 
 
 def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
-    """The files of one set as they are named now, oldest first."""
-    pattern = re.compile(re.escape(basename) + r"\.(\d+)$")
-    numbered: list[tuple[int, Path]] = []
+    """The files of one set as they are named now, oldest first.
+
+    A rotated file is ``base.N`` or, once compressed, ``base.N.gz``; while the compressor
+    swaps one for the other both exist for a moment, and the plain one is listed.
+    """
+    pattern = re.compile(re.escape(basename) + r"\.(\d+)(\.gz)?$")
+    numbered: dict[int, Path] = {}
     try:
         entries = list(directory.iterdir())
     except FileNotFoundError:
@@ -69,13 +74,31 @@ def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
     for entry in entries:
         match = pattern.match(entry.name)
         if match:
-            numbered.append((int(match.group(1)), entry))
-    numbered.sort(reverse=True)
-    files = [path for _, path in numbered]
+            number = int(match.group(1))
+            if number not in numbered or not match.group(2):
+                numbered[number] = entry
+    files = [numbered[n] for n in sorted(numbered, reverse=True)]
     live = directory / basename
     if live.exists():
         files.append(live)
     return files
+
+
+def _number(path: Path) -> int:
+    """3 for ``base.3`` and ``base.3.gz``."""
+    name = path.name[: -len(".gz")] if path.name.endswith(".gz") else path.name
+    return int(name.rsplit(".", 1)[1])
+
+
+def open_log_file(path: Path) -> BinaryIO:
+    """A log file for reading: a compressed rotated one is decompressed as it is read."""
+    if path.name.endswith(".gz"):
+        return cast(BinaryIO, gzip.open(path, "rb"))
+    return open(path, "rb")
+
+
+def _packed(fh: BinaryIO) -> bool:
+    return isinstance(fh, gzip.GzipFile)
 
 
 def _parse(raw: bytes) -> Record | None:
@@ -116,12 +139,12 @@ class _OpenSet:
         opened: list[tuple[Path, tuple[int, int]]] = []
         live_path = directory / basename
         names = log_files(directory, basename)
-        numbers = [int(p.name.rsplit(".", 1)[1]) for p in names if p != live_path]
+        numbers = [_number(p) for p in names if p != live_path]
         if numbers != list(range(len(numbers), 0, -1)):
             return False  # a hole: a rotation's rename chain is in flight, or the listing raced it
         for path in names:
             try:
-                fh = open(path, "rb")
+                fh = open_log_file(path)
             except FileNotFoundError:
                 return False
             st = os.fstat(fh.fileno())
@@ -172,7 +195,8 @@ def _read_from(
             yield rec
     if progress is not None:
         progress(offset)
-    fh.seek(offset)
+    if not _packed(fh):
+        fh.seek(offset)
 
 
 # Every supervisor record holds this exactly (encode_event); a child's line cannot, since its
@@ -209,7 +233,8 @@ def _read_marked(
             pos = buf.find(mark, stop, end)
         if progress is not None:
             progress(end)
-    fh.seek(offset)
+    if not _packed(fh):
+        fh.seek(offset)
 
 
 def _last_ts(fh: BinaryIO) -> str | None:
@@ -257,11 +282,23 @@ def _scan(
                 if progress is not None:
                     progress(os.fstat(fh.fileno()).st_size)
                 continue
-        yield from _read_from(fh, min_seq, keep, last, progress)
+        packed = _packed(fh)  # progress counts bytes on disk: a .gz file's at its end
+        yield from _read_from(fh, min_seq, keep, last, None if packed else progress)
+        if packed and progress is not None:
+            progress(os.fstat(fh.fileno()).st_size)
 
 
 def _reverse_lines(fh: BinaryIO) -> Iterator[bytes]:
-    """Complete lines of a file from the last to the first, reading blocks backwards."""
+    """Complete lines of a file from the last to the first, reading blocks backwards.
+
+    A compressed rotated file cannot be read backwards: it is decompressed whole (one file
+    of at most ``max_bytes``, only when the newer files did not hold enough lines).
+    """
+    if _packed(fh):
+        fh.seek(0)
+        lines = fh.read().split(b"\n")
+        yield from reversed(lines[:-1])  # the text after the last newline is not a line
+        return
     end = fh.seek(0, os.SEEK_END)
     carry = b""
     first_block = True

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import orjson
 
+from dflashd.logs.compress import GZ_SUFFIX, Compressor, last_line_gz, remove_stale_tmp
 from dflashd.logs.framer import Frame
 from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
 
@@ -95,6 +96,7 @@ class RotatingLogWriter:
         max_bytes: int = DEFAULT_MAX_BYTES,
         backups: int = DEFAULT_BACKUPS,
         clock: Callable[[], float] = time.time,
+        compress: bool = False,
     ) -> None:
         if max_bytes < MIN_MAX_BYTES:
             raise ValueError(f"max_bytes must be at least {MIN_MAX_BYTES}")
@@ -126,6 +128,13 @@ class RotatingLogWriter:
             self._fd = self._open()
         except OSError as exc:
             raise LogWriterError(f"cannot open log {self.path}: {exc.strerror or exc}") from None
+        self._compressor: Compressor | None = None
+        if compress:
+            remove_stale_tmp(self.directory)
+            rotated = lambda: rotated_paths(self.directory, self.basename, self.backups)[:-1]  # noqa: E731
+            self._compressor = Compressor(self.directory, self._lock, rotated)
+            for path in rotated_paths(self.directory, self.basename, self.backups)[:-1]:
+                self._submit(path)  # plain rotated files a previous daemon left uncompressed
 
     # -- opening and recovery ---------------------------------------------------------
 
@@ -147,14 +156,18 @@ class RotatingLogWriter:
                         errno.ELOOP, "a symlink is there; refusing to follow it", str(path)
                     )
                 continue
-            if not path.exists() or path.stat().st_size == 0:
-                continue
-            line, good_size = _last_complete_line(path)
-            size = path.stat().st_size
-            if path == self.path and good_size < size:
-                # A crash mid-write left a torn record: keep whole records only.
-                self.torn_bytes = size - good_size
-                os.truncate(path, good_size)
+            packed = path.with_name(path.name + GZ_SUFFIX)
+            if not path.exists() and packed.is_file() and not packed.is_symlink():
+                line = last_line_gz(packed)  # a compressed rotated file: read to its end
+            else:
+                if not path.exists() or path.stat().st_size == 0:
+                    continue
+                line, good_size = _last_complete_line(path)
+                size = path.stat().st_size
+                if path == self.path and good_size < size:
+                    # A crash mid-write left a torn record: keep whole records only.
+                    self.torn_bytes = size - good_size
+                    os.truncate(path, good_size)
             if line is None:
                 continue
             try:
@@ -311,11 +324,18 @@ class RotatingLogWriter:
             if self.backups == 0:
                 os.unlink(self.path)
             else:
+                for suffix in ("", GZ_SUFFIX):  # the oldest goes, in either form
+                    (self.directory / f"{self.basename}.{self.backups}{suffix}").unlink(
+                        missing_ok=True
+                    )
                 for i in range(self.backups - 1, 0, -1):
-                    older = self.directory / f"{self.basename}.{i}"
-                    if older.exists():
-                        os.rename(older, self.directory / f"{self.basename}.{i + 1}")
-                os.rename(self.path, self.directory / f"{self.basename}.1")
+                    for suffix in ("", GZ_SUFFIX):
+                        older = self.directory / f"{self.basename}.{i}{suffix}"
+                        if older.exists():
+                            os.rename(older, self.directory / f"{self.basename}.{i + 1}{suffix}")
+                newest = self.directory / f"{self.basename}.1"
+                os.rename(self.path, newest)
+                self._submit(newest)
         except FileNotFoundError:
             pass  # someone removed the files; start a fresh one below
         self._rotations += 1
@@ -343,12 +363,25 @@ class RotatingLogWriter:
                 last_error=self._last_error,
             )
 
+    def _submit(self, path: Path) -> None:
+        """Hand a rotated file to the compressor (opened now, so later renames do not matter)."""
+        if self._compressor is None or path.is_symlink():
+            return
+        try:
+            fh = open(path, "rb")  # the compressor closes it
+        except OSError:
+            return
+        self._compressor.submit(fh)
+
     def close(self) -> None:
-        """Close the live file (idempotent)."""
+        """Close the live file (idempotent); let the compressor finish its queue (bounded)."""
         with self._lock:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+        if self._compressor is not None:
+            self._compressor.close()
+            self._compressor = None
 
     def __enter__(self) -> RotatingLogWriter:
         return self

@@ -41,8 +41,9 @@ class Reporter:
 
     def __init__(self, home: Home, config: Config, systemd: SystemdNotifier) -> None:
         self.home, self.config, self.systemd = home, config, systemd
+        logs = config.logs
         self.writer = RotatingLogWriter(
-            home.logs, max_bytes=config.logs.max_bytes, backups=config.logs.backups
+            home.logs, max_bytes=logs.max_bytes, backups=logs.backups, compress=logs.compress
         )
         self.sink = LogSink(self.writer)
         self.alerts = AlertDispatcher(

@@ -102,3 +102,61 @@ def test_since_skips_whole_older_files_and_keeps_the_same_answer(tmp_path: Path)
     assert [r.seq for r in got] == [r.seq for r in everything if r.ts >= since]
     grep = RecordFilter(since_ts=since, grep=re.compile(r"line 29\d\d$"))
     assert len(list(read_records(logs, grep))) == sum(1 for r in got if "line 29" in r.line)  # type: ignore[union-attr]
+
+
+def _numbered(writer: RotatingLogWriter, count: int) -> None:
+    for start in range(0, count, 10):
+        lines = [f"line {i:06d} step {i} loss 1.0" for i in range(start, min(count, start + 10))]
+        writer.write_frame(1, "stdout", Frame(lines, None, 0))
+
+
+def test_rotated_files_are_gzipped_and_read_transparently(tmp_path: Path) -> None:
+    """compress=True: rotated files become .N.gz in the background; every reader reads them."""
+    logs = tmp_path / "logs"
+    writer = RotatingLogWriter(logs, max_bytes=16 * 1024, backups=200, compress=True)
+    writer.write_event(1, "spawn", {"argv": ["job"]})
+    _numbered(writer, 5000)
+    writer.write_event(1, "exit", {"verdict": "crashed"})
+    writer.close()  # waits for the compressor's queue
+    names = sorted(p.name for p in logs.iterdir())
+    packed = [n for n in names if n.endswith(".gz")]
+    assert len(packed) > 10 and not [n for n in names if re.search(r"\.\d+$", n)]
+    assert not [n for n in names if n.startswith(".compressing")]
+    records = list(read_records(logs))
+    assert [r.seq for r in records] == list(range(1, 5003))  # seq continuity across .gz files
+    events = list(read_records(logs, RecordFilter(src="dflashd")))
+    assert [r.event for r in events if isinstance(r, EventRecord)] == ["spawn", "exit"]
+    from dflashd.logs import last_records
+
+    assert [r.seq for r in last_records(logs, 3000)] == list(range(2003, 5003))
+    assert sum(p.stat().st_size for p in logs.iterdir()) < 0.5 * 5000 * 80  # compressed
+    reopened = RotatingLogWriter(logs, max_bytes=16 * 1024, backups=200, compress=True)
+    assert reopened.next_seq == 5003  # recovered through the newest file, maybe a .gz
+    reopened.close()
+
+
+def test_follow_survives_rotation_and_compression(tmp_path: Path) -> None:
+    """A follower sees every record exactly once while files rotate and get gzipped."""
+    import threading
+
+    from dflashd.logs import follow
+
+    total = 8000
+    writer = RotatingLogWriter(tmp_path, max_bytes=8192, backups=400, compress=True)
+    done = threading.Event()
+    seen: list[int] = []
+
+    def consume() -> None:
+        stop = lambda: done.is_set() and len(seen) >= total  # noqa: E731
+        for rec in follow(tmp_path, poll_s=0.01, should_stop=stop):
+            seen.append(rec.seq)
+
+    follower = threading.Thread(target=consume)
+    follower.start()
+    _numbered(writer, total)
+    done.set()
+    follower.join(60)
+    writer.close()
+    assert not follower.is_alive()
+    assert seen == list(range(1, total + 1))
+    assert any(p.name.endswith(".gz") for p in tmp_path.iterdir())
