@@ -41,10 +41,10 @@ def step_line(step: int) -> bytes:
     ).encode()
 
 
-def write_log(home: Path, gb: float) -> tuple[int, float]:
+def write_log(home: Path, gb: float, compress: bool) -> tuple[int, float]:
     """The log; returns (lines, seconds)."""
     logs = home / "logs"
-    writer = RotatingLogWriter(logs, max_bytes=100 * 1024 * 1024, backups=20)
+    writer = RotatingLogWriter(logs, max_bytes=100 * 1024 * 1024, backups=20, compress=compress)
     target = int(gb * 1e9)
     per_run = target // RUNS
     lines, t0, wall = 0, time.perf_counter(), time.time() - 86400.0
@@ -114,15 +114,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=1.0)
     parser.add_argument("--keep", type=Path, help="write the log here and keep it")
+    parser.add_argument(
+        "--compress",
+        action="store_true",
+        help="gzip rotated files as the daemon does (logs.compress)",
+    )
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="dflashd-biglog-"))
     home = work / "home"
     if not (home / "logs").is_dir():
-        lines, secs = write_log(home, args.gb)
+        lines, secs = write_log(home, args.gb, args.compress)
         print(f"wrote {lines:,} lines in {secs:.1f} s")
     size = sum(p.stat().st_size for p in (home / "logs").iterdir())
     files = sorted((home / "logs").iterdir())
-    print(f"log: {size / 1e9:.2f} GB in {len(files)} files")
+    print(f"log: {size / 1e9:.2f} GB on disk in {len(files)} files")
     out = work / "report.html"
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 86400.0 + 3000))
     for label, argv in [
@@ -142,7 +147,7 @@ def main() -> int:
     print(
         f"{'baseline: parse every record':40s} {time.perf_counter() - t0:6.2f} s  ({kept} dflashd records)"
     )
-    rotated = [p for p in files if p.name.endswith(".1")]
+    rotated = [p for p in files if p.name.endswith(".1")]  # (none when --compress)
     if rotated:
         compression(rotated[0])
     if args.keep is None:
