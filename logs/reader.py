@@ -325,8 +325,12 @@ def last_records(
     keep: RecordFilter = KEEP_ALL,
     *,
     basename: str = DEFAULT_BASENAME,
+    progress: Progress | None = None,
 ) -> list[Record]:
-    """The last ``count`` matching records, oldest first, reading only the end of the set."""
+    """The last ``count`` matching records, oldest first, reading only the end of the set.
+
+    ``progress`` gets each file's size once it has been read through (a progress bar).
+    """
     if count <= 0:
         return []
     found: deque[Record] = deque()
@@ -342,6 +346,8 @@ def last_records(
                 found.appendleft(rec)
                 if len(found) >= count:
                     return list(found)
+            if progress is not None:
+                progress(os.fstat(fh.fileno()).st_size)
     finally:
         opened.close()
     return list(found)

@@ -110,7 +110,10 @@ def tail(
             sys.stdout.write(format_record(record, paint, escape=safe) + "\n")
 
     try:
-        records = last_records(where.logs, lines, keep)
+        # A filter may read the whole set backwards: a progress bar on a terminal for big logs.
+        filtered = keep.grep is not None or keep.run is not None or keep.src is not None
+        with _reading_bar(where.logs) if filtered else contextlib.nullcontext() as progress:
+            records = last_records(where.logs, lines, keep, progress=progress)
         for record in records:
             show(record)
         sys.stdout.flush()

@@ -123,5 +123,6 @@ def test_the_node_config_example_is_a_valid_torchrun_job() -> None:
     config = load_config(example)
     job = torchrun_job(config.command)
     assert config.node_name == "node-a" and config.env["LOGLEVEL"] == "INFO"
+    assert config.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert job is not None and job.many_nodes and job.max_restarts == 3
     assert job.rdzv_endpoint == "node-a.cluster:29400"

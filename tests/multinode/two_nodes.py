@@ -176,7 +176,12 @@ def make_node(
         "command": command,
         "node": name,
         "gpus": gpus,
-        "env": {"LOGLEVEL": "INFO", "OMP_NUM_THREADS": "1", **env},
+        "env": {
+            "LOGLEVEL": "INFO",
+            "OMP_NUM_THREADS": "1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # the recipe's: a fresh store per round
+            **env,
+        },
         "first_step_timeout_s": 600.0,
     }
     lines = [f"{k} = {toml(v)}" for k, v in top.items()]
