@@ -121,6 +121,7 @@ CATCH_UP_S = 5.0
 DUMP_GRACE_S = 3.0  # between SIGABRT (stack dump) and SIGKILL
 LEFTOVER_GRACE_S = 3.0  # a dead run's leftovers: between SIGTERM and SIGKILL, before a relaunch
 LEFTOVER_POLL_S = 0.1
+LEFTOVER_GIVE_UP_S = 10.0  # SIGKILLed 7 s ago and still there: relaunch anyway
 
 
 class Aftermath:
@@ -175,6 +176,11 @@ class Aftermath:
             for pid in pids:
                 self.ops.kill(pid, signal.SIGTERM)
                 self.ops.kill(pid, signal.SIGCONT)
+        elif now - self._leftovers_since >= LEFTOVER_GIVE_UP_S:
+            # Unkillable (stuck in the kernel, say): say so, and launch anyway.
+            self.reporter.event(run.run_no, Event.LEFTOVER_PROCESSES, pids=sorted(pids))
+            self._leftovers_since = None
+            return None
         elif now - self._leftovers_since >= LEFTOVER_GRACE_S:
             for pid in pids:
                 self.ops.kill(pid, signal.SIGKILL)
