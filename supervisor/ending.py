@@ -14,6 +14,7 @@ from typing import Any
 
 from dflashd.supervisor.alerts import alert_decision
 from dflashd.supervisor.config import RestartConfig
+from dflashd.supervisor.elastic import worker_exit_code
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.policy import Action, Decision, RestartHistory, decide
@@ -97,6 +98,9 @@ def conclude(
     """Classify the run, decide what follows, and say which alerts and records that means."""
     result = classify(facts.obs)
     fields = exit_fields(facts, result)
+    worker_code = worker_exit_code(facts.tail)  # a torchrun job: its first failed worker's code
+    if worker_code is not None:
+        fields["worker_exit_code"] = worker_code
     decision = decide(
         result.verdict,
         exit_code=facts.obs.exit_code,
@@ -106,6 +110,7 @@ def conclude(
         policy=policy,
         jitter=jitter,
         reason=result.reason,
+        worker_exit_code=worker_code,
     )
     alerted = set(facts.already_alerted)
     alerts: list[tuple[AlertKind, str]] = []

@@ -68,12 +68,19 @@ def decide(
     policy: RestartConfig,
     jitter: float,
     reason: str = "",
+    worker_exit_code: int | None = None,
 ) -> Decision:
-    """Decide what follows a run that ended with ``verdict`` (``reason``: the classifier's detail)."""
+    """Decide what follows a run that ended with ``verdict`` (``reason``: the classifier's detail).
+
+    ``worker_exit_code``: for a torchrun job, its first failed worker's code (torchrun exits 1).
+    """
     if verdict in (Verdict.COMPLETED, Verdict.STOPPED):
         return Decision(Action.DONE, 0.0, False, verdict.value, history)
     if exit_code is not None and exit_code in policy.no_restart_exit_codes:
         return Decision(Action.FATAL, 0.0, False, f"no_restart_exit_code_{exit_code}", history)
+    if worker_exit_code is not None and worker_exit_code in policy.no_restart_exit_codes:
+        why = f"no_restart_exit_code_{worker_exit_code}_in_worker"
+        return Decision(Action.FATAL, 0.0, False, why, history)
     if not policy.retry_unfixable:
         if verdict is Verdict.SPAWN_FAILED:
             return Decision(Action.FATAL, 0.0, False, "spawn_failed", history)

@@ -126,3 +126,44 @@ def test_the_node_config_example_is_a_valid_torchrun_job() -> None:
     assert config.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert job is not None and job.many_nodes and job.max_restarts == 3
     assert job.rdzv_endpoint == "node-a.cluster:29400"
+
+
+CHILD_FAILED_TAIL = [  # torchrun 2.13's summary, as it ends a run whose worker exited 78
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "dflashd.trainer FAILED",
+    "------------------------------------------------------------",
+    "Failures:",
+    "  <NO_OTHER_FAILURES>",
+    "------------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2026-11-30_21:57:31",
+    "  host      : localhost",
+    "  rank      : 0 (local_rank: 0)",
+    "  exitcode  : 78 (pid: 30676) ",
+    "  error_file: <N/A>",
+    "============================================================",
+]
+
+
+def test_a_workers_no_restart_exit_code_is_fatal_through_torchrun() -> None:
+    """torchrun exits 1; the worker's 78 (EX_CONFIG) in its summary still makes the run fatal."""
+    from dflashd.supervisor.config import RestartConfig
+    from dflashd.supervisor.elastic import worker_exit_code
+    from dflashd.supervisor.policy import Action, RestartHistory, decide
+    from dflashd.supervisor.verdicts import Verdict
+
+    assert worker_exit_code(CHILD_FAILED_TAIL) == 78
+    assert worker_exit_code(["exitcode  : 78"]) is None  # only under torchrun's Root Cause
+    decision = decide(
+        Verdict.CRASH_BEFORE_FIRST_STEP,
+        exit_code=1,
+        reached_first_step=False,
+        progress_s=0.0,
+        history=RestartHistory(),
+        policy=RestartConfig(),
+        jitter=0.5,
+        worker_exit_code=worker_exit_code(CHILD_FAILED_TAIL),
+    )
+    assert (decision.action, decision.reason) == (Action.FATAL, "no_restart_exit_code_78_in_worker")
