@@ -6,7 +6,8 @@ survives crashes, and the readers read across rotations (``tail -F`` included).
 """
 
 from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
-from dflashd.logs.reader import RecordFilter, follow, last_records, log_files, read_records
+from dflashd.logs.logset import log_files
+from dflashd.logs.reader import RecordFilter, follow, last_records, read_records
 from dflashd.logs.records import (
     EventRecord,
     LineRecord,

@@ -1,14 +1,13 @@
 """Reading a rotating log set: everything in order, the last N cheaply, and ``tail -F``.
 
 Readers never trust file names alone: rotation renames files under them.  A scan opens
-every file of the set first (pinning the inodes), orders them by their first ``seq``,
+every file of the set first (logset.py pins the inodes and orders them by first ``seq``)
 and skips any record at or below the last ``seq`` already seen, so a rotation during a
 read neither repeats nor loses a record that is still on disk.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import time
@@ -16,13 +15,11 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final, cast
+from typing import BinaryIO, Final
 
-from dflashd.logs.records import EventRecord, LineRecord, Record, RecordError, decode
+from dflashd.logs.logset import READ_BLOCK, OpenSet, is_packed, parse_record, reverse_lines
+from dflashd.logs.records import EventRecord, LineRecord, Record
 from dflashd.logs.writer import DEFAULT_BASENAME
-
-_BLOCK: Final = 256 * 1024
-_OPEN_RETRIES: Final = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,121 +56,6 @@ KEEP_ALL: Final = RecordFilter()
 Progress = Callable[[int], object]
 
 
-def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
-    """The files of one set as they are named now, oldest first.
-
-    A rotated file is ``base.N`` or, once compressed, ``base.N.gz``; while the compressor
-    swaps one for the other both exist for a moment, and the plain one is listed.
-    """
-    pattern = re.compile(re.escape(basename) + r"\.(\d+)(\.gz)?$")
-    numbered: dict[int, Path] = {}
-    try:
-        entries = list(directory.iterdir())
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        match = pattern.match(entry.name)
-        if match:
-            number = int(match.group(1))
-            if number not in numbered or not match.group(2):
-                numbered[number] = entry
-    files = [numbered[n] for n in sorted(numbered, reverse=True)]
-    live = directory / basename
-    if live.exists():
-        files.append(live)
-    return files
-
-
-def _number(path: Path) -> int:
-    """3 for ``base.3`` and ``base.3.gz``."""
-    name = path.name[: -len(".gz")] if path.name.endswith(".gz") else path.name
-    return int(name.rsplit(".", 1)[1])
-
-
-def open_log_file(path: Path) -> BinaryIO:
-    """A log file for reading: a compressed rotated one is decompressed as it is read."""
-    if path.name.endswith(".gz"):
-        return cast(BinaryIO, gzip.open(path, "rb"))
-    return open(path, "rb")
-
-
-def _packed(fh: BinaryIO) -> bool:
-    return isinstance(fh, gzip.GzipFile)
-
-
-def _parse(raw: bytes) -> Record | None:
-    try:
-        return decode(raw)
-    except RecordError:
-        return None
-
-
-def _first_seq(fh: BinaryIO) -> int | None:
-    fh.seek(0)
-    for raw in fh:
-        if not raw.endswith(b"\n"):
-            return None
-        rec = _parse(raw)
-        if rec is not None:
-            return rec.seq
-    return None
-
-
-class _OpenSet:
-    """Every file of the set opened at once, deduplicated by inode, ordered by first seq."""
-
-    def __init__(self, directory: Path, basename: str) -> None:
-        self.handles: list[tuple[int, BinaryIO]] = []
-        self.live: BinaryIO | None = None
-        # A rotation between listing and opening shifts names by one: retry until the names
-        # still point at what we opened, so no renamed file slips between two names.
-        for _ in range(_OPEN_RETRIES):
-            if self._open_all(directory, basename):
-                break
-            self.close()
-            self.handles, self.live = [], None
-        self.handles.sort(key=lambda item: item[0])
-
-    def _open_all(self, directory: Path, basename: str) -> bool:
-        seen: set[tuple[int, int]] = set()
-        opened: list[tuple[Path, tuple[int, int]]] = []
-        live_path = directory / basename
-        names = log_files(directory, basename)
-        numbers = [_number(p) for p in names if p != live_path]
-        if numbers != list(range(len(numbers), 0, -1)):
-            return False  # a hole: a rotation's rename chain is in flight, or the listing raced it
-        for path in names:
-            try:
-                fh = open_log_file(path)
-            except FileNotFoundError:
-                return False
-            st = os.fstat(fh.fileno())
-            inode = (st.st_dev, st.st_ino)
-            opened.append((path, inode))
-            if inode in seen:
-                fh.close()
-                continue
-            seen.add(inode)
-            first = _first_seq(fh)
-            if path == live_path:
-                self.live = fh
-            self.handles.append((first if first is not None else 1 << 62, fh))
-        for path, inode in opened:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                return False
-            if (st.st_dev, st.st_ino) != inode:
-                return False
-        return True
-
-    def close(self, keep_live: bool = False) -> None:
-        for _, fh in self.handles:
-            if keep_live and fh is self.live:
-                continue
-            fh.close()
-
-
 def _read_from(
     fh: BinaryIO, min_seq: int, keep: RecordFilter, last: list[int], progress: Progress | None
 ) -> Iterator[Record]:
@@ -187,7 +69,7 @@ def _read_from(
         if not raw.endswith(b"\n"):
             break
         offset += len(raw)
-        rec = _parse(raw)
+        rec = parse_record(raw)
         if rec is None or rec.seq < min_seq or rec.seq <= last[0]:
             continue
         last[0] = rec.seq
@@ -195,7 +77,7 @@ def _read_from(
             yield rec
     if progress is not None:
         progress(offset)
-    if not _packed(fh):
+    if not is_packed(fh):
         fh.seek(offset)
 
 
@@ -225,7 +107,7 @@ def _read_marked(
         while pos >= 0:
             start = buf.rfind(b"\n", 0, pos) + 1
             stop = buf.find(b"\n", pos) + 1
-            rec = _parse(buf[start:stop])
+            rec = parse_record(buf[start:stop])
             if rec is not None and rec.seq >= min_seq and rec.seq > last[0]:
                 last[0] = rec.seq
                 if keep.keeps(rec):
@@ -233,14 +115,14 @@ def _read_marked(
             pos = buf.find(mark, stop, end)
         if progress is not None:
             progress(end)
-    if not _packed(fh):
+    if not is_packed(fh):
         fh.seek(offset)
 
 
 def _last_ts(fh: BinaryIO) -> str | None:
     """The timestamp of a file's last complete record (None when it has none)."""
-    for raw in _reverse_lines(fh):
-        rec = _parse(raw)
+    for raw in reverse_lines(fh):
+        rec = parse_record(raw)
         if rec is not None:
             return rec.ts
     return None
@@ -259,7 +141,7 @@ def read_records(
     ``progress`` is called with the bytes read as they are read (a progress bar's update).
     With ``keep.since_ts``, a whole file that ends before it is skipped unread.
     """
-    opened = _OpenSet(Path(directory), basename)
+    opened = OpenSet(Path(directory), basename)
     try:
         yield from _scan(opened, keep, min_seq, [min_seq - 1], progress)
     finally:
@@ -267,7 +149,7 @@ def read_records(
 
 
 def _scan(
-    opened: _OpenSet, keep: RecordFilter, min_seq: int, last: list[int], progress: Progress | None
+    opened: OpenSet, keep: RecordFilter, min_seq: int, last: list[int], progress: Progress | None
 ) -> Iterator[Record]:
     handles = opened.handles
     # Skip whole files that end before min_seq: a file is needed only if the next one starts after it.
@@ -282,41 +164,10 @@ def _scan(
                 if progress is not None:
                     progress(os.fstat(fh.fileno()).st_size)
                 continue
-        packed = _packed(fh)  # progress counts bytes on disk: a .gz file's at its end
+        packed = is_packed(fh)  # progress counts bytes on disk: a .gz file's at its end
         yield from _read_from(fh, min_seq, keep, last, None if packed else progress)
         if packed and progress is not None:
             progress(os.fstat(fh.fileno()).st_size)
-
-
-def _reverse_lines(fh: BinaryIO) -> Iterator[bytes]:
-    """Complete lines of a file from the last to the first, reading blocks backwards.
-
-    A compressed rotated file cannot be read backwards: it is decompressed whole (one file
-    of at most ``max_bytes``, only when the newer files did not hold enough lines).
-    """
-    if _packed(fh):
-        fh.seek(0)
-        lines = fh.read().split(b"\n")
-        yield from reversed(lines[:-1])  # the text after the last newline is not a line
-        return
-    end = fh.seek(0, os.SEEK_END)
-    carry = b""
-    first_block = True
-    while end > 0:
-        start = max(0, end - _BLOCK)
-        fh.seek(start)
-        block = fh.read(end - start) + carry
-        end = start
-        lines = block.split(b"\n")
-        carry = lines[0]
-        tail = lines[1:]
-        if first_block:
-            # The text after the last newline is a torn or in-progress record: not yet a line.
-            tail = tail[:-1]
-            first_block = False
-        yield from reversed(tail)
-    if carry and not first_block:
-        yield carry
 
 
 def last_records(
@@ -334,11 +185,11 @@ def last_records(
     if count <= 0:
         return []
     found: deque[Record] = deque()
-    opened = _OpenSet(Path(directory), basename)
+    opened = OpenSet(Path(directory), basename)
     try:
         for _, fh in reversed(opened.handles):
-            for raw in _reverse_lines(fh):
-                rec = _parse(raw)
+            for raw in reverse_lines(fh):
+                rec = parse_record(raw)
                 if rec is None or not keep.keeps(rec):
                     continue
                 if found and rec.seq >= found[0].seq:
@@ -374,7 +225,7 @@ def follow(
     try:
         while True:
             if live is None:
-                opened = _OpenSet(directory, basename)
+                opened = OpenSet(directory, basename)
                 try:
                     yield from _scan(opened, keep, last[0] + 1, last, None)
                 except BaseException:
@@ -388,12 +239,12 @@ def follow(
                         return
                     time.sleep(poll_s)
                     continue
-            chunk = live.read(_BLOCK)
+            chunk = live.read(READ_BLOCK)
             if chunk:
                 pending += chunk
                 *complete, pending = pending.split(b"\n")
                 for raw in complete:
-                    rec = _parse(raw + b"\n")
+                    rec = parse_record(raw + b"\n")
                     if rec is None or rec.seq <= last[0]:
                         continue
                     last[0] = rec.seq

@@ -139,7 +139,7 @@ def _last_seq(logs: Path) -> int:
 @contextlib.contextmanager
 def _reading_bar(logs: Path) -> Iterator[Callable[[int], object] | None]:
     """A progress bar over the log's bytes on a terminal (stderr); nothing when piped."""
-    from dflashd.logs.reader import log_files
+    from dflashd.logs.logset import log_files
 
     total = 0
     for path in log_files(logs):
