@@ -1,4 +1,4 @@
-"""Shared helpers: a temp home, configs, the daemon as a real process, waiting on its log."""
+"""Shared fixtures: a temp home, the daemon as a real process, waiting on its log (helpers.py: the rest)."""
 
 from __future__ import annotations
 
@@ -13,49 +13,9 @@ from pathlib import Path
 import pytest
 
 from dflashd.logs import EventRecord, Record, follow, read_records
+from tests.helpers import child, dflashd_argv, run_cli, write_config  # the tests import them here
 
-CHILDREN = Path(__file__).parent / "children"
-
-
-def child(name: str, *args: str) -> list[str]:
-    """argv for one of the test children."""
-    return [sys.executable, str(CHILDREN / name), *args]
-
-
-def dflashd_argv(*args: str) -> list[str]:
-    """The real CLI, run by this interpreter."""
-    return [sys.executable, "-m", "dflashd.supervisor", *args]
-
-
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run one dflashd command to completion."""
-    return subprocess.run(
-        dflashd_argv(*args), capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-def toml_value(value: object) -> str:
-    """A tiny TOML encoder for the values tests use."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def write_config(path: Path, top: dict[str, object], **tables: dict[str, object]) -> Path:
-    """Write a TOML config with top-level keys and [tables]."""
-    lines = [f"{k} = {toml_value(v)}" for k, v in top.items()]
-    for name, table in tables.items():
-        lines.append(f"[{name}]")
-        lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items())
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
+__all__ = ["Daemon", "child", "dflashd_argv", "run_cli", "write_config"]
 
 FAST_RESTART = {
     "backoff_initial_s": 0.0,

@@ -38,6 +38,7 @@ from typing import Any
 
 from dflashd.logs import EventRecord, LineRecord, Record, follow, read_records
 from dflashd.logs.records import parse_timestamp
+from tests.helpers import run_cli, write_config
 
 STEP_LINE = re.compile(r"^step (\d+)/\d+ loss ([\d.]+) acc [\d.]+ tok/s ([\d,]+)")
 
@@ -47,28 +48,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + "}"
-    return str(value)
-
-
-def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dflashd.supervisor", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @dataclass
@@ -81,17 +60,17 @@ class Node:
     seen: list[Record] = field(default_factory=list)
 
     def start(self) -> None:
-        done = cli("start", "--home", str(self.home), "--config", str(self.config))
+        done = run_cli("start", "--home", str(self.home), "--config", str(self.config))
         if done.returncode != 0:
             raise RuntimeError(f"dflashd start {self.name}: {done.stdout}{done.stderr}")
 
     def status(self) -> dict[str, Any]:
-        done = cli("status", "--home", str(self.home), "--json")
+        done = run_cli("status", "--home", str(self.home), "--json")
         status: dict[str, Any] = json.loads(done.stdout)
         return status
 
     def stop(self) -> None:
-        cli("stop", "--home", str(self.home), "--timeout", "20")
+        run_cli("stop", "--home", str(self.home), "--timeout", "20")
 
     def records(self) -> list[Record]:
         return list(read_records(self.home / "logs"))
@@ -184,15 +163,8 @@ def make_node(
         },
         "first_step_timeout_s": 600.0,
     }
-    lines = [f"{k} = {toml(v)}" for k, v in top.items()]
-    lines += [
-        "[restart]",
-        "backoff_initial_s = 1.0",
-        "backoff_max_s = 5.0",
-        "stop_timeout_s = 20.0",
-    ]
-    config = root / f"{name}.toml"
-    config.write_text("\n".join(lines) + "\n")
+    restart = {"backoff_initial_s": 1.0, "backoff_max_s": 5.0, "stop_timeout_s": 20.0}
+    config = write_config(root / f"{name}.toml", top, restart=restart)
     return Node(name, root / name, config)
 
 

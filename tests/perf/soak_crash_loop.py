@@ -103,13 +103,16 @@ def main() -> int:
     pid = int(status(home)["pid"])  # type: ignore[call-overload]
     proc = psutil.Process(pid)
     try:
+        warm_by = time.monotonic() + 300.0
         while int(status(home).get("run") or 0) < args.warmup:  # type: ignore[call-overload]
+            if time.monotonic() > warm_by or not proc.is_running():
+                raise SystemExit(f"no {args.warmup} runs within 300 s: {status(home)}")
             time.sleep(0.5)  # the crash loop runs on its own; we only look at it now and then
         first = snapshot(home, proc)
         series = [first]
         ends = first["t"] + args.seconds
         while (left := ends - time.monotonic()) > 0:
-            time.sleep(min(30.0, left))  # a look every 30 s: the trend, not just two points
+            time.sleep(min(30.0, left))  # the measured interval itself: a look every 30 s
             series.append(snapshot(home, proc))
         last = series[-1]
     finally:

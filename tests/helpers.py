@@ -1,0 +1,53 @@
+"""Test helpers that need no pytest: the real CLI, a tiny TOML writer, the test children.
+
+Shared by conftest.py and by the standalone scenario scripts (tests/multinode), which also
+run on machines without pytest.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+CHILDREN = Path(__file__).parent / "children"
+
+
+def child(name: str, *args: str) -> list[str]:
+    """argv for one of the test children."""
+    return [sys.executable, str(CHILDREN / name), *args]
+
+
+def dflashd_argv(*args: str) -> list[str]:
+    """The real CLI, run by this interpreter."""
+    return [sys.executable, "-m", "dflashd.supervisor", *args]
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run one dflashd command to completion."""
+    return subprocess.run(
+        dflashd_argv(*args), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def toml_value(value: object) -> str:
+    """A tiny TOML encoder for the values tests use."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def write_config(path: Path, top: dict[str, object], **tables: dict[str, object]) -> Path:
+    """Write a TOML config with top-level keys and [tables]."""
+    lines = [f"{k} = {toml_value(v)}" for k, v in top.items()]
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items())
+    path.write_text("\n".join(lines) + "\n")
+    return path
