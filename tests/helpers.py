@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 CHILDREN = Path(__file__).parent / "children"
@@ -43,7 +44,7 @@ def toml_value(value: object) -> str:
     return str(value)
 
 
-def write_config(path: Path, top: dict[str, object], **tables: dict[str, object]) -> Path:
+def write_config(path: Path, top: Mapping[str, object], **tables: Mapping[str, object]) -> Path:
     """Write a TOML config with top-level keys and [tables]."""
     lines = [f"{k} = {toml_value(v)}" for k, v in top.items()]
     for name, table in tables.items():

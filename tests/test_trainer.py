@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -142,6 +144,102 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(tmp_path: Path) -> No
     step = int(stopped[0].split()[3])
     state = torch.load(tmp_path / "latest.pt", weights_only=False)
     assert state["step"] == step >= 3
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_line(proc: subprocess.Popen[str], prefix: str) -> None:
+    """Read the child's stdout until a line starts with ``prefix`` (EOF: the child died)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            return
+    raise AssertionError(f"exited {proc.wait()} before a line starting {prefix!r}")
+
+
+def test_sigterm_while_a_collective_waits_for_a_frozen_peer_exits_within_the_grace(
+    tmp_path: Path,
+) -> None:
+    """Two nodes (gloo, no torchrun); node 1 frozen by SIGSTOP, so node 0's all-reduce waits
+    (up to --dist-timeout-s, 120 s) where Python's handler never runs.  SIGTERM to node 0:
+    it exits 143 about --stop-grace-s later, saying why, instead of hanging until a SIGKILL."""
+    port = free_port()
+    ranks = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [*TRAINER, *SMALL, "--workers", "1", "--steps", "100000", "--stop-grace-s", "2"]
+        ranks.append(
+            subprocess.Popen(
+                [*cmd, "--checkpoint-dir", str(tmp_path)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    node0, node1 = ranks
+    try:
+        for proc in ranks:
+            wait_for_line(proc, "step 2/")
+        node1.send_signal(signal.SIGSTOP)
+        node0.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        _, err = node0.communicate(timeout=60)
+        took = time.monotonic() - t0
+        assert node0.returncode == 143, err[-2000:]
+        assert "stop: no step boundary within 2s of SIGTERM" in err
+        assert 1.5 < took < 30, took  # the grace, not the collective's 120 s timeout
+    finally:
+        for proc in ranks:
+            if proc.poll() is None:
+                proc.kill()
+                proc.send_signal(signal.SIGCONT)
+            proc.communicate(timeout=30)
+
+
+def test_a_second_stop_signal_exits_at_once_when_no_boundary_comes() -> None:
+    """A main thread that never reaches a step boundary (here: asleep, in the real case a
+    collective): the first SIGTERM sets the stop event; a second exits 143 at once instead
+    of waiting out the grace (600 s here)."""
+    child = (
+        "import sys, threading, time\n"
+        "from dflashd.trainer.stopping import Stop\n"
+        "stop = Stop(grace_s=600)\n"
+        "threading.Thread(target=lambda: (stop.event.wait(), print('event', flush=True)),"
+        " daemon=True).start()\n"
+        "print('ready', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(3600)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for_line(proc, "ready")
+        proc.send_signal(signal.SIGTERM)
+        wait_for_line(proc, "event")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 143
+        assert "stop: a second SIGTERM: exiting now" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.mark.parametrize(

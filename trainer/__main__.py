@@ -11,7 +11,8 @@ import sys
 import threading
 
 from dflashd.trainer.notify import Notifier
-from dflashd.trainer.train import EX_CONFIG, RecompileBlocked, Stop, parse_args, say
+from dflashd.trainer.stopping import Stop
+from dflashd.trainer.train import EX_CONFIG, RecompileBlocked, parse_args, say
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if inject == "hang_before_cuda":
         say("injected: hanging before CUDA initialisation")
         threading.Event().wait()
-    stop = Stop()
+    stop = Stop(args.stop_grace_s)
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stack dump on demand, into the log

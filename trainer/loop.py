@@ -22,10 +22,10 @@ from dflashd.trainer.distributed import (
 )
 from dflashd.trainer.model import Drafter, ModelConfig, TargetModel
 from dflashd.trainer.notify import Notifier
+from dflashd.trainer.stopping import Stop
 from dflashd.trainer.train import (
     EX_CONFIG,
     RecompileBlocked,
-    Stop,
     TrainConfig,
     build_config,
     checkpoint_dir,
@@ -355,6 +355,8 @@ def _train(
             )
             window_start, window_steps = time.monotonic(), 0
         stopping = stop.event.is_set()
+        if stopping:
+            stop.at_boundary()  # the checkpoint below is local work: no deadline over it
         saving = step % cfg.checkpoint_every == 0 or stopping or step == cfg.steps
         if saving and leader:
             save_checkpoint(

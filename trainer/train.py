@@ -4,7 +4,8 @@ The main thread owns data, the optimizer step, logging and checkpoints; worker t
 forward/backward on their shard (see workers.py).  Gradients are averaged on the main thread
 into replica 0, which steps; the new weights are copied back to the other replicas.
 
-Exit codes: 0 completed or stopped (SIGTERM: finish the step, checkpoint, exit), 1 crashed,
+Exit codes: 0 completed or stopped (SIGTERM: finish the step, checkpoint, exit; 143 when the
+step is stuck past --stop-grace-s, see stopping.py), 1 crashed,
 78 (EX_CONFIG) for a configuration error that retrying cannot fix: a dense fallback under
 --require-flex, or a blocked recompile.  dflashd never retries 78.
 """
@@ -14,11 +15,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
-import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from dflashd.trainer.stopping import DEFAULT_GRACE_S
 
 EX_CONFIG = 78
 
@@ -126,6 +127,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="under torchrun: how long a collective (or the process group's setup) may wait for "
         "the other nodes before failing, so torchrun restarts the group",
     )
+    parser.add_argument(
+        "--stop-grace-s",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="after SIGTERM/SIGINT the step in flight finishes, then a checkpoint and exit 0; "
+        "a step not done this long after the signal (stuck waiting for a dead peer) exits "
+        "128+signal at once instead",
+    )
     parser.add_argument("--ctx-len", type=int)
     parser.add_argument("--hidden", type=int)
     parser.add_argument(
@@ -162,18 +171,6 @@ def build_config(args: argparse.Namespace, cuda_devices: int) -> TrainConfig:
     if args.require_flex is not None:
         overrides["require_flex"] = args.require_flex
     return replace(cfg, **overrides)
-
-
-class Stop:
-    """SIGTERM/SIGINT set a flag; the loop finishes its step, checkpoints and exits 0."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        signal.signal(signal.SIGTERM, self._handle)
-        signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, _signum: int, _frame: Any) -> None:
-        self.event.set()
 
 
 def say(text: str) -> None:

@@ -1,0 +1,98 @@
+"""SIGTERM and SIGINT: stop at the next step boundary, or exit if that boundary never comes.
+
+The loop checks ``Stop.event`` after each step, checkpoints and exits 0.  That needs the main
+thread to get back to Python: Python runs signal handlers only between bytecodes of the main
+thread, and a step can be stuck in C where it never does: a collective waiting for a peer
+that died (NCCL waits up to ``--dist-timeout-s``), a hung kernel, a lock.  Under torchrun
+that cost every surviving node 30 s per fault (the agent's SIGTERM went unanswered until its
+SIGKILL).
+
+So the signal is also seen where no bytecode has to run: the C-level handler writes the
+signal number to a wakeup pipe (``signal.set_wakeup_fd``), and a watcher thread reading it
+sets the event and arms a deadline.  If the loop has not reached its step boundary
+``grace_s`` later, the process says so on stderr and exits 128+signal at once (``os._exit``:
+a thread stuck in a collective would hang an orderly shutdown), without a checkpoint; the
+last periodic one stands.  A second signal exits at once.  Signal masks are left alone:
+they would be inherited by the compile workers the trainer spawns.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DEFAULT_GRACE_S = 10.0  # well under torchrun's 30 s and dflashd's default stop_timeout_s
+
+
+class Stop:
+    """The stop request: ``event`` for the loop, ``at_boundary()`` when the loop acts on it."""
+
+    def __init__(self, grace_s: float = DEFAULT_GRACE_S) -> None:
+        self.event = threading.Event()
+        self.grace_s = grace_s
+        self._boundary = threading.Event()
+        self._lock = threading.Lock()
+        self._signalled_before = False
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._seen_by_the_watcher)
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(
+            target=self._watch, args=(read_fd,), name="stop-watcher", daemon=True
+        ).start()
+
+    def at_boundary(self) -> None:
+        """The loop reached a step boundary and is stopping: the deadline no longer applies."""
+        self._boundary.set()
+
+    @staticmethod
+    def _seen_by_the_watcher(_signum: int, _frame: Any) -> None:
+        """Python's handler (main thread, whenever it gets back to bytecode): nothing to do.
+
+        Installing it is what matters: it replaces the default action (terminate), and the
+        C-level handler behind it writes every signal to the wakeup pipe, one byte each.
+        """
+
+    def _watch(self, read_fd: int) -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum in STOP_SIGNALS:
+                    self._signalled(signum)
+
+    def _signalled(self, signum: int) -> None:
+        with self._lock:
+            again, self._signalled_before = self._signalled_before, True
+        if again:
+            if not self._boundary.is_set():
+                self._exit(signum, f"a second {signal.Signals(signum).name}: exiting now")
+            return
+        self.event.set()
+        threading.Thread(
+            target=self._deadline, args=(signum,), name="stop-deadline", daemon=True
+        ).start()
+
+    def _deadline(self, signum: int) -> None:
+        if self._boundary.wait(self.grace_s):
+            return
+        self._exit(
+            signum,
+            f"no step boundary within {self.grace_s:g}s of {signal.Signals(signum).name} "
+            "(a collective waiting for a peer that is gone, or a hung kernel?): exiting "
+            "without a checkpoint; the last saved one stands",
+        )
+
+    @staticmethod
+    def _exit(signum: int, why: str) -> None:
+        # os.write: no lock a stuck thread could hold; os._exit: no thread joins, no atexit.
+        os.write(2, f"stop: {why}\n".encode())
+        os._exit(128 + signum)
