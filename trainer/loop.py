@@ -293,6 +293,7 @@ def _train(
     for w in workers:
         w.drafter.zero_grad(set_to_none=False)
     next_batches = [batch_for(step, w.index) for w in workers]
+    boundary = time.monotonic()
     while step < cfg.steps:
         lr = get_lr(step, cfg)
         for group in optimizer.param_groups:
@@ -374,6 +375,8 @@ def _train(
         if stopping:
             say(f"stopped at step {step} (checkpoint {ckpt_path})")
             return 0
+        boundary, last_boundary = time.monotonic(), boundary
+        stop.step_took(boundary - last_boundary)
     final = ckpt_path.with_name(f"completed-step{step}.pt")
     if not leader:
         say(

@@ -9,8 +9,9 @@ SIGKILL).
 
 So the signal is also seen where no bytecode has to run: the C-level handler writes the
 signal number to a wakeup pipe (``signal.set_wakeup_fd``), and a watcher thread reading it
-sets the event and arms a deadline.  If the loop has not reached its step boundary
-``grace_s`` later, the process says so on stderr and exits 128+signal at once (``os._exit``:
+sets the event and arms a deadline.  If the loop has not reached its step boundary by then
+(``grace_for``: a few of its recent steps' length, at most ``--stop-grace-s``), the process
+says so on stderr and exits 128+signal at once (``os._exit``:
 a thread stuck in a collective would hang an orderly shutdown), without a checkpoint; the
 last periodic one stands.  A second signal exits at once.  Signal masks are left alone:
 they would be inherited by the compile workers the trainer spawns.
@@ -21,10 +22,28 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections import deque
+from collections.abc import Iterable
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 DEFAULT_GRACE_S = 10.0  # well under torchrun's 30 s and dflashd's default stop_timeout_s
+MIN_GRACE_S = 2.0
+STEPS_PER_GRACE = 5  # a step this many times longer than the slowest recent one is stuck
+RECENT_STEPS = 20
+
+
+def grace_for(recent_step_s: Iterable[float], cap_s: float) -> float:
+    """How long the step in flight may take to reach its boundary before it counts as stuck.
+
+    Before any step (setup, compile) the whole cap; after, a few times the slowest recent
+    step (checkpoint saves included), never under ``MIN_GRACE_S`` nor over the cap.  On an
+    H200 a step takes 75 ms: a node whose peer died is gone in 2 s, not 10.
+    """
+    slowest = max(recent_step_s, default=None)
+    if slowest is None:
+        return cap_s
+    return min(cap_s, max(MIN_GRACE_S, STEPS_PER_GRACE * slowest))
 
 
 class Stop:
@@ -36,6 +55,7 @@ class Stop:
         self._boundary = threading.Event()
         self._lock = threading.Lock()
         self._signalled_before = False
+        self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._seen_by_the_watcher)
         read_fd, write_fd = os.pipe()
@@ -44,6 +64,11 @@ class Stop:
         threading.Thread(
             target=self._watch, args=(read_fd,), name="stop-watcher", daemon=True
         ).start()
+
+    def step_took(self, seconds: float) -> None:
+        """One step's wall time, boundary to boundary (for ``grace_for``)."""
+        with self._lock:
+            self._recent.append(seconds)
 
     def at_boundary(self) -> None:
         """The loop reached a step boundary and is stopping: the deadline no longer applies."""
@@ -82,11 +107,14 @@ class Stop:
         ).start()
 
     def _deadline(self, signum: int) -> None:
-        if self._boundary.wait(self.grace_s):
+        with self._lock:
+            recent = list(self._recent)
+        grace_s = grace_for(recent, self.grace_s)
+        if self._boundary.wait(grace_s):
             return
         self._exit(
             signum,
-            f"no step boundary within {self.grace_s:g}s of {signal.Signals(signum).name} "
+            f"no step boundary within {grace_s:g}s of {signal.Signals(signum).name} "
             "(a collective waiting for a peer that is gone, or a hung kernel?): exiting "
             "without a checkpoint; the last saved one stands",
         )

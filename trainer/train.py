@@ -131,9 +131,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--stop-grace-s",
         type=float,
         default=DEFAULT_GRACE_S,
-        help="after SIGTERM/SIGINT the step in flight finishes, then a checkpoint and exit 0; "
-        "a step not done this long after the signal (stuck waiting for a dead peer) exits "
-        "128+signal at once instead",
+        help="after SIGTERM/SIGINT the step in flight finishes, then a checkpoint and exit 0; a "
+        "step not done within 5x the slowest recent step (at least 2 s, at most this) is stuck, "
+        "waiting for a dead peer say, and the trainer exits 128+signal at once instead",
     )
     parser.add_argument("--ctx-len", type=int)
     parser.add_argument("--hidden", type=int)
