@@ -255,6 +255,23 @@ def test_a_second_stop_signal_exits_at_once_when_no_boundary_comes() -> None:
             proc.communicate()
 
 
+def test_an_exit_that_hangs_after_the_outcome_is_decided_is_bounded() -> None:
+    """Leaving a process group can hang on a peer that is gone: once the outcome (here a
+    crash) is decided, the process exits with its code a grace later, traceback included."""
+    child = (
+        "import time\n"
+        "from dflashd.trainer.stopping import Stop\n"
+        "stop = Stop(grace_s=1)\n"
+        "stop.bound_exit(1, ValueError('the step failed'), 'leaving the process group')\n"
+        "while True:\n"
+        "    time.sleep(3600)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "ValueError: the step failed" in done.stderr
+    assert "exit: leaving the process group took over 1s: exiting 1 now" in done.stderr
+
+
 @pytest.mark.parametrize(
     ("inject", "verdict", "reason"),
     [

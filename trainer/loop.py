@@ -130,9 +130,16 @@ def run(args: argparse.Namespace, stop: Stop, inject: str) -> int:
     if cfg.device == "cuda":
         torch.cuda.set_device(devices[0])  # NCCL binds to the main thread's current device
     node = join(cfg.device, args.dist_timeout_s)
+    code, error = 1, None
     try:
-        return _run_joined(args, stop, inject, cfg, node, devices, notifier)
+        code = _run_joined(args, stop, inject, cfg, node, devices, notifier)
+        return code
+    except BaseException as exc:
+        code, error = (EX_CONFIG if isinstance(exc, RecompileBlocked) else 1), exc
+        raise
     finally:
+        if node is not None:
+            stop.bound_exit(code, error, "leaving the process group")
         leave(node)
 
 

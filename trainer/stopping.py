@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
+import traceback
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -106,10 +108,31 @@ class Stop:
             target=self._deadline, args=(signum,), name="stop-deadline", daemon=True
         ).start()
 
-    def _deadline(self, signum: int) -> None:
+    def bound_exit(self, code: int, error: BaseException | None, doing: str) -> None:
+        """The outcome is decided; what is left (``doing``) must not hang the exit.
+
+        Leaving a process group whose peer is gone can block (NCCL's teardown waits for
+        it), which kept a stopped worker alive until its SIGKILL.  If the process is still
+        here ``grace_for`` later it exits with ``code``, printing ``error`` first (the
+        interpreter would have printed it on the way out).
+        """
+        grace_s = self._grace_now()
+
+        def expire() -> None:
+            time.sleep(grace_s)  # a plain timer: nothing can end it early but the exit itself
+            if error is not None:
+                os.write(2, "".join(traceback.format_exception(error)).encode())
+            self._exit_code(code, f"exit: {doing} took over {grace_s:g}s: exiting {code} now")
+
+        threading.Thread(target=expire, name="exit-deadline", daemon=True).start()
+
+    def _grace_now(self) -> float:
         with self._lock:
             recent = list(self._recent)
-        grace_s = grace_for(recent, self.grace_s)
+        return grace_for(recent, self.grace_s)
+
+    def _deadline(self, signum: int) -> None:
+        grace_s = self._grace_now()
         if self._boundary.wait(grace_s):
             return
         self._exit(
@@ -121,6 +144,10 @@ class Stop:
 
     @staticmethod
     def _exit(signum: int, why: str) -> None:
+        Stop._exit_code(128 + signum, f"stop: {why}")
+
+    @staticmethod
+    def _exit_code(code: int, message: str) -> None:
         # os.write: no lock a stuck thread could hold; os._exit: no thread joins, no atexit.
-        os.write(2, f"stop: {why}\n".encode())
-        os._exit(128 + signum)
+        os.write(2, f"{message}\n".encode())
+        os._exit(code)
