@@ -9,7 +9,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dflashd.trainer.data import MarkovChain, SequencePool, make_batch  # noqa: E402
+from dflashd.trainer.distributed import EX_PEER_STOPPED, Node, stop_outcome  # noqa: E402
 from dflashd.trainer.mask import block_mask, dense_mask, dflash_mask_mod, reference_mask  # noqa: E402
 from dflashd.trainer.model import Drafter, ModelConfig, TargetModel, dense_core, loss_and_accuracy  # noqa: E402
 from dflashd.trainer.stopping import MIN_GRACE_S, grace_for  # noqa: E402
@@ -164,13 +166,10 @@ def wait_for_line(proc: subprocess.Popen[str], prefix: str) -> None:
     raise AssertionError(f"exited {proc.wait()} before a line starting {prefix!r}")
 
 
-def test_sigterm_while_a_collective_waits_for_a_frozen_peer_exits_within_the_grace(
-    tmp_path: Path,
-) -> None:
-    """Two nodes (gloo, no torchrun); node 1 frozen by SIGSTOP, so node 0's all-reduce waits
-    (up to --dist-timeout-s, 120 s) where Python's handler never runs.  SIGTERM to node 0:
-    it exits 143 a few step lengths later (not the 60 s cap), saying why, instead of hanging
-    until a SIGKILL."""
+@contextmanager
+def two_nodes(tmp_path: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """Two trainer processes in one gloo group (torchrun's environment, without torchrun),
+    both past their second step; whatever still runs at the end is killed."""
     port = free_port()
     ranks = []
     for rank in range(2):
@@ -194,26 +193,66 @@ def test_sigterm_while_a_collective_waits_for_a_frozen_peer_exits_within_the_gra
                 text=True,
             )
         )
-    node0, node1 = ranks
     try:
         for proc in ranks:
             wait_for_line(proc, "step 2/")
-        node1.send_signal(signal.SIGSTOP)
-        node0.send_signal(signal.SIGTERM)
-        t0 = time.monotonic()
-        _, err = node0.communicate(timeout=60)
-        took = time.monotonic() - t0
-        assert node0.returncode == 143, err[-2000:]
-        said = re.search(r"stop: no step boundary within ([\d.]+)s of SIGTERM", err)
-        assert said is not None, err[-2000:]
-        grace = float(said.group(1))
-        assert MIN_GRACE_S <= grace < 20 and grace - 0.5 < took < grace + 10, (grace, took)
+        yield ranks
     finally:
         for proc in ranks:
             if proc.poll() is None:
                 proc.kill()
                 proc.send_signal(signal.SIGCONT)
             proc.communicate(timeout=30)
+
+
+def test_a_stop_on_one_node_stops_every_node_after_the_same_step(tmp_path: Path) -> None:
+    """SIGTERM to node 1 only: the request travels with the gradients, so both nodes stop
+    after the same step and rank 0 checkpoints it; node 1 exits 0, node 0 exits 75 so that
+    its torchrun restarts it and waits for node 1 to come back."""
+    with two_nodes(tmp_path) as (node0, node1):
+        node1.send_signal(signal.SIGTERM)
+        out1, err1 = node1.communicate(timeout=60)
+        out0, err0 = node0.communicate(timeout=60)
+    assert (node0.returncode, node1.returncode) == (EX_PEER_STOPPED, 0), err0[-1500:] + err1[-1500:]
+    stopped = [
+        re.search(r"^stopped at step (\d+) \(checkpoint [^)]*\)(.*)$", out, re.M)
+        for out in (out0, out1)
+    ]
+    assert stopped[0] is not None and stopped[1] is not None, (out0[-500:], out1[-500:])
+    assert stopped[0].group(1) == stopped[1].group(1)
+    assert "node rank 1 asked to stop; exit 75" in stopped[0].group(2)
+    assert stopped[1].group(2) == ""
+    state = torch.load(tmp_path / "latest.pt", weights_only=False)
+    assert state["step"] == int(stopped[0].group(1))
+
+
+def test_stop_outcome_exit_codes() -> None:
+    """Alone or asked: 0.  Stopped only because another node was asked: 75, naming it."""
+    node0 = Node(rank=0, world_size=3, local_rank=0, local_world_size=1, backend="gloo")
+    assert stop_outcome([0], None, True) == (0, "")
+    assert stop_outcome([0, 2], node0, True) == (0, "")
+    code, why = stop_outcome([1, 2], node0, False)
+    assert code == EX_PEER_STOPPED == 75 and "node rank 1, 2 asked to stop" in why
+
+
+def test_sigterm_while_a_collective_waits_for_a_frozen_peer_exits_within_the_grace(
+    tmp_path: Path,
+) -> None:
+    """Two nodes (gloo, no torchrun); node 1 frozen by SIGSTOP, so node 0's all-reduce waits
+    (up to --dist-timeout-s, 120 s) where Python's handler never runs.  SIGTERM to node 0:
+    it exits 143 a few step lengths later (not the 60 s cap), saying why, instead of hanging
+    until a SIGKILL."""
+    with two_nodes(tmp_path) as (node0, node1):
+        node1.send_signal(signal.SIGSTOP)
+        node0.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        _, err = node0.communicate(timeout=60)
+        took = time.monotonic() - t0
+    assert node0.returncode == 143, err[-2000:]
+    said = re.search(r"stop: no step boundary within ([\d.]+)s of SIGTERM", err)
+    assert said is not None, err[-2000:]
+    grace = float(said.group(1))
+    assert MIN_GRACE_S <= grace < 20 and grace - 0.5 < took < grace + 10, (grace, took)
 
 
 def test_grace_is_a_few_recent_steps_within_its_floor_and_cap() -> None:

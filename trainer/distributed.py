@@ -34,6 +34,7 @@ NVLINK_MULTICAST_OFF = {
 # of one round never meet), so torchrun rendezvouses again instead of waiting forever.
 # --dist-timeout-s sets it; a step (checkpoint save included) must fit well inside it.
 DEFAULT_DIST_TIMEOUT_S = 120.0
+EX_PEER_STOPPED = 75  # EX_TEMPFAIL: stopped because another node was asked to (see stop_outcome)
 
 
 @dataclass(frozen=True)
@@ -92,20 +93,47 @@ def local_device_slots(count: int) -> list[int]:
     return mine or [local_rank % max(1, count)]
 
 
-def all_reduce_mean(params: list[torch.nn.Parameter], node: Node) -> None:
-    """Average ``params``' gradients over every node (one flat buffer, one collective)."""
+def all_reduce_mean(params: list[torch.nn.Parameter], node: Node, stop_asked: bool) -> list[int]:
+    """Average ``params``' gradients over every node (one flat buffer, one collective).
+
+    The same collective carries the stop requests: each node sets its own slot, and every
+    node gets the same list of the node ranks asked to stop.  So all nodes stop after the
+    same step, which rank 0 checkpoints, instead of the stopped node leaving the others
+    waiting in the next step's collective until their grace runs out (no checkpoint).
+    """
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
     with torch.no_grad():
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = _flatten_dense_tensors(grads)
+        asked = torch.zeros(node.world_size, dtype=grads[0].dtype, device=grads[0].device)
+        asked[node.rank] = float(stop_asked)
+        flat = _flatten_dense_tensors([*grads, asked])
         dist.all_reduce(flat)
         flat.div_(node.world_size)
-        torch._foreach_copy_(grads, list(_unflatten_dense_tensors(flat, grads)))
+        *reduced, asked = _unflatten_dense_tensors(flat, [*grads, asked])
+        torch._foreach_copy_(grads, reduced)
         for p, g in zip(params, grads, strict=True):
             if p.grad is None:
                 p.grad = g
+        return [int(r) for r in torch.nonzero(asked > 0).flatten().tolist()]
+
+
+def stop_outcome(askers: list[int], node: Node | None, asked_here: bool) -> tuple[int, str]:
+    """The exit code and the words after "stopped at step N (checkpoint …)".
+
+    A node that was asked exits 0.  A node that stopped only because others were asked
+    exits 75 (EX_TEMPFAIL), a failure to torchrun: it restarts this node's workers and
+    waits in the rendezvous for the stopped nodes to come back (past its join timeout,
+    dflashd says ``rendezvous_timeout``).  0 would end this node's agent as "succeeded"
+    and its dflashd would call the job completed.
+    """
+    if node is None or asked_here:
+        return 0, ""
+    ranks = ", ".join(str(r) for r in askers)
+    return EX_PEER_STOPPED, (
+        f": node rank {ranks} asked to stop; exit {EX_PEER_STOPPED} so torchrun waits for it"
+    )
 
 
 def mean_over_nodes(values: list[float], device: torch.device, node: Node | None) -> list[float]:

@@ -19,6 +19,7 @@ from dflashd.trainer.distributed import (
     local_device_slots,
     mean_over_nodes,
     share_resume,
+    stop_outcome,
 )
 from dflashd.trainer.model import Drafter, ModelConfig, TargetModel
 from dflashd.trainer.notify import Notifier
@@ -317,11 +318,7 @@ def _train(
             raise
         expected_calls = mcfg.draft_layers if cfg.compile else 0
         if cfg.compile and any(r.compiled_calls < expected_calls for r in results):
-            bad = [
-                w.index
-                for w, r in zip(workers, results, strict=True)
-                if r.compiled_calls < expected_calls
-            ]
+            bad = [i for i, r in enumerate(results) if r.compiled_calls < expected_calls]
             say(
                 f"dense_fallback: workers {bad} stopped calling the compiled attention at step {step}"
             )
@@ -330,8 +327,10 @@ def _train(
                 return EX_CONFIG
         main_params = replica_params[0]
         average_gradients(replica_params)
+        asked = stop.event.is_set()  # sampled once: across nodes it travels with the gradients
+        askers = [0] if asked else []
         if node is not None:
-            all_reduce_mean(main_params, node)  # the same step on every node
+            askers = all_reduce_mean(main_params, node, asked)  # the same step on every node
         with torch.no_grad():
             torch.nn.utils.clip_grad_norm_(main_params, 1.0)
         optimizer.step()
@@ -362,7 +361,7 @@ def _train(
                 f"step {step}/{cfg.steps} loss {loss:.3f} acc {acc:.3f} tok/s {tok_s:,.0f} lr {lr:.1e}{mem}"
             )
             window_start, window_steps = time.monotonic(), 0
-        stopping = stop.event.is_set()
+        stopping = bool(askers)
         if stopping:
             stop.at_boundary()  # the checkpoint below is local work: no deadline over it
         saving = step % cfg.checkpoint_every == 0 or stopping or step == cfg.steps
@@ -380,8 +379,9 @@ def _train(
                 },
             )
         if stopping:
-            say(f"stopped at step {step} (checkpoint {ckpt_path})")
-            return 0
+            code, why = stop_outcome(askers, node, stop.event.is_set())
+            say(f"stopped at step {step} (checkpoint {ckpt_path}){why}")
+            return code
         boundary, last_boundary = time.monotonic(), boundary
         stop.step_took(boundary - last_boundary)
     final = ckpt_path.with_name(f"completed-step{step}.pt")
