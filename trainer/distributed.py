@@ -93,13 +93,11 @@ def local_device_slots(count: int) -> list[int]:
     return mine or [local_rank % max(1, count)]
 
 
-def all_reduce_mean(params: list[torch.nn.Parameter], node: Node, stop_asked: bool) -> list[int]:
+def all_reduce_mean(params: list[torch.nn.Parameter], node: Node, stop_asked: bool) -> torch.Tensor:
     """Average ``params``' gradients over every node (one flat buffer, one collective).
 
-    The same collective carries the stop requests: each node sets its own slot, and every
-    node gets the same list of the node ranks asked to stop.  So all nodes stop after the
-    same step, which rank 0 checkpoints, instead of the stopped node leaving the others
-    waiting in the next step's collective until their grace runs out (no checkpoint).
+    The same collective carries the stop requests: each node sets its own slot of a
+    ``world_size`` vector; returned reduced, not read (reading would wait for the collective).
     """
     import torch.distributed as dist
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -116,7 +114,32 @@ def all_reduce_mean(params: list[torch.nn.Parameter], node: Node, stop_asked: bo
         for p, g in zip(params, grads, strict=True):
             if p.grad is None:
                 p.grad = g
-        return [int(r) for r in torch.nonzero(asked > 0).flatten().tolist()]
+        return asked
+
+
+class StopVotes:
+    """Which nodes were asked to stop (SIGTERM/SIGINT): the same answer on every node.
+
+    The requests travel with the gradients' all-reduce, so all nodes stop after the same
+    step, which rank 0 checkpoints, instead of the stopped node leaving the others waiting
+    in the next step's collective until their grace runs out (no checkpoint).  Each step
+    reads the previous step's requests, before queuing its own all-reduce: the worker
+    threads have synchronised their devices by then, so the read costs no wait.  Alone,
+    the answer is this process's own request, at once.
+    """
+
+    def __init__(self, node: Node | None) -> None:
+        self.node = node
+        self._pending: torch.Tensor | None = None
+
+    def cast(self, params: list[torch.nn.Parameter], asked: bool) -> list[int]:
+        """All-reduce ``params``' gradients with this node's request; the node ranks asking."""
+        if self.node is None:
+            return [0] if asked else []
+        previous = self._pending
+        askers = [] if previous is None else torch.nonzero(previous > 0).flatten().tolist()
+        self._pending = all_reduce_mean(params, self.node, asked)
+        return [int(r) for r in askers]
 
 
 def stop_outcome(askers: list[int], node: Node | None, asked_here: bool) -> tuple[int, str]:

@@ -13,7 +13,7 @@ import torch
 from dflashd.trainer.data import MarkovChain, SequencePool, make_batch
 from dflashd.trainer.distributed import (
     Node,
-    all_reduce_mean,
+    StopVotes,
     join,
     leave,
     local_device_slots,
@@ -301,7 +301,7 @@ def _train(
     for w in workers:
         w.drafter.zero_grad(set_to_none=False)
     next_batches = [batch_for(step, w.index) for w in workers]
-    boundary = time.monotonic()
+    votes, boundary = StopVotes(node), time.monotonic()
     while step < cfg.steps:
         lr = get_lr(step, cfg)
         for group in optimizer.param_groups:
@@ -327,10 +327,7 @@ def _train(
                 return EX_CONFIG
         main_params = replica_params[0]
         average_gradients(replica_params)
-        asked = stop.event.is_set()  # sampled once: across nodes it travels with the gradients
-        askers = [0] if asked else []
-        if node is not None:
-            askers = all_reduce_mean(main_params, node, asked)  # the same step on every node
+        askers = votes.cast(main_params, stop.event.is_set())  # the same step on every node
         with torch.no_grad():
             torch.nn.utils.clip_grad_norm_(main_params, 1.0)
         optimizer.step()
