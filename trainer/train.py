@@ -5,7 +5,8 @@ forward/backward on their shard (see workers.py).  Gradients are averaged on the
 into replica 0, which steps; the new weights are copied back to the other replicas.
 
 Exit codes: 0 completed or stopped (SIGTERM: finish the step, checkpoint, exit; 143 when the
-step is stuck past --stop-grace-s, see stopping.py), 1 crashed,
+step is stuck past --stop-grace-s, see stopping.py; 75 under torchrun when another node was
+asked to stop, see distributed.StopVotes), 1 crashed,
 78 (EX_CONFIG) for a configuration error that retrying cannot fix: a dense fallback under
 --require-flex, or a blocked recompile.  dflashd never retries 78.
 """
