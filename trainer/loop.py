@@ -140,7 +140,7 @@ def run(args: argparse.Namespace, stop: Stop, inject: str) -> int:
         raise
     finally:
         if node is not None:
-            stop.bound_exit(code, error, "leaving the process group")
+            stop.bound_exit(code, error, "leaving the process group and exiting")
         leave(node)
 
 

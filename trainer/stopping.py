@@ -55,11 +55,11 @@ class Stop:
         self.event = threading.Event()
         self.grace_s = grace_s
         self._boundary = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the main thread's handler may run inside step_took
         self._signalled_before = False
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
         for signum in STOP_SIGNALS:
-            signal.signal(signum, self._seen_by_the_watcher)
+            signal.signal(signum, self._on_main_thread)
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -76,13 +76,14 @@ class Stop:
         """The loop reached a step boundary and is stopping: the deadline no longer applies."""
         self._boundary.set()
 
-    @staticmethod
-    def _seen_by_the_watcher(_signum: int, _frame: Any) -> None:
-        """Python's handler (main thread, whenever it gets back to bytecode): nothing to do.
+    def _on_main_thread(self, signum: int, _frame: Any) -> None:
+        """Python's handler (main thread, whenever it gets back to bytecode).
 
-        Installing it is what matters: it replaces the default action (terminate), and the
-        C-level handler behind it writes every signal to the wakeup pipe, one byte each.
+        Installing it replaces the default action (terminate), and the C-level handler
+        behind it writes every signal to the wakeup pipe.  Should anything replace that
+        pipe, this still makes the request; the watcher alone counts a second signal.
         """
+        self._request(signum)
 
     def _watch(self, read_fd: int) -> None:
         while True:
@@ -103,7 +104,13 @@ class Stop:
             if not self._boundary.is_set():
                 self._exit(signum, f"a second {signal.Signals(signum).name}: exiting now")
             return
-        self.event.set()
+        self._request(signum)
+
+    def _request(self, signum: int) -> None:
+        with self._lock:
+            if self.event.is_set():
+                return
+            self.event.set()
         threading.Thread(
             target=self._deadline, args=(signum,), name="stop-deadline", daemon=True
         ).start()
