@@ -41,7 +41,7 @@ from dflashd.logs.records import parse_timestamp
 from tests.helpers import run_cli, write_config
 
 STEP_LINE = re.compile(r"^step (\d+)/\d+ loss ([\d.]+) acc [\d.]+ tok/s ([\d,]+)")
-# Kill to next step: a restarted worker compiles again (about a minute on a GPU), the
+# Kill to next step: a restarted worker starts and compiles again (17–55 s on two H200s), the
 # agent rejoins the rendezvous; well under the GPU script's own limit, so a hang still
 # prints the nodes' last records.
 FAULT_WAIT_S = 240.0
