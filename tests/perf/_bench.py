@@ -1,9 +1,12 @@
-"""Shared by the benchmark scripts: the foreground daemon's argv."""
+"""Shared by the benchmark scripts: the foreground daemon's argv, other dflashd commands."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def daemon_argv(
@@ -27,3 +30,17 @@ def daemon_argv(
         "--",
         *command,
     ]
+
+
+def cli(home: Path, *args: str) -> list[str]:
+    """The dflashd command ``args`` on ``home`` (``--home`` goes last: no ``--`` in ``args``)."""
+    return [sys.executable, "-m", "dflashd.supervisor", *args, "--home", str(home)]
+
+
+def status(home: Path) -> dict[str, Any]:
+    """`dflashd status --json` on ``home``."""
+    done = subprocess.run(
+        cli(home, "status", "--json"), capture_output=True, text=True, check=False
+    )
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _bench import cli
+
 from dflashd.logs.framer import Frame
 from dflashd.logs.writer import RotatingLogWriter
 
@@ -75,10 +77,6 @@ def timed(argv: list[str]) -> tuple[float, int, str]:
     t0 = time.perf_counter()
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     return time.perf_counter() - t0, done.returncode, (done.stdout + done.stderr).strip()[-160:]
-
-
-def cli(home: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "dflashd.supervisor", *args, "--home", str(home)]
 
 
 def cpu_s() -> float:

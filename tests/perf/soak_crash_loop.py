@@ -13,7 +13,6 @@ Targets (issue 16): RSS flat within 1 MiB over 20,000 runs; daemon.log within it
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sqlite3
 import subprocess
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 
 import psutil
+from _bench import cli, status
 
 DAEMON_MAX_BYTES = 1 << 20
 DAEMON_BACKUPS = 2
@@ -60,22 +60,11 @@ def history_rows(home: Path) -> int:
         db.close()
 
 
-def status(home: Path) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-m", "dflashd.supervisor", "status", "--home", str(home), "--json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    result: dict[str, object] = json.loads(done.stdout)
-    return result
-
-
 def snapshot(home: Path, proc: psutil.Process) -> dict[str, float]:
     st = status(home)
     return {
         "t": time.monotonic(),
-        "run": float(st.get("run") or 0),  # type: ignore[arg-type]
+        "run": float(st.get("run") or 0),
         "rss_mib": proc.memory_info().rss / 2**20,
         "daemon_log_bytes": float(daemon_logs_bytes(home)),
         "history_rows": float(history_rows(home)),
@@ -93,18 +82,17 @@ def main() -> int:
     home, config = work / "home", work / "soak.toml"
     write_config(config)
     job = ["/bin/sh", "-c", "echo 'step 1/2 loss 1.0'; exit 3"]
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--home", str(home)]
     start = subprocess.run(
-        [*argv, "--config", str(config), "--", *job],
+        [*cli(home, "start", "--config", str(config)), "--", *job],
         capture_output=True,
         text=True,
         check=False,
     )
-    pid = int(status(home)["pid"])  # type: ignore[call-overload]
+    pid = int(status(home)["pid"])
     proc = psutil.Process(pid)
     try:
         warm_by = time.monotonic() + 300.0
-        while int(status(home).get("run") or 0) < args.warmup:  # type: ignore[call-overload]
+        while int(status(home).get("run") or 0) < args.warmup:
             if time.monotonic() > warm_by or not proc.is_running():
                 raise SystemExit(f"no {args.warmup} runs within 300 s: {status(home)}")
             time.sleep(0.5)  # the crash loop runs on its own; we only look at it now and then
@@ -116,11 +104,7 @@ def main() -> int:
             series.append(snapshot(home, proc))
         last = series[-1]
     finally:
-        subprocess.run(
-            [sys.executable, "-m", "dflashd.supervisor", "stop", "--home", str(home)],
-            capture_output=True,
-            check=False,
-        )
+        subprocess.run(cli(home, "stop"), capture_output=True, check=False)
     runs = last["run"] - first["run"]
     bound = DAEMON_MAX_BYTES * (DAEMON_BACKUPS + 1)
     print(f"start exit {start.returncode}; crash loop of {' '.join(job)} at zero backoff")
