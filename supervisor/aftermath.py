@@ -16,14 +16,15 @@ from typing import Any
 
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
+from dflashd.supervisor.custody import RunCustody, end_adopted
 from dflashd.supervisor.ending import Outcome, RunFacts, conclude
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.groups import ProcessOps, kill_own_descendants, terminate_group
+from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.observe import RunObserver
 from dflashd.supervisor.policy import RestartHistory
-from dflashd.supervisor.recovery import previous_child, process_mark, recover
+from dflashd.supervisor.recovery import previous_child
 from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import EndedBy, Observations, Verdict
@@ -40,6 +41,7 @@ def observations(run: Run, status: int | None, stderr_tail: tuple[str, ...]) -> 
         stderr_tail=stderr_tail,
         gpu_xids=tuple(run.gpu_xids),
         status_unknown=status is None,
+        oom_kills=run.custody.oom_kills() if run.custody is not None else 0,
     )
 
 
@@ -138,7 +140,7 @@ class Aftermath:
     ) -> None:
         self.config, self.clock, self.ops = config, clock, ops
         self.reporter, self.observer, self.ledger = reporter, observer, ledger
-        self.ended_groups: list[int] = []
+        self.ended: list[RunCustody] = []  # ended runs whose processes outlived them
         self._leftovers_since: float | None = None
         self._rng = random.Random()
 
@@ -148,8 +150,8 @@ class Aftermath:
         if previous.get("state") == "fatal":
             self.observer.recovering_from = "fatal"
         timeout = self.config.restart.stop_timeout_s
-        for event, run_no, fields in recover(previous, self.ops, home.root, boot, timeout):
-            self.reporter.announce(run_no, event, "warning", **fields)
+        for event, run_no, fields in self.ops.recover(previous, boot, timeout):
+            self.reporter.announce(run_no, Event(event), "warning", **fields)
         self._close_lost_run(previous)
         writer = self.reporter.writer
         if writer.torn_bytes:
@@ -158,56 +160,67 @@ class Aftermath:
     def end_leftovers(self, run: Run | None, now: float) -> float | None:
         """Before a relaunch, end what the dead run left running; None once nothing is left.
 
-        Its group's members, and the orphans we adopted as subreaper that carry this home's
-        ``DFLASHD_HOME``/``DFLASHD_RUN`` mark (a torchrun agent's workers run in sessions of
-        their own, so a SIGKILLed agent leaves them behind): SIGTERM,
-        then SIGKILL after ``LEFTOVER_GRACE_S``.  Returns when to look again meanwhile.
+        What is left is what the run's custody proves its own: its cgroup's processes, or
+        the pidfd-proven members (its group while the child was unreaped, descendants of
+        proven members, and processes carrying this home's id and the run's number: a
+        torchrun agent's workers run in sessions of their own).  SIGTERM, then SIGKILL
+        (``cgroup.kill``) after ``LEFTOVER_GRACE_S``.  Returns when to look again meanwhile.
         """
-        pids = self._leftovers(run)
-        if not pids or run is None:
+        custody = run.custody if run is not None and not run.alive else None
+        pids = custody.members() if custody is not None else set()
+        if not pids or run is None or custody is None:
             self._leftovers_since = None
+            self._forget_empty()
             return None
         if self._leftovers_since is None:
             self._leftovers_since = now
             named = {str(pid): self.ops.cmdline(pid) for pid in sorted(pids)}
             self.reporter.announce(
-                run.run_no, Event.ENDING_LEFTOVERS, "warning", pids=named, signal="SIGTERM"
+                run.run_no,
+                Event.ENDING_LEFTOVERS,
+                "warning",
+                pids=named,
+                signal="SIGTERM",
+                by=custody.mode,
             )
-            for pid in pids:
-                self.ops.kill(pid, signal.SIGTERM)
-                self.ops.kill(pid, signal.SIGCONT)
+            custody.signal_all(signal.SIGTERM)
+            custody.signal_all(signal.SIGCONT)
         elif now - self._leftovers_since >= LEFTOVER_GIVE_UP_S:
             # Unkillable (stuck in the kernel, say): say so, and launch anyway.
             self.reporter.event(run.run_no, Event.LEFTOVER_PROCESSES, pids=sorted(pids))
             self._leftovers_since = None
             return None
         elif now - self._leftovers_since >= LEFTOVER_GRACE_S:
-            for pid in pids:
-                self.ops.kill(pid, signal.SIGKILL)
+            custody.kill_all()
         return now + LEFTOVER_POLL_S
 
-    def _leftovers(self, run: Run | None) -> set[int]:
-        if run is None or run.pid is None or run.alive:
-            return set()
-        pids = self.ops.group_members(run.pid) if self.ops.group_alive(run.pid) else set()
-        # Adopted orphans, only those carrying this home's mark and a run number of the past
-        # (an alert command, a child of the daemon too, carries none).
-        home = str(self.reporter.home.root)
-        for pid in self.ops.live_children(os.getpid()) - {run.pid}:
-            mark = process_mark(pid)
-            number = mark.get("DFLASHD_RUN", "")
-            if mark.get("DFLASHD_HOME") == home and number.isdigit() and int(number) <= run.run_no:
-                pids.add(pid)
-        return pids
+    def _forget_empty(self) -> None:
+        """Ended runs with nothing left: close their custody (pidfds, cgroups)."""
+        keep: list[RunCustody] = []
+        for custody in self.ended:
+            if custody.empty():
+                custody.close()
+            else:
+                keep.append(custody)
+        self.ended = keep
 
     def sweep(self, run: Run | None, *, own_descendants: bool) -> None:
-        """Shutdown: every group we started ends with us (grandchildren holding pipes too)."""
-        groups = set(self.ended_groups) | ({run.pid} if run and run.pid else set())
-        for pgid in groups:
-            if self.ops.group_alive(pgid) and self.ops.group_members(pgid):
-                terminate_group(self.ops, pgid, 2.0)
+        """Shutdown: every run's processes end with us, proven ones only, until none is left."""
+        custodies = list(self.ended)
+        if run is not None and run.custody is not None and run.custody not in custodies:
+            custodies.append(run.custody)
+        for custody in custodies:
+            if not custody.empty():
+                custody.signal_all(signal.SIGTERM)
+                custody.signal_all(signal.SIGCONT)
+                if not custody.wait_empty(2.0):
+                    custody.kill_all()
+                    custody.wait_empty(5.0)
+        for custody in custodies:
+            custody.close()
+        self.ended = []
         if own_descendants:
-            kill_own_descendants(exclude=self.reporter.alerts.pids)
+            end_adopted(exclude=self.reporter.alerts.pids)
 
     def _close_lost_run(self, previous: dict[str, Any]) -> None:
         """The previous daemon was killed while its run lived: that run gets its exit record now."""
@@ -238,17 +251,19 @@ class Aftermath:
 
     def stop_run(self, run: Run, timeout_s: float) -> None:
         """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
-        if run.pid is None:
+        custody = run.custody
+        if custody is None:
             return
         if not run.ended_by_us:
             run.ended_by = EndedBy.STOP
         self.reporter.event(run.run_no, Event.STOPPING, signal="SIGTERM", timeout_s=timeout_s)
-        self.ops.signal_group(run.pid, signal.SIGTERM)
-        self.ops.signal_group(run.pid, signal.SIGCONT)
+        custody.signal_group(signal.SIGTERM)
+        custody.signal_group(signal.SIGCONT)
 
     def end_run(self, run: Run, why: EndedBy) -> None:
         """We end the run (stall, no GPU memory): ask for a stack dump, then kill the group."""
-        if run.pid is None or not run.alive or run.ended_by_us:
+        custody = run.custody
+        if custody is None or not run.alive or run.ended_by_us:
             return
         run.ended_by = why
         self.reporter.announce(
@@ -256,8 +271,8 @@ class Aftermath:
         )
         # PYTHONFAULTHANDLER=1 makes a Python child print every thread's stack on SIGABRT;
         # SIGCONT after it, so a stopped (SIGSTOPped) child wakes up to take it.
-        self.ops.kill(run.pid, signal.SIGABRT)
-        self.ops.signal_group(run.pid, signal.SIGCONT)
+        custody.signal_root(signal.SIGABRT)
+        custody.signal_group(signal.SIGCONT)
         run.kill_at_mono = self.clock.monotonic() + DUMP_GRACE_S
 
     def catch_up(self, run: Run) -> None:
@@ -275,19 +290,19 @@ class Aftermath:
         tails = {d.src: tuple(d.tail) for d in run.drains}
         obs = observations(run, status, tails.get("stderr", ()))
         tail = tails.get("stderr") or tails.get("stdout") or ()
+        custody = run.custody
+        if custody is not None:
+            custody.reaped()  # its pid proves nothing from now on
         outcome = self.conclude(run, obs, died - run.started_mono, tail, stop_requested)
-        pgid = run.pid
-        if pgid is not None:
+        if custody is not None:
             if run.ended_by_us:
-                self.ops.signal_group(pgid, signal.SIGKILL)  # ended by us: nothing of it lives on
-            elif self.ops.group_alive(pgid):
-                leftovers = sorted(self.ops.group_members(pgid))
-                if leftovers:
-                    event = Event.LEFTOVER_PROCESSES
-                    self.reporter.event(run.run_no, event, pgid=pgid, pids=leftovers)
-            # Only groups that may still have members: a crash loop must not grow this list.
-            alive = [g for g in self.ended_groups if self.ops.group_alive(g)]
-            self.ended_groups = [*alive, pgid]
+                custody.kill_all()  # ended by us: nothing of it lives on
+            elif leftovers := sorted(custody.members()):
+                event = Event.LEFTOVER_PROCESSES
+                self.reporter.event(run.run_no, event, pgid=run.pid, pids=leftovers)
+            # Only runs that may still have processes: a crash loop must not grow this list.
+            self._forget_empty()
+            self.ended.append(custody)
         return outcome
 
     def conclude(

@@ -1,16 +1,15 @@
 """Alerts: who hears about a bad run, off the daemon's main path.
 
-The policy (:func:`alert_decision`) is pure.  Delivery runs on a worker thread, each
-attempt bounded by a timeout and retried with backoff, so a hung webhook or alert command
-never stalls death detection or pipe draining.  The webhook URL is a secret: it is never
+The policy (:func:`alert_decision`) is pure.  Each sink (webhook, command) has a thread of
+its own, so one that hangs or fails never silences the other; each webhook attempt has an
+overall deadline and is retried with backoff; nothing a sink raises ends its thread.  A
+hung webhook or alert command never stalls death detection or pipe draining.  The webhook URL is a secret: it is never
 written to a log record, ``status`` or ``state.json`` (only its host, in outcomes).
 """
 
 from __future__ import annotations
 
-import os
 import queue
-import signal
 import socket
 import subprocess
 import threading
@@ -21,9 +20,10 @@ from typing import Any, Final
 
 import orjson
 
+from dflashd.supervisor.custody import end_own_child_session
 from dflashd.supervisor.verdicts import EARLY_DEATH_NAMES, AlertKind
 
-_COMMAND_TIMEOUT_S: Final = 30.0
+COMMAND_TIMEOUT_S: Final = 30.0
 WEBHOOK_TIMEOUT_S: Final = 5.0
 WEBHOOK_ATTEMPTS: Final = 3
 
@@ -121,31 +121,113 @@ def redact_url(url: str) -> str:
 def post_webhook(
     url: str, payload: dict[str, Any], timeout_s: float = WEBHOOK_TIMEOUT_S
 ) -> tuple[bool, str]:
-    """One POST of Slack-compatible JSON; (ok, detail) with no secret in the detail."""
-    # Imported here: urllib.request pulls in http.client and ssl, megabytes a daemon without a webhook never needs.
-    import urllib.error
-    import urllib.request
+    """One POST of Slack-compatible JSON within ``timeout_s`` overall; (ok, detail), no secret.
 
+    The deadline covers the whole request: a timer shuts the socket down when it passes,
+    so an endpoint that trickles a byte a second cannot hold the sink.  Any answer that is
+    not HTTP (an SSH banner, say) is a failed attempt, never an exception.
+    """
+    # Imported here: http.client pulls in ssl, megabytes a daemon without a webhook never needs.
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False, "not an http(s) URL"
     body = orjson.dumps({"text": summary_text(payload), **payload}, default=str)
-    request = urllib.request.Request(
-        url,
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json", "User-Agent": "dflashd"},
+    conn_type = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
+    conn = conn_type(parts.hostname, parts.port, timeout=timeout_s)
+    expired = threading.Event()
+
+    def cut() -> None:
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(timeout_s, cut)
+    timer.daemon = True
+    timer.start()
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            status = int(response.status)
-    except urllib.error.HTTPError as exc:
-        return False, f"HTTP {exc.code}"
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return False, f"{type(reason).__name__}: {reason}"[:200]
+        path = parts.path or "/"
+        if parts.query:
+            path += "?" + parts.query
+        headers = {"Content-Type": "application/json", "User-Agent": "dflashd"}
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        response.read(65536)
+        status = int(response.status)
+    except Exception as exc:  # http.client.HTTPException, OSError, ssl errors: all one failure
+        if expired.is_set():
+            return False, f"no answer within {timeout_s:g}s"
+        return False, f"{type(exc).__name__}: {exc}"[:200]
+    finally:
+        timer.cancel()
+        conn.close()
     return (200 <= status < 300), f"HTTP {status}"
 
 
+class _Sink:
+    """One alert sink on its own thread: a failure or hang of one never silences another."""
+
+    def __init__(self, name: str, deliver: Callable[[dict[str, Any], str], AlertOutcome]) -> None:
+        self.name, self._deliver = name, deliver
+        self._queue: queue.SimpleQueue[tuple[int, dict[str, Any], Callable[..., None]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self.busy = threading.Event()
+
+    def put(
+        self, run: int, payload: dict[str, Any], done: Callable[[int, AlertOutcome], None]
+    ) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._serve, name=f"dflashd-alert-{self.name}", daemon=True
+            )
+            self._thread.start()
+        self._queue.put((run, payload, done))
+
+    def _serve(self) -> None:
+        while True:  # nothing raised here ends the loop: the dispatcher cannot die
+            item = self._queue.get()
+            if item is None:
+                return
+            run, payload, done = item
+            verdict = str(payload.get("verdict"))
+            self.busy.set()
+            try:
+                outcome = self._deliver(payload, verdict)
+            except Exception as exc:
+                outcome = AlertOutcome(self.name, False, f"{type(exc).__name__}: {exc}"[:200])
+            finally:
+                self.busy.clear()
+            try:
+                done(
+                    run,
+                    AlertOutcome(
+                        outcome.sink, outcome.ok, outcome.detail, verdict, outcome.attempts
+                    ),
+                )
+            except Exception:
+                pass  # the record could not be written: the next alert still goes out
+
+    def finish(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+
+    def join(self, timeout_s: float) -> None:
+        if self._thread is not None:
+            self._thread.join(max(0.0, timeout_s))
+
+
 class AlertDispatcher:
-    """A worker thread that runs the sinks; tracks the pids it starts (they are not the child's)."""
+    """One thread per sink; tracks the pids of alert commands (they are not the child's)."""
 
     def __init__(
         self,
@@ -155,48 +237,41 @@ class AlertDispatcher:
         *,
         webhook_timeout_s: float = WEBHOOK_TIMEOUT_S,
         retry_delay_s: float = 1.0,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
     ) -> None:
         self._command = command
         self._webhook_url = webhook_url
         self._webhook_timeout_s = webhook_timeout_s
         self._retry_delay_s = retry_delay_s
+        self._command_timeout_s = command_timeout_s
         self._on_outcome = on_outcome
-        self._queue: queue.SimpleQueue[tuple[int, dict[str, Any]] | None] = queue.SimpleQueue()
         self.pids: set[int] = set()
-        self._thread: threading.Thread | None = None
+        self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._closing = threading.Event()
+        self._sinks: list[_Sink] = []
+        if webhook_url:
+            self._sinks.append(_Sink("webhook", self._deliver_webhook))
+        if command:
+            self._sinks.append(_Sink("command", self._run_command))
 
     @property
     def enabled(self) -> bool:
         """True when a sink is configured."""
-        return bool(self._command) or bool(self._webhook_url)
+        return bool(self._sinks)
+
+    @property
+    def busy(self) -> bool:
+        """True while a delivery is under way."""
+        return any(sink.busy.is_set() for sink in self._sinks)
 
     def send(self, run: int, payload: dict[str, Any]) -> None:
-        """Queue one alert; returns at once."""
-        if not self.enabled:
-            return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="dflashd-alerts", daemon=True)
-            self._thread.start()
-        self._queue.put((run, payload))
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            run, payload = item
-            verdict = str(payload.get("verdict"))
-            if self._webhook_url:
-                self._on_outcome(run, self._deliver_webhook(payload, verdict))
-            if self._command:
-                outcome = self._run_command(payload)
-                self._on_outcome(
-                    run, AlertOutcome(outcome.sink, outcome.ok, outcome.detail, verdict)
-                )
+        """Queue one alert on every sink; returns at once."""
+        for sink in self._sinks:
+            sink.put(run, payload, self._on_outcome)
 
     def _deliver_webhook(self, payload: dict[str, Any], verdict: str) -> AlertOutcome:
         detail = ""
+        attempt = 0
         for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
             ok, detail = post_webhook(self._webhook_url, payload, self._webhook_timeout_s)
             if ok:
@@ -209,7 +284,7 @@ class AlertDispatcher:
             "webhook", False, f"{detail} ({redact_url(self._webhook_url)})", verdict, attempt
         )
 
-    def _run_command(self, payload: dict[str, Any]) -> AlertOutcome:
+    def _run_command(self, payload: dict[str, Any], verdict: str) -> AlertOutcome:
         try:
             proc = subprocess.Popen(
                 list(self._command),
@@ -221,15 +296,19 @@ class AlertDispatcher:
         except OSError as exc:
             return AlertOutcome("command", False, f"cannot run alert command: {exc.strerror}")
         self.pids.add(proc.pid)
+        self._running[proc.pid] = proc
         try:
             _, err = proc.communicate(
-                orjson.dumps(payload, default=str), timeout=_COMMAND_TIMEOUT_S
+                orjson.dumps(payload, default=str), timeout=self._command_timeout_s
             )
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            end_own_child_session(proc)
             proc.wait()
-            return AlertOutcome("command", False, f"timed out after {_COMMAND_TIMEOUT_S:.0f}s")
+            return AlertOutcome(
+                "command", False, f"timed out after {self._command_timeout_s:.0f}s", verdict
+            )
         finally:
+            self._running.pop(proc.pid, None)
             self.pids.discard(proc.pid)
         if proc.returncode != 0:
             detail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
@@ -237,10 +316,18 @@ class AlertDispatcher:
         return AlertOutcome("command", True, "delivered")
 
     def close(self, timeout_s: float = 20.0) -> None:
-        """Let queued alerts finish, bounded: retries stop early and the wait is capped."""
-        if self._thread is not None:
-            self._queue.put(None)
-            deadline = time.monotonic() + timeout_s
-            self._thread.join(max(0.0, deadline - time.monotonic() - 2.0))
-            self._closing.set()
-            self._thread.join(max(0.0, deadline - time.monotonic()))
+        """Let queued alerts finish, bounded; at the bound, end alert commands still running.
+
+        Retries stop 2 s before the bound; a command still running at the bound has its
+        session SIGKILLed, so no alert command outlives the daemon.
+        """
+        deadline = time.monotonic() + timeout_s
+        for sink in self._sinks:
+            sink.finish()
+        for sink in self._sinks:
+            sink.join(deadline - time.monotonic() - 2.0)
+        self._closing.set()
+        for sink in self._sinks:
+            sink.join(deadline - time.monotonic())
+        for proc in list(self._running.values()):
+            end_own_child_session(proc)

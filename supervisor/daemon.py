@@ -73,7 +73,7 @@ class Daemon:
     ) -> None:
         self.home, self.config = home, config
         self.clock = clock or SystemClock()
-        self.ops = ops or HostProcesses()
+        self.ops = ops or HostProcesses(home.id)
         self._sampler_factory = sampler_factory or (lambda _pid: NvmlSampler(config.gpus))
         self._on_first_launch = on_first_launch
         self.state = State.STARTING
@@ -215,7 +215,8 @@ class Daemon:
                 self._process_inbox()  # a step printed, then quiet: counted now
             if run.kill_at_mono is not None and now >= run.kill_at_mono:
                 run.kill_at_mono = None
-                self.ops.signal_group(run.pid, signal.SIGKILL)
+                if run.custody is not None:
+                    run.custody.kill_all()
             stall = None if run.ended_by_us else run.progress.stall_deadline(self._limits)
             if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
                 self.aftermath.end_run(run, why)
@@ -223,7 +224,8 @@ class Daemon:
             self.timers.stop_deadline = None
             if run is not None and run.alive and run.pid is not None:
                 self.reporter.event(run.run_no, Event.STOP_TIMEOUT, signal="SIGKILL")
-                self.ops.signal_group(run.pid, signal.SIGKILL)
+                if run.custody is not None:
+                    run.custody.kill_all()
         for due in ("restart_at", "release_check_at"):
             if (at := getattr(self.timers, due)) is not None and now >= at:
                 setattr(self.timers, due, None)
@@ -240,8 +242,10 @@ class Daemon:
         check = self.gpu.release_check(self.run, self.ops, now)
         for event, fields in check.records:
             self.reporter.event(self.run.run_no if self.run else 0, event, **fields)
+        custody = self.run.custody if self.run is not None else None
         for pid in check.kill:
-            self.ops.kill(pid, signal.SIGKILL)  # a holder proven to belong to the dead run
+            if custody is not None:  # a holder proven to belong to the dead run
+                custody.signal_pid(pid, signal.SIGKILL)
         if check.ready:
             self._launch()
         else:
@@ -344,6 +348,7 @@ class Daemon:
     def close(self) -> None:
         """End every group we started, wait for the pipes, close the log and the sockets."""
         run = self.run
+        self.reporter.alerts.close()  # first: an alert still going out is not swept with the job
         self.aftermath.sweep(run, own_descendants=isinstance(self.ops, HostProcesses))
         for drain in run.drains if run is not None else ():
             drain.wait_eof(2.0)
@@ -356,3 +361,4 @@ class Daemon:
                 server.close()
         self._selector.close()
         self.inbox.close()
+        self.ops.close()

@@ -252,7 +252,10 @@ class GpuWatch:
                     "mib": proc.used_mib,
                     "cmd": ops.cmdline(proc.pid),
                 }
-                (ours if run.belongs(proc.pid, ops) else foreign).append(entry)
+                # Seen as the run's before (NVML may list a dead pid): named and waited for;
+                # only a pid the custody proves now is ever signalled.
+                mine = proc.pid in run.pids_seen or run.belongs(proc.pid)
+                (ours if mine else foreign).append(entry)
         if foreign and not self._foreign_reported:
             self._foreign_reported = True
             check.records.append((Event.GPU_FOREIGN_HOLDER, {"holders": foreign}))

@@ -1,28 +1,41 @@
-"""Process groups: what the daemon may do to processes, and only to those it started.
+"""The process seam: what the daemon does to processes, and only to those it started.
 
-:class:`ProcessOps` is the seam: the daemon launches, reaps and signals through it, so the
+:class:`ProcessOps` is the seam: the daemon launches, reaps and recovers through it, so the
 loop tests drive the real daemon logic with a scripted stand-in and no process is touched.
-:class:`HostProcesses` is the real thing.  Every signal goes to a process group or a pid
-the daemon started (or proved to be a descendant of one); never a name or a pattern.
+:class:`HostProcesses` is the real thing.  Every signal to a run goes through that run's
+:class:`~dflashd.supervisor.custody.RunCustody` (its cgroup, or pidfds of proven members),
+never through a bare pid, a process group id, a name or a pattern.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from dflashd.supervisor.launch import Launched, group_alive, signal_group, spawn
+from dflashd.supervisor.custody import (
+    MODE_CGROUP,
+    MODE_PIDFD,
+    CgroupBase,
+    HostCustody,
+    cgroup_pids,
+    end_stale_cgroup,
+    own_cgroup,
+    read_stat,
+)
+from dflashd.supervisor.launch import Launched, spawn
 
 
 class ProcessOps(Protocol):
     """What the daemon does to processes."""
 
-    def spawn(self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str]) -> Launched:
-        """Fork and exec in a new session; OSError when exec fails."""
+    mode: str  # "cgroup" or "pidfd" (status names it)
+
+    def spawn(
+        self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
+    ) -> Launched:
+        """Fork and exec in a new session, in the run's custody; OSError when exec fails."""
         ...
 
     def wait_nohang(self, pid: int) -> int | None:
@@ -32,32 +45,8 @@ class ProcessOps(Protocol):
         """
         ...
 
-    def signal_group(self, pgid: int, signum: int) -> bool:
-        """Signal a process group we started; False when nothing is left in it."""
-        ...
-
-    def kill(self, pid: int, signum: int) -> bool:
-        """Signal one process; False when it is gone."""
-        ...
-
-    def group_alive(self, pgid: int) -> bool:
-        """True while any member of the group exists."""
-        ...
-
-    def group_members(self, pgid: int) -> set[int]:
-        """Live (non-zombie) members of the group."""
-        ...
-
-    def pgid(self, pid: int) -> int | None:
-        """The process group of ``pid`` (None when it is gone)."""
-        ...
-
     def live_children(self, pid: int) -> set[int]:
-        """The live (non-zombie) children of ``pid``; of the daemon itself: orphans it adopted too."""
-        ...
-
-    def descends_from(self, pid: int, root: int) -> bool:
-        """True when ``root`` is among the parents of ``pid``."""
+        """The live (non-zombie) children of ``pid``."""
         ...
 
     def create_time(self, pid: int) -> float | None:
@@ -72,54 +61,57 @@ class ProcessOps(Protocol):
         """Reap zombie children (orphans we inherited as subreaper), except ``keep``."""
         ...
 
+    def recover(
+        self, previous: dict[str, Any], boot: str | None, timeout_s: float
+    ) -> list[tuple[str, int, dict[str, Any]]]:
+        """End what a dead daemon of this home left, proven ours; the records (event, run, fields)."""
+        ...
+
+    def close(self) -> None:
+        """The daemon is done: remove what it made on the host (its cgroups)."""
+        ...
+
 
 class HostProcesses:
-    """The real processes of this host."""
+    """The real processes of this host, a run per cgroup where the host allows it."""
 
-    def spawn(self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str]) -> Launched:
-        """See :func:`dflashd.supervisor.launch.spawn`."""
-        return spawn(argv, cwd=cwd, env=env)
+    def __init__(self, home_id: str) -> None:
+        self.home_id = home_id
+        self.base = CgroupBase.open(home_id) if home_id else None
+        self.mode = MODE_CGROUP if self.base is not None else MODE_PIDFD
+
+    def spawn(
+        self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
+    ) -> Launched:
+        """See :func:`dflashd.supervisor.launch.spawn`; the child enters ``run-N``'s cgroup."""
+        cgroup = self._run_cgroup(run_no)
+        launched = spawn(argv, cwd=cwd, env=env, cgroup=cgroup)
+        rel = self.base.run_rel(run_no) if self.base is not None else ""
+        if cgroup is not None and launched.pid not in cgroup_pids(cgroup):
+            cgroup, rel = None, ""  # the move failed (a host rule): this run is kept by pidfds
+        found = read_stat(launched.pid)
+        start = found.start_ticks if found is not None else 0
+        launched.custody = HostCustody(
+            launched.pid, run_no, self.home_id, cgroup, start, cgroup_rel=rel
+        )
+        return launched
+
+    def _run_cgroup(self, run_no: int) -> Path | None:
+        if self.base is None:
+            return None
+        path = self.base.run_dir(run_no)
+        if path.exists():
+            end_stale_cgroup(path, 5.0)  # a number reused after a lost state: never share it
+        try:
+            path.mkdir(mode=0o755)
+        except OSError:
+            return None
+        return path
 
     def wait_nohang(self, pid: int) -> int | None:
         """``waitpid(pid, WNOHANG)``."""
         got, status = os.waitpid(pid, os.WNOHANG)
         return status if got == pid else None
-
-    def signal_group(self, pgid: int, signum: int) -> bool:
-        """``killpg``."""
-        return signal_group(pgid, signum)
-
-    def kill(self, pid: int, signum: int) -> bool:
-        """``kill``."""
-        try:
-            os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-
-    def group_alive(self, pgid: int) -> bool:
-        """``killpg(pgid, 0)``."""
-        return group_alive(pgid)
-
-    def group_members(self, pgid: int) -> set[int]:
-        """A scan of /proc (through psutil) for the group's live members."""
-        import psutil
-
-        members: set[int] = set()
-        for proc in psutil.process_iter(["pid", "status"]):
-            try:
-                if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                    members.add(proc.pid)
-            except (OSError, psutil.Error):
-                continue
-        return members
-
-    def pgid(self, pid: int) -> int | None:
-        """``getpgid``."""
-        try:
-            return os.getpgid(pid)
-        except OSError:
-            return None
 
     def live_children(self, pid: int) -> set[int]:
         """psutil's children, zombies left out."""
@@ -138,15 +130,6 @@ class HostProcesses:
                 continue
         return live
 
-    def descends_from(self, pid: int, root: int) -> bool:
-        """Walk the parents of ``pid``."""
-        import psutil
-
-        try:
-            return any(parent.pid == root for parent in psutil.Process(pid).parents())
-        except psutil.Error:
-            return False
-
     def create_time(self, pid: int) -> float | None:
         """psutil's create time."""
         import psutil
@@ -162,79 +145,48 @@ class HostProcesses:
 
         try:
             return " ".join(psutil.Process(pid).cmdline())[:200]
-        except psutil.Error:
+        except (psutil.Error, OSError):
             return "?"
 
     def reap_orphans(self, keep: set[int]) -> None:
         """See :func:`reap_orphans`."""
         reap_orphans(keep)
 
+    def recover(
+        self, previous: dict[str, Any], boot: str | None, timeout_s: float
+    ) -> list[tuple[str, int, dict[str, Any]]]:
+        """See :func:`dflashd.supervisor.recovery.recover`."""
+        from dflashd.supervisor.recovery import recover
 
-def reap_any() -> None:
-    """Reap every zombie child we have (shutdown and recovery only)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+        return recover(previous, self.base, self.home_id, boot, timeout_s)
 
-
-def term_then_kill(
-    send: Callable[[int], object], gone: Callable[[], bool], timeout_s: float
-) -> None:
-    """``send(SIGTERM)``, wait until ``gone()``, ``send(SIGKILL)`` after ``timeout_s``.
-
-    Blocking (shutdown and start-up only).  Polls: the processes are grandchildren or a
-    previous daemon's, not children this process can wait on, so no event exists.
-    """
-    send(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        reap_any()
-        if gone():
-            return
-        time.sleep(0.05)
-    send(signal.SIGKILL)
-    reap_any()
+    def close(self) -> None:
+        """Remove this home's cgroup base when nothing is left in it."""
+        if self.base is not None:
+            self.base.remove()
 
 
-def terminate_group(ops: ProcessOps, pgid: int, timeout_s: float) -> None:
-    """SIGTERM a group we started, SIGKILL what is left after ``timeout_s``."""
-    term_then_kill(
-        lambda sig: ops.signal_group(pgid, sig), lambda: not ops.group_members(pgid), timeout_s
-    )
-
-
-def kill_own_descendants(exclude: set[int]) -> None:
-    """At exit: SIGKILL every descendant still ours (as subreaper), except ``exclude`` (alert commands)."""
-    import psutil
-
+def in_cgroup(pid: int) -> str | None:
+    """The v2 cgroup of ``pid`` (for status and tests)."""
     try:
-        children = [p for p in psutil.Process().children(recursive=True) if p.pid not in exclude]
-    except psutil.Error:
-        return
-    for child in children:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
+        return own_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+    except OSError:
+        return None
 
 
 def reap_orphans(keep: set[int]) -> None:
     """As subreaper, orphaned grandchildren are ours: reap the zombies, except the pids in ``keep``."""
-    import psutil
-
+    me = os.getpid()
     try:
-        children = psutil.Process().children()
-    except psutil.Error:
+        names = os.listdir("/proc")
+    except OSError:
         return
-    for child in children:
-        if child.pid in keep:
+    for name in names:
+        if not name.isdigit() or int(name) in keep:
             continue
-        try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(child.pid, os.WNOHANG)
-        except (psutil.Error, ChildProcessError):
-            continue
+        found = read_stat(int(name))
+        if found is not None and found.ppid == me and found.state == "Z":
+            try:
+                os.waitpid(found.pid, os.WNOHANG)
+            except ChildProcessError:
+                continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,35 @@ class Home:
     @property
     def runs_db(self) -> Path:
         return self.root / "runs.sqlite"
+
+    @property
+    def id_file(self) -> Path:
+        return self.root / "id"
+
+    @property
+    def id(self) -> str:
+        """This home's id: the mark its runs' processes carry (not its path: links differ).
+
+        Made once (random, 32 hex digits) and kept in ``id``; empty when unreadable.
+        """
+        try:
+            text = self.id_file.read_text().strip()
+        except FileNotFoundError:
+            text = ""
+        except OSError:
+            return ""
+        if len(text) == 32 and all(c in "0123456789abcdef" for c in text):
+            return text
+        made = secrets.token_hex(16)
+        tmp = self.root / f".id.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(made + "\n")
+            os.replace(tmp, self.id_file)
+        except OSError:
+            return ""
+        return made
 
     def create(self) -> None:
         """Make the home owner-only, or check that an existing one is safe (HomeError if not).

@@ -8,7 +8,6 @@ stdout and stderr, and the environment of docs/design.md ("Child protocol").
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import signal
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from dflashd.logs.drain import grow_pipe
+from dflashd.supervisor.custody import RunCustody, die_with_parent, enter_cgroup_fd, open_procs_fd
 
 PR_SET_PDEATHSIG: Final = 1
 # Variables systemd gives *us*; the child must get dflashd's NOTIFY_SOCKET, never systemd's.
@@ -36,12 +36,13 @@ _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
 
 @dataclass(frozen=True, slots=True)
 class ChildEnvironment:
-    """Where the child's dflashd-owned state lives."""
+    """Where the child's dflashd-owned state lives, and the mark that proves its processes ours."""
 
     notify_socket: Path
     cache_dir: Path
     run: int
     home: Path
+    home_id: str = ""
 
 
 def dflashd_env(spec: ChildEnvironment) -> dict[str, str]:
@@ -52,6 +53,7 @@ def dflashd_env(spec: ChildEnvironment) -> dict[str, str]:
         "PYTHONFAULTHANDLER": "1",
         "DFLASHD_RUN": str(spec.run),
         "DFLASHD_HOME": str(spec.home),
+        "DFLASHD_HOME_ID": spec.home_id,
         "TORCHINDUCTOR_CACHE_DIR": str(spec.cache_dir / "torchinductor"),
         "TRITON_CACHE_DIR": str(spec.cache_dir / "triton"),
     }
@@ -67,21 +69,22 @@ def child_environ(
     return env
 
 
-def _in_child(parent_pid: int, death_signal: int) -> None:
-    """Runs between fork and exec: die with the daemon, even if it is SIGKILLed."""
+def _in_child(parent_pid: int, death_signal: int, procs_fd: int | None) -> None:
+    """Runs between fork and exec: enter the run's cgroup, die with the daemon (even SIGKILLed)."""
+    enter_cgroup_fd(procs_fd)()
     _prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the daemon died before prctl took effect
-        os.kill(os.getpid(), death_signal)
+    die_with_parent(parent_pid, death_signal)  # the daemon died before prctl took effect
 
 
 @dataclass(slots=True)
 class Launched:
-    """A running child: its pid (also its process group and session id), and the read ends of its pipes."""
+    """A running child: its pid (also its process group and session id), its pipes, its custody."""
 
     pid: int
     stdout_fd: int
     stderr_fd: int
     process: subprocess.Popen[bytes] | None = None
+    custody: RunCustody | None = None
 
 
 def spawn(
@@ -90,8 +93,10 @@ def spawn(
     cwd: Path,
     env: Mapping[str, str],
     death_signal: int = signal.SIGTERM,
+    cgroup: Path | None = None,
 ) -> Launched:
-    """Fork and exec ``argv``; raises OSError (with the OS's reason) when exec fails."""
+    """Fork and exec ``argv`` (in ``cgroup`` when given); raises OSError when exec fails."""
+    procs_fd = open_procs_fd(cgroup)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     grow_pipe(out_r)
@@ -107,7 +112,7 @@ def spawn(
             stderr=err_w,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=lambda: _in_child(parent, death_signal),  # noqa: PLW1509 (only prctl runs there)
+            preexec_fn=lambda: _in_child(parent, death_signal, procs_fd),  # noqa: PLW1509 (a write and prctl)
         )
     except BaseException:
         for fd in (out_r, err_r):
@@ -116,29 +121,9 @@ def spawn(
     finally:
         os.close(out_w)
         os.close(err_w)
+        if procs_fd is not None:
+            os.close(procs_fd)
     return Launched(process.pid, out_r, err_r, process)
-
-
-def signal_group(pgid: int, signum: int) -> bool:
-    """Signal a whole process group we started; False when nothing is left in it."""
-    try:
-        os.killpg(pgid, signum)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return False
-    return True
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any process of the group exists (zombies included until reaped)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True
 
 
 def set_child_subreaper() -> bool:

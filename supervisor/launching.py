@@ -82,7 +82,9 @@ class Launcher:
         self.gpu.new_run()
         now = self.clock.monotonic()
         cwd = Path(self.config.cwd).expanduser()
-        spec = ChildEnvironment(self.home.notify_socket, self.home.cache, run_no, self.home.root)
+        spec = ChildEnvironment(
+            self.home.notify_socket, self.home.cache, run_no, self.home.root, self.home.id
+        )
         run = Run(run_no, self.config.command, now, self.clock.time(), Progress(now))
         run.progress.sees_steps = self.sees_steps
         job = torchrun_job(run.argv)
@@ -105,7 +107,10 @@ class Launcher:
         argv_text = " ".join(run.argv)
         try:
             launched = self.ops.spawn(
-                run.argv, cwd=cwd, env=child_environ(os.environ, self.config.env, spec)
+                run.argv,
+                cwd=cwd,
+                env=child_environ(os.environ, self.config.env, spec),
+                run_no=run_no,
             )
         except OSError as exc:
             error = spawn_error_text(run.argv[0], exc)
@@ -119,7 +124,15 @@ class Launcher:
         run.pids_seen.add(launched.pid)
         run.create_time = self.ops.create_time(launched.pid)
         bind_run(run=run_no, pid=launched.pid)
-        self.reporter.announce(run_no, Event.LAUNCHED, "info", pid=launched.pid, pgid=launched.pid)
+        custody = launched.custody
+        self.reporter.announce(
+            run_no,
+            Event.LAUNCHED,
+            "info",
+            pid=launched.pid,
+            pgid=launched.pid,
+            custody=custody.mode if custody is not None else None,
+        )
         callback = run.watcher = self._on_lines(run_no)
         if run.elastic is not None:
             callback.agent_scan = scan_frame

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from dflashd.supervisor.aftermath import Ledger
 
 _LAST_LINE_CHARS = 500
+CPU_ALIVE_S = 1.0  # CPU-seconds a silent run must use per stall period to count as alive
 
 
 class RunObserver:
@@ -59,7 +60,7 @@ class RunObserver:
         """One sd_notify datagram; ignored unless its sender belongs to the live run."""
         if run is None or not run.alive:
             return False
-        if msg.sender_pid is not None and not run.belongs(msg.sender_pid, self.ops):
+        if msg.sender_pid is not None and not run.belongs(msg.sender_pid):
             return False  # a leftover of an earlier run, or a stranger: not this run's progress
         if run.elastic is not None and msg.sender_pid not in (None, run.pid):
             self._workers_running(run, now)  # a worker speaks: the agent's rendezvous is over
@@ -93,7 +94,28 @@ class RunObserver:
         if progress.rendezvous and run.pid is not None and self.ops.live_children(run.pid):
             self._workers_running(run, now)
             return None
+        if self._busy_on_cpu(run):
+            progress.on_alive(now)  # silent but computing: alive, looked at again a period later
+            return None
         return progress.stall_reason()
+
+    @staticmethod
+    def _busy_on_cpu(run: Run) -> bool:
+        """Before its first step, with no way to see steps, a silent run using CPU is alive.
+
+        The run cgroup's ``cpu.stat`` says how much CPU all its processes used: at least
+        one CPU-second per stall period since the last look (a preprocessing pass, say)
+        is a sign of life.  Unknown in pidfd mode: silence decides alone there.
+        """
+        progress = run.progress
+        if progress.reached_first_step or progress.sees_steps or progress.rendezvous:
+            return False
+        custody = run.custody
+        used = custody.cpu_time_s() if custody is not None else None
+        if used is None:
+            return False
+        before, run.cpu_seen_s = run.cpu_seen_s, used
+        return used - (before or 0.0) >= CPU_ALIVE_S
 
     def _agent_said(self, run: Run, said: AgentLine, now: float) -> bool:
         """Apply one agent line and record it; True for a completed rendezvous (recorded later)."""

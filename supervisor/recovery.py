@@ -6,11 +6,14 @@ someone else), so a process is ours only if all of these hold:
 
 - the same boot (``/proc/sys/kernel/random/boot_id``);
 - born no earlier than the recorded child (the child itself: the same create time);
-- it carries the mark only our child's processes carry: ``DFLASHD_HOME`` and ``DFLASHD_RUN``
-  of that run in ``/proc/PID/environ``.
+- it carries the mark only our child's processes carry: this home's id (``DFLASHD_HOME_ID``,
+  stored in the home, so a symlinked path to the same home still matches) and
+  ``DFLASHD_RUN`` of that run in ``/proc/PID/environ``.
 
 Without proof nothing is killed; the record says why.  With proof, the proven processes are
-ended by pid (never by a group id that may have been reused).
+ended through pidfds taken on (pid, start time), never by a group id that may have been
+reused.  In cgroup mode a dead daemon's run cgroups are this home's by construction: what is
+in them is killed with ``cgroup.kill`` and the cgroups removed.
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+from dflashd.supervisor.custody import (
+    CgroupBase,
+    all_stats,
+    carries_mark,
+    create_time,
+    end_proven,
+    end_stale_cgroup,
+    process_mark,
+)
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.groups import ProcessOps, term_then_kill
 
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _SAME_CREATE_TIME_S: Final = 0.05  # create times are in clock ticks (1/100 s)
@@ -33,20 +44,6 @@ def boot_id() -> str | None:
         return BOOT_ID_PATH.read_text().strip() or None
     except OSError:
         return None
-
-
-def process_mark(pid: int) -> dict[str, str]:
-    """``DFLASHD_HOME`` and ``DFLASHD_RUN`` from the environment ``pid`` started with."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, _, value = item.partition(b"=")
-        if key in (b"DFLASHD_HOME", b"DFLASHD_RUN"):
-            out[key.decode()] = value.decode("utf-8", "replace")
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,19 +60,22 @@ class PreviousChild:
 class Leftovers:
     """The verdict on one recorded child: which pids are proven ours, and what was refused."""
 
-    proven: list[int] = field(default_factory=list)
+    proven: dict[int, int] = field(default_factory=dict)  # pid -> start ticks (its identity)
     refused: dict[int, str] = field(default_factory=dict)
     note: str = ""
 
 
-def find_leftovers(
-    child: PreviousChild, ops: ProcessOps, home: Path, current_boot: str | None
-) -> Leftovers:
-    """Which processes of the previous run still live, proven ours (pure but for /proc reads)."""
+def find_leftovers(child: PreviousChild, home_id: str, current_boot: str | None) -> Leftovers:
+    """Which processes of the previous run still live, proven ours (reads /proc only)."""
     out = Leftovers()
-    candidates = ops.group_members(child.pid)
-    if ops.create_time(child.pid) is not None:
-        candidates.add(child.pid)
+    stats = all_stats()
+    candidates = {
+        pid
+        for pid, found in stats.items()
+        if found.state != "Z"
+        and (child.pid in (pid, found.pgid) or carries_mark(pid, home_id, child.run_no))
+    }
+    candidates.discard(os.getpid())
     if not candidates:
         return out  # nothing left: the usual case (the child died with its daemon)
     if child.boot_id is None or current_boot is None:
@@ -85,7 +85,7 @@ def find_leftovers(
         out.note = "the host rebooted since: the recorded pid is not ours"
         return out
     for pid in sorted(candidates):
-        born = ops.create_time(pid)
+        born = create_time(pid)
         if born is None:
             continue
         if child.create_time is None:
@@ -97,33 +97,13 @@ def find_leftovers(
         if born + _SAME_CREATE_TIME_S < child.create_time:
             out.refused[pid] = "older than the recorded child"
             continue
-        mark = process_mark(pid)
-        if mark.get("DFLASHD_HOME") != str(home) or mark.get("DFLASHD_RUN") != str(child.run_no):
-            out.refused[pid] = "does not carry this home's DFLASHD_HOME/DFLASHD_RUN"
+        if not carries_mark(pid, home_id, child.run_no):
+            mark = process_mark(pid)
+            why = "does not carry this home's DFLASHD_HOME_ID/DFLASHD_RUN"
+            out.refused[pid] = why if not mark else f"{why} (another home's or run's mark)"
             continue
-        out.proven.append(pid)
+        out.proven[pid] = stats[pid].start_ticks
     return out
-
-
-def end_processes(ops: ProcessOps, pids: list[int], timeout_s: float) -> None:
-    """SIGTERM each proven pid, SIGKILL the ones left after ``timeout_s`` (by pid, never a group)."""
-
-    def send(signum: int) -> None:
-        for pid in pids:
-            ops.kill(pid, signum)
-
-    def gone() -> bool:
-        return all(ops.create_time(pid) is None or _is_zombie(pid) for pid in pids)
-
-    term_then_kill(send, gone, timeout_s)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[-1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return True
 
 
 def previous_child(state: dict[str, object]) -> PreviousChild | None:
@@ -150,18 +130,23 @@ def previous_child(state: dict[str, object]) -> PreviousChild | None:
 
 
 def recover(
-    previous: dict[str, object],
-    ops: ProcessOps,
-    home: Path,
+    previous: dict[str, Any],
+    base: CgroupBase | None,
+    home_id: str,
     current_boot: str | None,
     stop_timeout_s: float,
-) -> list[tuple[Event, int, dict[str, object]]]:
+) -> list[tuple[str, int, dict[str, Any]]]:
     """End what the previous daemon left, once proven ours; the records to write (event, run, fields)."""
+    records: list[tuple[str, int, dict[str, Any]]] = []
+    for run_no, path in base.stale_runs() if base is not None else []:
+        pids = end_stale_cgroup(path, stop_timeout_s)
+        if pids:
+            fields: dict[str, Any] = {"cgroup": str(path), "pids": sorted(pids), "by": "cgroup"}
+            records.append((Event.RECOVERED_ORPHAN, run_no, fields))
     child = previous_child(previous)
     if child is None:
-        return []
-    found = find_leftovers(child, ops, home, current_boot)
-    records: list[tuple[Event, int, dict[str, object]]] = []
+        return records
+    found = find_leftovers(child, home_id, current_boot)
     if found.refused or found.note:
         refused = {str(pid): why for pid, why in found.refused.items()}
         records.append(
@@ -172,8 +157,13 @@ def recover(
             )
         )
     if found.proven:
+        proven = sorted(found.proven)
         records.append(
-            (Event.RECOVERED_ORPHAN, child.run_no, {"pgid": child.pid, "pids": found.proven})
+            (
+                Event.RECOVERED_ORPHAN,
+                child.run_no,
+                {"pgid": child.pid, "pids": proven, "by": "pidfd"},
+            )
         )
-        end_processes(ops, found.proven, stop_timeout_s)
+        end_proven(found.proven, stop_timeout_s)
     return records

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflashd.logs.drain import PipeDrain
+from dflashd.supervisor.custody import RunCustody
 from dflashd.supervisor.elastic import ElasticState
 from dflashd.supervisor.gpu import ChildGpuUse
-from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.launch import Launched
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.progress import LineWatcher, Progress
@@ -39,6 +39,7 @@ class Run:
     gpu_use: ChildGpuUse | None = None
     gpu_xids: list[int] = field(default_factory=list)
     pids_seen: set[int] = field(default_factory=set)
+    cpu_seen_s: float | None = None  # the run cgroup's CPU time at the last look (sign of life)
     watcher: LineWatcher | None = None  # the drains' callback; flushed when the child dies
     elastic: ElasticState | None = None  # the job is a torchrun agent (a node of a larger job)
 
@@ -57,18 +58,21 @@ class Run:
         """True once dflashd decided to end this run (stall, no GPU memory, stop)."""
         return self.ended_by is not EndedBy.CHILD
 
-    def belongs(self, pid: int, ops: ProcessOps) -> bool:
-        """Is ``pid`` part of this run: seen before, in its process group, or a descendant of its root?
+    @property
+    def custody(self) -> RunCustody | None:
+        """The run's processes, proven (its cgroup or pidfds): the only way to signal them."""
+        return self.launched.custody if self.launched is not None else None
 
-        The one test behind notify senders, GPU holders and leftovers; a pid found to belong
-        is remembered, so a process that later leaves the group is still recognised.
+    def belongs(self, pid: int) -> bool:
+        """Is ``pid`` part of this run, proven (cgroup membership, or pidfd proof)?
+
+        The one test behind notify senders and GPU holders; a pid found to belong is
+        remembered for the GPU join, but signals always go through the custody's proof.
         """
-        root = self.pid
-        if root is None:
+        custody = self.custody
+        if custody is None:
             return False
-        if pid in self.pids_seen:
-            return True
-        if ops.pgid(pid) == root or ops.descends_from(pid, root):
+        if custody.owns(pid):
             self.pids_seen.add(pid)
             return True
         return False

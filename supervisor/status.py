@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from dflashd.supervisor.clock import Clock
     from dflashd.supervisor.config import Config
     from dflashd.supervisor.gpuwatch import GpuWatch
+    from dflashd.supervisor.groups import ProcessOps
     from dflashd.supervisor.home import Home
     from dflashd.supervisor.lifecycle import State
     from dflashd.supervisor.reporting import Reporter
@@ -77,6 +78,7 @@ class StatusView(TypedDict):
     log_stats: LogStats
     node: str  # config "node", or the host name: this node's name in a larger job
     elastic: dict[str, Any] | None  # a torchrun job: its rendezvous and the restarts it handled
+    custody: str  # how runs own their processes: "cgroup" or "pidfd"
     child: NotRequired[ChildIdentity]  # present while a child lives
 
 
@@ -94,6 +96,7 @@ class StatusSource(Protocol):
     config: Config
     timers: Timers
     boot_id: str | None
+    ops: ProcessOps
 
 
 def status_view(source: StatusSource) -> StatusView:
@@ -142,6 +145,7 @@ def status_view(source: StatusSource) -> StatusView:
         "log_stats": source.reporter.log_stats(),
         "node": source.config.node_name,
         "elastic": _elastic(run, ledger, now_mono),
+        "custody": source.ops.mode,
     }
     if alive and run is not None and run.pid is not None:
         view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}

@@ -93,6 +93,7 @@ class Observations:
     stderr_tail: tuple[str, ...] = ()
     gpu_xids: tuple[int, ...] = ()
     status_unknown: bool = False  # the child is gone but its wait status could not be read
+    oom_kills: int = 0  # the run cgroup's memory.events oom_kill (cgroup mode, memory controller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +157,8 @@ def _death_reason(obs: Observations) -> str:
     if hardware is not None:
         return hardware
     from_output = reason_from_output(obs.stderr_tail)
+    if obs.oom_kills > 0 and obs.signal in (None, signal.SIGKILL):
+        return "oom_killed"  # the kernel's OOM killer, seen in the run cgroup's memory.events
     if obs.signal is not None:
         name = signal_name(obs.signal)
         # A SIGABRT/SIGSEGV with a recognisable cause names both: "SIGABRT:cuda_error".

@@ -41,6 +41,63 @@ class ScriptedChild:
 
 
 @dataclass
+class ScriptedCustody:
+    """A run's custody with no process behind it: signals are recorded, not delivered."""
+
+    ops: ScriptedProcesses
+    root_pid: int
+    mode: str = "scripted"
+    root_reaped: bool = False
+
+    def _alive(self) -> bool:
+        child = self.ops.children.get(self.root_pid)
+        return child is not None and child.alive
+
+    def members(self) -> set[int]:
+        return {self.root_pid} if self._alive() else set()
+
+    def owns(self, pid: int) -> bool:
+        return pid == self.root_pid or pid in self.ops.holders
+
+    def signal_root(self, signum: int) -> bool:
+        self.ops.signals.append(("pid", self.root_pid, signum))
+        return self._alive()
+
+    def signal_group(self, signum: int) -> int:
+        self.ops.signals.append(("group", self.root_pid, signum))
+        return int(self._alive())
+
+    def signal_all(self, signum: int) -> int:
+        self.ops.signals.append(("all", self.root_pid, signum))
+        return int(self._alive())
+
+    def signal_pid(self, pid: int, signum: int) -> bool:
+        self.ops.signals.append(("pid", pid, signum))
+        return self.owns(pid)
+
+    def kill_all(self) -> None:
+        self.ops.signals.append(("all", self.root_pid, signal.SIGKILL))
+
+    def empty(self) -> bool:
+        return not self._alive()
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        return self.empty()
+
+    def cpu_time_s(self) -> float | None:
+        return self.ops.cpu_s
+
+    def oom_kills(self) -> int:
+        return 0
+
+    def reaped(self) -> None:
+        self.root_reaped = True
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
 class ScriptedProcesses:
     """A stand-in for the host's processes (the ProcessOps seam)."""
 
@@ -49,13 +106,18 @@ class ScriptedProcesses:
     next_pid: int = 40000
     gone_without_status: set[int] = field(default_factory=set)
     kids: dict[int, set[int]] = field(default_factory=dict)  # pid -> its live children
+    holders: set[int] = field(default_factory=set)  # pids the custody proves (GPU holders)
+    cpu_s: float | None = None  # the run cgroup's CPU time (None: pidfd mode, unknown)
+    mode: str = "scripted"
 
-    def spawn(self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str]) -> Launched:
+    def spawn(
+        self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
+    ) -> Launched:
         pid, self.next_pid = self.next_pid, self.next_pid + 1
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         self.children[pid] = ScriptedChild(pid, out_w, err_w)
-        return Launched(pid, out_r, err_r)
+        return Launched(pid, out_r, err_r, custody=ScriptedCustody(self, pid))
 
     def die(self, pid: int, *, code: int | None = None, sig: int | None = None) -> None:
         """The child ends: its pipes close, its wait status is ready."""
@@ -73,26 +135,6 @@ class ScriptedProcesses:
         child = self.children[pid]
         return None if child.alive else child.status
 
-    def signal_group(self, pgid: int, signum: int) -> bool:
-        self.signals.append(("group", pgid, signum))
-        return pgid in self.children and self.children[pgid].alive
-
-    def kill(self, pid: int, signum: int) -> bool:
-        self.signals.append(("pid", pid, signum))
-        return True
-
-    def group_alive(self, pgid: int) -> bool:
-        return pgid in self.children and self.children[pgid].alive
-
-    def group_members(self, pgid: int) -> set[int]:
-        return {pgid} if self.group_alive(pgid) else set()
-
-    def pgid(self, pid: int) -> int | None:
-        return pid if pid in self.children else None
-
-    def descends_from(self, pid: int, root: int) -> bool:
-        return False
-
     def live_children(self, pid: int) -> set[int]:
         return set(self.kids.get(pid, set()))
 
@@ -103,6 +145,14 @@ class ScriptedProcesses:
         return "scripted"
 
     def reap_orphans(self, keep: set[int]) -> None:
+        return None
+
+    def recover(
+        self, previous: dict[str, Any], boot: str | None, timeout_s: float
+    ) -> list[tuple[str, int, dict[str, Any]]]:
+        return []
+
+    def close(self) -> None:
         return None
 
     def sent(self, signum: int) -> list[int]:
@@ -224,6 +274,19 @@ def test_no_visible_steps_means_only_silence_ends_the_run(harness: Any) -> None:
     h.advance(899.0)
     assert h.ops.sent(signal.SIGABRT) == []
     h.advance(1.0)
+    assert h.ops.sent(signal.SIGABRT) == [h.pid]
+    assert h.events("ending_run")[0].fields["why"] == "no_progress"
+
+
+def test_a_silent_run_using_cpu_is_alive_until_it_stops_computing(harness: Any) -> None:
+    """cgroup mode: before any step, silence with CPU time growing is not a stall; idle silence is."""
+    h = harness({"first_step_timeout_s": 60.0, "stall_timeout_s": 900.0})
+    h.ops.cpu_s = 0.0
+    for hour in range(1, 4):  # three periods of silence, each with 600 CPU-seconds used
+        h.ops.cpu_s = 600.0 * hour
+        h.advance(900.0)
+        assert h.ops.sent(signal.SIGABRT) == [], hour
+    h.advance(900.0)  # silent, and the CPU time did not move: stalled
     assert h.ops.sent(signal.SIGABRT) == [h.pid]
     assert h.events("ending_run")[0].fields["why"] == "no_progress"
 

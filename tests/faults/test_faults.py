@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from dflashd.logs import EventRecord, LineRecord, follow, read_records
+from dflashd.supervisor.home import Home
 from dflashd.supervisor.recovery import boot_id
 from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
 
@@ -68,7 +69,7 @@ def test_1_reused_pid_is_never_killed(
     assert daemon.wait() == 4
     assert stranger.poll() is None and psutil.Process(stranger.pid).is_running()
     refused = daemon.events("orphan_not_ours")[0]
-    assert "DFLASHD_HOME" in refused.fields["refused"][str(stranger.pid)]
+    assert "DFLASHD_HOME_ID" in refused.fields["refused"][str(stranger.pid)]
     assert daemon.events("recovered_orphan") == []
 
 
@@ -90,9 +91,9 @@ def test_1_other_boot_is_never_ours(
 
 
 def test_1_a_proven_leftover_is_ended(start_daemon: Start, home: Path) -> None:
-    """A leftover carrying this home's DFLASHD_HOME/DFLASHD_RUN, created when recorded: ended."""
-    home.mkdir(mode=0o700, parents=True)
-    env = {**os.environ, "DFLASHD_HOME": str(home), "DFLASHD_RUN": "3"}
+    """A leftover carrying this home's id and DFLASHD_RUN, created when recorded: ended."""
+    Home(home).create()
+    env = {**os.environ, "DFLASHD_HOME_ID": Home(home).id, "DFLASHD_RUN": "3"}
     leftover = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(120)"], env=env, start_new_session=True
     )

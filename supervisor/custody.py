@@ -1,0 +1,721 @@
+"""Custody of a run's processes: the one room that sends signals (docs/design.md, "Custody").
+
+A run owns its processes by proof, never by a bare number:
+
+- **cgroup mode**, where the host gives a writable cgroup v2 hierarchy (root, or a systemd
+  unit with ``Delegate=yes``): each run is a child cgroup ``dflashd-<home id>/run-N`` under
+  the daemon's own.  The child enters it between fork and exec, so everything it ever
+  starts (setsid, double forks, respawning chains) is in ``cgroup.procs``; ending the run
+  is ``cgroup.kill``; "nothing left" is ``populated 0`` in ``cgroup.events``, waited on
+  with ``POLLPRI``; ``cpu.stat`` is the run's CPU time and ``memory.events`` its OOM kills.
+- **pidfd mode** everywhere else: a pidfd for the child at fork, and one for every member
+  found.  A member is proven by its pid *and* create time, and by either descending from a
+  proven live member or carrying the run's mark (``DFLASHD_HOME_ID`` and ``DFLASHD_RUN``) in
+  the environment it started with.  Signals go through the pidfds, so a pid reused by a
+  stranger can never receive them.  A process group is signalled only through its proven
+  members.
+
+No other module calls ``os.kill``, ``os.killpg`` or writes ``cgroup.kill`` (a test greps for
+it).  The alert commands' bound (:func:`end_own_child_session`) lives here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Protocol
+
+MODE_CGROUP: Final = "cgroup"
+MODE_PIDFD: Final = "pidfd"
+_CLK_TCK: Final = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+MARK_HOME_ID: Final = "DFLASHD_HOME_ID"
+MARK_RUN: Final = "DFLASHD_RUN"
+SWEEP_ROUNDS: Final = 50  # a respawning chain outruns one snapshot, never fifty stopped ones
+MOUNTINFO: Final = Path("/proc/self/mountinfo")
+SELF_CGROUP: Final = Path("/proc/self/cgroup")
+
+
+# -- reading /proc (pure parsers, then thin readers) ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of ``/proc/PID/stat`` custody needs."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+    start_ticks: int  # since boot, in clock ticks: with the pid, a process's identity
+
+
+def parse_stat(pid: int, raw: bytes) -> ProcStat | None:
+    """Parse ``/proc/PID/stat`` (the command name may hold spaces and parentheses)."""
+    try:
+        rest = raw.rsplit(b")", 1)[1].split()
+        return ProcStat(pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """The stat of ``pid`` now, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return parse_stat(pid, fh.read())
+    except OSError:
+        return None
+
+
+def all_stats() -> dict[int, ProcStat]:
+    """Every process on the host (one pass over /proc)."""
+    out: dict[int, ProcStat] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit() and (found := read_stat(int(name))) is not None:
+            out[found.pid] = found
+    return out
+
+
+def process_mark(pid: int) -> dict[str, str]:
+    """``DFLASHD_HOME_ID``, ``DFLASHD_RUN`` (and ``DFLASHD_HOME``) from ``pid``'s start environment."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, _, value = item.partition(b"=")
+        if key in (b"DFLASHD_HOME_ID", b"DFLASHD_RUN", b"DFLASHD_HOME"):
+            out[key.decode()] = value.decode("utf-8", "replace")
+    return out
+
+
+def carries_mark(pid: int, home_id: str, run_no: int | None) -> bool:
+    """True when ``pid`` started with this home's id and (when given) this run's number."""
+    mark = process_mark(pid)
+    if mark.get(MARK_HOME_ID) != home_id or not home_id:
+        return False
+    return run_no is None or mark.get(MARK_RUN) == str(run_no)
+
+
+def boot_time_s() -> float:
+    """When the host booted (seconds since the epoch), from ``/proc/stat``."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
+def create_time(pid: int) -> float | None:
+    """When ``pid`` was created (seconds since the epoch), None when it is gone."""
+    found = read_stat(pid)
+    return None if found is None else boot_time_s() + found.start_ticks / _CLK_TCK
+
+
+# -- cgroup v2: where the host allows it --------------------------------------------------
+
+
+def cgroup2_mount(mountinfo: str) -> Path | None:
+    """The cgroup2 mount point from ``/proc/self/mountinfo`` text (hybrid hosts: ``…/unified``)."""
+    for line in mountinfo.splitlines():
+        head, sep, tail = line.partition(" - ")
+        if not sep:
+            continue
+        fields, fstype = head.split(), tail.split()
+        if len(fields) >= 5 and fstype and fstype[0] == "cgroup2":
+            return Path(fields[4].replace("\\040", " "))
+    return None
+
+
+def own_cgroup(proc_self_cgroup: str) -> str | None:
+    """The v2 path in ``/proc/self/cgroup`` text (the ``0::`` line)."""
+    for line in proc_self_cgroup.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None
+
+
+def read_cgroup_events(directory: Path) -> dict[str, int]:
+    """``cgroup.events`` (``populated``, ``frozen``) or the ``*.events`` file named."""
+    return _read_keyed(directory / "cgroup.events")
+
+
+def _read_keyed(path: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        text = path.read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        with contextlib.suppress(ValueError):
+            out[key] = int(value)
+    return out
+
+
+class CgroupBase:
+    """This home's cgroup, ``<daemon's cgroup>/dflashd-<home id>``: the parent of every run's."""
+
+    def __init__(self, path: Path, rel: str) -> None:
+        self.path = path
+        self.rel = rel  # as /proc/PID/cgroup names it
+
+    @classmethod
+    def open(cls, home_id: str) -> CgroupBase | None:
+        """Make (or reuse) the base under the daemon's cgroup; None where the host does not allow it."""
+        if os.environ.get("DFLASHD_CUSTODY") == MODE_PIDFD:
+            return None
+        try:
+            mount = cgroup2_mount(MOUNTINFO.read_text())
+            own = own_cgroup(SELF_CGROUP.read_text())
+        except OSError:
+            return None
+        if mount is None or own is None:
+            return None
+        parent = mount / own.lstrip("/")
+        path = parent / f"dflashd-{home_id[:16]}"
+        try:
+            path.mkdir(mode=0o755, exist_ok=True)
+            probe = path / ".probe"
+            probe.mkdir(exist_ok=True)
+            ok = (probe / "cgroup.procs").exists() and (probe / "cgroup.kill").exists()
+            probe.rmdir()
+        except OSError:
+            return None
+        if not ok or not os.access(path / "cgroup.procs", os.W_OK):
+            return None
+        base = cls(path, "/".join(("", *own.strip("/").split("/"), path.name)).replace("//", "/"))
+        base._enable_controllers(parent)
+        return base
+
+    def _enable_controllers(self, parent: Path) -> None:
+        """Memory (for OOM kills) and cpu where the parent offers them; fine when refused."""
+        for where in (parent, self.path):
+            try:
+                offered = (where / "cgroup.controllers").read_text().split()
+            except OSError:
+                return
+            for name in ("memory", "cpu"):
+                if name in offered:
+                    with contextlib.suppress(OSError):
+                        (where / "cgroup.subtree_control").write_text(f"+{name}")
+
+    def run_dir(self, run_no: int) -> Path:
+        """Where run ``run_no`` lives."""
+        return self.path / f"run-{run_no}"
+
+    def run_rel(self, run_no: int) -> str:
+        """Run ``run_no``'s cgroup as ``/proc/PID/cgroup`` names it."""
+        return f"{self.rel}/run-{run_no}"
+
+    def stale_runs(self) -> list[tuple[int, Path]]:
+        """Run cgroups a previous daemon left (a SIGKILLed daemon cannot clean up)."""
+        out: list[tuple[int, Path]] = []
+        with contextlib.suppress(OSError):
+            for entry in self.path.iterdir():
+                number = entry.name.removeprefix("run-")
+                if entry.is_dir() and entry.name.startswith("run-") and number.isdigit():
+                    out.append((int(number), entry))
+        return sorted(out)
+
+    def remove(self) -> None:
+        """At exit: the base goes when nothing is left in it."""
+        for _, path in self.stale_runs():
+            _remove_cgroup(path)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _remove_cgroup(path: Path) -> bool:
+    try:
+        path.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def cgroup_pids(path: Path) -> set[int]:
+    """The processes in one cgroup (``cgroup.procs``), zombies already gone."""
+    try:
+        return {int(x) for x in (path / "cgroup.procs").read_text().split()}
+    except (OSError, ValueError):
+        return set()
+
+
+def kill_cgroup(path: Path) -> None:
+    """Everything in the cgroup, at once (``cgroup.kill``): no fork can escape it."""
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+
+
+def wait_cgroup_empty(path: Path, timeout_s: float) -> bool:
+    """Block until ``populated 0`` (``cgroup.events`` wakes ``POLLPRI``), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        fd = os.open(path / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True  # the cgroup is gone
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLPRI | select.POLLERR)
+        while True:
+            os.lseek(fd, 0, os.SEEK_SET)
+            text = os.read(fd, 4096).decode(errors="replace")
+            if "populated 0" in text:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller.poll(left * 1000)
+    except OSError:
+        return not cgroup_pids(path)
+    finally:
+        os.close(fd)
+
+
+# -- pidfds ---------------------------------------------------------------------------------
+
+
+def _pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
+
+
+def _pidfd_signal(fd: int, signum: int) -> bool:
+    try:
+        signal.pidfd_send_signal(fd, signum)
+    except OSError:
+        return False
+    return True
+
+
+@dataclass(slots=True)
+class Member:
+    """One proven process: its pid, its start (identity), its pidfd."""
+
+    pid: int
+    start_ticks: int
+    pidfd: int
+    pgid: int
+
+    def alive(self) -> bool:
+        """Still this very process, and not a zombie."""
+        found = read_stat(self.pid)
+        return found is not None and found.start_ticks == self.start_ticks and found.state != "Z"
+
+
+# -- one run's custody ----------------------------------------------------------------------
+
+
+class RunCustody(Protocol):
+    """What the daemon may do to one run's processes, and to nothing else."""
+
+    mode: str
+    root_pid: int
+
+    def members(self) -> set[int]:
+        """The run's live processes, proven (the root included while it lives)."""
+        ...
+
+    def owns(self, pid: int) -> bool:
+        """Is ``pid`` one of the run's processes (proven now, or proven before and alive)?"""
+        ...
+
+    def signal_root(self, signum: int) -> bool:
+        """The child itself (its pidfd); False once it is gone."""
+        ...
+
+    def signal_group(self, signum: int) -> int:
+        """The child's process group, through its proven members; how many were signalled."""
+        ...
+
+    def signal_all(self, signum: int) -> int:
+        """Every proven member; how many were signalled."""
+        ...
+
+    def signal_pid(self, pid: int, signum: int) -> bool:
+        """One process, only when it is proven the run's."""
+        ...
+
+    def kill_all(self) -> None:
+        """SIGKILL everything of the run, repeated until nothing is left (bounded)."""
+        ...
+
+    def empty(self) -> bool:
+        """True once nothing of the run is left."""
+        ...
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        """Block until nothing is left (an event, not a poll where the host has one)."""
+        ...
+
+    def cpu_time_s(self) -> float | None:
+        """CPU seconds the run's processes used (cgroup mode), None where unknown."""
+        ...
+
+    def oom_kills(self) -> int:
+        """OOM kills inside the run (cgroup mode with the memory controller), else 0."""
+        ...
+
+    def reaped(self) -> None:
+        """The root was reaped: its pid is no longer a proof."""
+        ...
+
+    def close(self) -> None:
+        """Nothing is left to watch: close the pidfds, remove the run's cgroup."""
+        ...
+
+
+@dataclass
+class HostCustody:
+    """The real custody of one run (cgroup mode when ``cgroup`` is set, pidfd mode otherwise)."""
+
+    root_pid: int
+    run_no: int
+    home_id: str
+    cgroup: Path | None
+    root_start: int
+    cgroup_rel: str = ""
+    mode: str = MODE_PIDFD
+    proven: dict[int, Member] = field(default_factory=dict)
+    root_reaped: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.mode = MODE_CGROUP if self.cgroup is not None else MODE_PIDFD
+        fd = _pidfd_open(self.root_pid)
+        if fd is not None:
+            self.proven[self.root_pid] = Member(self.root_pid, self.root_start, fd, self.root_pid)
+
+    # -- membership --
+
+    def members(self) -> set[int]:
+        if self.cgroup is not None:
+            return cgroup_pids(self.cgroup)
+        return set(self._discover())
+
+    def owns(self, pid: int) -> bool:
+        if self.cgroup is not None:
+            return pid in cgroup_pids(self.cgroup) or self._in_cgroup(pid)
+        with self._lock:
+            member = self.proven.get(pid)
+            if member is not None:
+                return member.alive()
+        return pid in self._discover()
+
+    def _in_cgroup(self, pid: int) -> bool:
+        assert self.cgroup is not None
+        try:
+            text = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return False
+        here = own_cgroup(text)
+        rel = self.cgroup_rel
+        return bool(rel) and here is not None and (here == rel or here.startswith(rel + "/"))
+
+    def _discover(self) -> dict[int, Member]:
+        """pidfd mode: prove the run's members now; forget the ones that are gone."""
+        with self._lock:
+            stats = all_stats()
+            me = os.getpid()
+            for pid, member in list(self.proven.items()):
+                found = stats.get(pid)
+                if found is not None and found.start_ticks == member.start_ticks:
+                    member.pgid = found.pgid
+                    if found.state == "Z" and found.ppid == me and pid != self.root_pid:
+                        with contextlib.suppress(ChildProcessError):
+                            os.waitpid(pid, os.WNOHANG)  # an orphan we adopted, proven ours
+                gone = found is None or found.start_ticks != member.start_ticks
+                if (gone or found is None or found.state == "Z") and (
+                    pid != self.root_pid or self.root_reaped
+                ):
+                    os.close(member.pidfd)
+                    del self.proven[pid]
+            grew = True
+            while grew:  # descendants of members found this pass are members too
+                grew = False
+                for pid, found in stats.items():
+                    if pid in self.proven or found.state == "Z":
+                        continue
+                    if found.start_ticks < self.root_start:
+                        continue  # older than the run: never the run's
+                    if self._proves(found, stats) and self._take(found):
+                        grew = True
+            return {
+                pid: m
+                for pid, m in self.proven.items()
+                if not (pid == self.root_pid and self._root_zombie(stats))
+            }
+
+    def _root_zombie(self, stats: dict[int, ProcStat]) -> bool:
+        found = stats.get(self.root_pid)
+        return self.root_reaped or found is None or found.state == "Z"
+
+    def _proves(self, found: ProcStat, stats: dict[int, ProcStat]) -> bool:
+        parent = self.proven.get(found.ppid)
+        parent_stat = stats.get(found.ppid)
+        if (
+            parent is not None
+            and parent_stat is not None
+            and parent_stat.start_ticks == parent.start_ticks
+            and found.start_ticks >= parent.start_ticks
+        ):
+            return True  # a child of a proven, still-identical member
+        if found.pgid == self.root_pid and not self.root_reaped:
+            return True  # the root's group while the root's pid is still ours (unreaped)
+        return carries_mark(found.pid, self.home_id, self.run_no)
+
+    def _take(self, found: ProcStat) -> bool:
+        fd = _pidfd_open(found.pid)
+        if fd is None:
+            return False
+        again = read_stat(found.pid)  # the pidfd is of the process we proved, or we let go
+        if again is None or again.start_ticks != found.start_ticks:
+            os.close(fd)
+            return False
+        self.proven[found.pid] = Member(found.pid, found.start_ticks, fd, found.pgid)
+        return True
+
+    # -- signals --
+
+    def signal_root(self, signum: int) -> bool:
+        member = self.proven.get(self.root_pid)
+        if member is None or self.root_reaped:
+            return False
+        return _pidfd_signal(member.pidfd, signum)
+
+    def signal_group(self, signum: int) -> int:
+        found = self._discover() if self.cgroup is None else self._cgroup_members()
+        return self._send([m for m in found.values() if m.pgid == self.root_pid], signum)
+
+    def signal_all(self, signum: int) -> int:
+        found = self._discover() if self.cgroup is None else self._cgroup_members()
+        return self._send(found.values(), signum)
+
+    def signal_pid(self, pid: int, signum: int) -> bool:
+        found = self._discover() if self.cgroup is None else self._cgroup_members()
+        member = found.get(pid)
+        return member is not None and _pidfd_signal(member.pidfd, signum)
+
+    def _cgroup_members(self) -> dict[int, Member]:
+        """cgroup mode: pidfds for what ``cgroup.procs`` lists (proof by construction)."""
+        assert self.cgroup is not None
+        with self._lock:
+            for pid, member in list(self.proven.items()):
+                if pid != self.root_pid and not member.alive():
+                    os.close(member.pidfd)
+                    del self.proven[pid]
+            for pid in cgroup_pids(self.cgroup) - set(self.proven):
+                found = read_stat(pid)
+                if found is not None:
+                    self._take(found)
+            listed = cgroup_pids(self.cgroup)
+            return {pid: m for pid, m in self.proven.items() if pid in listed}
+
+    @staticmethod
+    def _send(members: Iterable[Member], signum: int) -> int:
+        return sum(1 for m in members if _pidfd_signal(m.pidfd, signum))
+
+    def kill_all(self) -> None:
+        if self.cgroup is not None:
+            kill_cgroup(self.cgroup)
+            return
+        for _ in range(SWEEP_ROUNDS):  # stop first, so a respawning chain cannot fork ahead
+            found = self._discover()
+            if not found:
+                return
+            self._send(found.values(), signal.SIGSTOP)
+            self._send(self._discover().values(), signal.SIGKILL)
+
+    def empty(self) -> bool:
+        if self.cgroup is not None:
+            events = read_cgroup_events(self.cgroup)
+            return events.get("populated", 0) == 0
+        return not self._discover()
+
+    def wait_empty(self, timeout_s: float) -> bool:
+        if self.cgroup is not None:
+            return wait_cgroup_empty(self.cgroup, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self._discover()
+            if not found:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            poller = select.poll()  # a pidfd turns readable when its process exits
+            for member in found.values():
+                poller.register(member.pidfd, select.POLLIN)
+            poller.poll(min(left, 0.2) * 1000)
+
+    def cpu_time_s(self) -> float | None:
+        if self.cgroup is None:
+            return None
+        usec = _read_keyed(self.cgroup / "cpu.stat").get("usage_usec")
+        return None if usec is None else usec / 1e6
+
+    def oom_kills(self) -> int:
+        if self.cgroup is None:
+            return 0
+        return _read_keyed(self.cgroup / "memory.events").get("oom_kill", 0)
+
+    def reaped(self) -> None:
+        self.root_reaped = True
+
+    def close(self) -> None:
+        with self._lock:
+            for member in self.proven.values():
+                with contextlib.suppress(OSError):
+                    os.close(member.pidfd)
+            self.proven.clear()
+        if self.cgroup is not None and self.empty():
+            _remove_cgroup(self.cgroup)
+
+
+def enter_cgroup_fd(procs_fd: int | None) -> Callable[[], None]:
+    """The pre-exec step that moves the child into its run's cgroup (writes ``0``: itself)."""
+
+    def enter() -> None:
+        if procs_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(procs_fd, b"0")
+
+    return enter
+
+
+def die_with_parent(parent_pid: int, death_signal: int) -> None:
+    """Pre-exec: the parent died before ``PR_SET_PDEATHSIG`` took effect: die now."""
+    if os.getppid() != parent_pid:
+        signal.raise_signal(death_signal)
+
+
+# -- previous daemons, alert commands and the subreaper's own ---------------------------------
+
+
+def end_stale_cgroup(path: Path, timeout_s: float) -> set[int]:
+    """A dead daemon's run cgroup: kill what is in it, wait, remove it; the pids that were there."""
+    pids = cgroup_pids(path)
+    if pids:
+        kill_cgroup(path)
+        wait_cgroup_empty(path, timeout_s)
+    _remove_cgroup(path)
+    return pids
+
+
+def end_proven(pids: dict[int, int], timeout_s: float) -> None:
+    """SIGTERM processes proven by (pid, start ticks), SIGKILL the ones left after ``timeout_s``."""
+    members: list[Member] = []
+    for pid, start in pids.items():
+        fd = _pidfd_open(pid)
+        found = read_stat(pid)
+        if fd is None:
+            continue
+        if found is None or found.start_ticks != start:
+            os.close(fd)
+            continue
+        members.append(Member(pid, start, fd, found.pgid))
+    try:
+        HostCustody._send(members, signal.SIGTERM)
+        HostCustody._send(members, signal.SIGCONT)
+        deadline = time.monotonic() + timeout_s
+        while any(m.alive() for m in members) and time.monotonic() < deadline:
+            poller = select.poll()
+            for member in members:
+                poller.register(member.pidfd, select.POLLIN)
+            poller.poll(100)
+        HostCustody._send([m for m in members if m.alive()], signal.SIGKILL)
+    finally:
+        for member in members:
+            os.close(member.pidfd)
+
+
+def end_own_child_session(process: subprocess.Popen[bytes]) -> None:
+    """An alert command past its bound: SIGKILL its session (our unreaped child: the id is ours)."""
+    if process.returncode is not None:
+        return
+    with contextlib.suppress(OSError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def open_procs_fd(cgroup: Path | None) -> int | None:
+    """The run cgroup's ``cgroup.procs``, opened by the parent for the child's pre-exec write."""
+    if cgroup is None:
+        return None
+    try:
+        return os.open(cgroup / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM):
+            return None
+        raise
+
+
+def end_adopted(exclude: set[int]) -> None:
+    """At exit (pidfd mode's last net): our own children that no run proved, and theirs.
+
+    A direct child of the daemon is ours by construction (an unreaped child's pid cannot
+    be reused): an orphan we adopted as subreaper, or a run's root.  Alert commands
+    (``exclude``) and their sessions are left to their own bound.  Stopped first, then
+    killed, round after round, so a respawning chain cannot outrun the sweep.
+    """
+    me = os.getpid()
+    for _ in range(SWEEP_ROUNDS):
+        stats = all_stats()
+        spared = {pid for pid, st in stats.items() if pid in exclude or st.pgid in exclude}
+        tree: dict[int, Member] = {}
+        for pid, found in stats.items():
+            if found.ppid == me and found.state != "Z" and pid not in spared:
+                fd = _pidfd_open(pid)
+                if fd is not None:
+                    tree[pid] = Member(pid, found.start_ticks, fd, found.pgid)
+        grew = True
+        while grew:
+            grew = False
+            for pid, found in stats.items():
+                parent = tree.get(found.ppid)
+                if pid in tree or found.state == "Z" or pid in spared or parent is None:
+                    continue
+                if found.start_ticks < parent.start_ticks:
+                    continue
+                fd = _pidfd_open(pid)
+                if fd is None:
+                    continue
+                again = read_stat(pid)
+                if again is None or again.start_ticks != found.start_ticks:
+                    os.close(fd)
+                    continue
+                tree[pid] = Member(pid, found.start_ticks, fd, found.pgid)
+                grew = True
+        try:
+            if not tree:
+                return
+            HostCustody._send(tree.values(), signal.SIGSTOP)
+            HostCustody._send(tree.values(), signal.SIGKILL)
+        finally:
+            for member in tree.values():
+                os.close(member.pidfd)
+        for pid, found in all_stats().items():
+            if found.ppid == me and found.state == "Z" and pid not in exclude:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
