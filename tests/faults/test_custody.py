@@ -242,7 +242,7 @@ def test_one_room_sends_every_signal() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value == "cgroup.kill":
                 offenders.append(f"{path.name}:{node.lineno}: cgroup.kill")
-            call = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            if call and node.func.attr in banned:  # type: ignore[attr-defined]
-                offenders.append(f"{path.name}:{node.lineno}: .{node.func.attr}()")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                name = node.func.attr
+                offenders += [f"{path.name}:{node.lineno}: .{name}()"] if name in banned else []
     assert offenders == []
