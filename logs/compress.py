@@ -18,6 +18,7 @@ import os
 import queue
 import shutil
 import threading
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Final
@@ -98,7 +99,7 @@ def last_line_gz(path: Path) -> bytes | None:
             for raw in fh:
                 if raw.endswith(b"\n"):
                     last = raw
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):
         return last
     return last
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import gzip
 import os
 import re
-from collections.abc import Iterator
+import sys
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Final, cast
 
@@ -19,7 +21,80 @@ from dflashd.logs.records import Record, RecordError, decode
 from dflashd.logs.writer import DEFAULT_BASENAME
 
 READ_BLOCK: Final = 256 * 1024
-_OPEN_RETRIES: Final = 100
+_OPEN_RETRIES: Final = 20  # a rotation's rename chain takes microseconds; a hole that stays is real
+_GZ_ERRORS: Final = (EOFError, OSError, zlib.error)  # truncated, not gzip at all, corrupt
+
+
+def _say_on_stderr(message: str) -> None:
+    print(f"dflashd: {message}", file=sys.stderr, flush=True)
+
+
+# Readers show everything intact and say what they skipped: once per problem, on stderr.
+skipped_hook: Callable[[str], None] = _say_on_stderr
+_said: set[str] = set()
+
+
+def say_skipped(message: str) -> None:
+    """Report one unreadable part of the log set (once per process)."""
+    if message not in _said:
+        _said.add(message)
+        skipped_hook(message)
+
+
+class TolerantGzipFile(gzip.GzipFile):
+    """A rotated ``.gz`` read as far as it is intact: a truncated or foreign file ends early.
+
+    Every line before the damage is read; then reading stops and the damage is reported
+    (``say_skipped``), instead of an exception that would blind every reader of the set.
+    """
+
+    damaged: str | None = None
+
+    def _damage(self, exc: BaseException) -> bytes:
+        if self.damaged is None:
+            self.damaged = f"{type(exc).__name__}: {exc}"
+            say_skipped(f"{self.name}: damaged ({self.damaged}); read up to the damage")
+        return b""
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self.damaged is not None:
+            return b""
+        try:
+            return super().read(size)
+        except _GZ_ERRORS as exc:
+            return self._damage(exc)
+
+    def read1(self, size: int = -1) -> bytes:
+        if self.damaged is not None:
+            return b""
+        try:
+            return super().read1(size)
+        except _GZ_ERRORS as exc:
+            return self._damage(exc)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        if self.damaged is not None:
+            return b""
+        try:
+            return super().readline(-1 if size is None else size)
+        except _GZ_ERRORS as exc:
+            return self._damage(exc)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if offset == 0 and whence == 0:
+            self.damaged = None  # from the start again: the damage is met (and said) again
+        try:
+            return super().seek(offset, whence)
+        except _GZ_ERRORS as exc:
+            self._damage(exc)
+            return 0
+
+    def read_all(self) -> bytes:
+        """Everything up to the damage, in blocks (a single read would lose the intact part)."""
+        parts = []
+        while block := self.read(1 << 20):
+            parts.append(block)
+        return b"".join(parts)
 
 
 def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
@@ -56,7 +131,7 @@ def _number(path: Path) -> int:
 def open_log_file(path: Path) -> BinaryIO:
     """A log file for reading: a compressed rotated one is decompressed as it is read."""
     if path.name.endswith(".gz"):
-        return cast(BinaryIO, gzip.open(path, "rb"))
+        return cast(BinaryIO, TolerantGzipFile(filename=str(path), mode="rb"))
     return open(path, "rb")
 
 
@@ -89,22 +164,30 @@ class OpenSet:
         self.handles: list[tuple[int, BinaryIO]] = []
         self.live: BinaryIO | None = None
         # A rotation between listing and opening shifts names by one: retry until the names
-        # still point at what we opened, so no renamed file slips between two names.
-        for _ in range(_OPEN_RETRIES):
-            if self._open_all(directory, basename):
+        # still point at what we opened, so no renamed file slips between two names.  A hole
+        # in the numbering that outlasts the retries is real (a file deleted by hand): what is
+        # intact is read, and the hole is said on stderr.
+        for attempt in range(_OPEN_RETRIES + 1):
+            if self._open_all(directory, basename, holes_ok=attempt == _OPEN_RETRIES):
                 break
             self.close()
             self.handles, self.live = [], None
         self.handles.sort(key=lambda item: item[0])
 
-    def _open_all(self, directory: Path, basename: str) -> bool:
+    def _open_all(self, directory: Path, basename: str, *, holes_ok: bool) -> bool:
         seen: set[tuple[int, int]] = set()
         opened: list[tuple[Path, tuple[int, int]]] = []
         live_path = directory / basename
         names = log_files(directory, basename)
         numbers = [_number(p) for p in names if p != live_path]
-        if numbers != list(range(len(numbers), 0, -1)):
+        expected = list(range(len(numbers), 0, -1))
+        if numbers != expected and not holes_ok:
             return False  # a hole: a rotation's rename chain is in flight, or the listing raced it
+        if numbers and holes_ok:
+            missing = sorted(set(range(1, max(numbers) + 1)) - set(numbers))
+            if missing:
+                named = ", ".join(f"{basename}.{n}" for n in missing)
+                say_skipped(f"{directory}: {named} missing from the log set; read the rest")
         for path in names:
             try:
                 fh = open_log_file(path)
@@ -143,9 +226,9 @@ def reverse_lines(fh: BinaryIO) -> Iterator[bytes]:
     A compressed rotated file cannot be read backwards: it is decompressed whole (one file
     of at most ``max_bytes``, only when the newer files did not hold enough lines).
     """
-    if is_packed(fh):
+    if isinstance(fh, TolerantGzipFile):
         fh.seek(0)
-        lines = fh.read().split(b"\n")
+        lines = fh.read_all().split(b"\n")
         yield from reversed(lines[:-1])  # the text after the last newline is not a line
         return
     end = fh.seek(0, os.SEEK_END)

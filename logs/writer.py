@@ -222,8 +222,12 @@ class RotatingLogWriter:
             return seq if self._append(data, 1) else None
 
     def _append(self, data: bytes, count: int) -> bool:
-        """Append whole records, rotating within one record of ``max_bytes`` (a batch may span files)."""
-        ok = True
+        """Append whole records, rotating within one record of ``max_bytes`` (a batch may span files).
+
+        Only a file that grew is rotated: when a part cannot be written (a full disk), the
+        rest of the batch is dropped and counted, and the set keeps its history; rotating
+        on a failure would push intact files out for empty ones.
+        """
         while data and self._size + len(data) > self.max_bytes:
             cut = data.rfind(b"\n", 0, self.max_bytes - self._size) + 1
             if cut <= 0 and self._size > 0:  # not one more record fits here: the next file
@@ -233,17 +237,23 @@ class RotatingLogWriter:
                 cut = data.find(b"\n") + 1 or len(data)
             part, data = data[:cut], data[cut:]
             records = part.count(b"\n")
-            ok = self._append_part(part, records) and ok
+            if not self._append_part(part, records):
+                self._count_dropped(data, count - records)
+                return False
             count -= records
-            self._rotate()
-        return self._append_part(data, count) and ok if data else ok
+            if self._size > 0:
+                self._rotate()
+        return self._append_part(data, count) if data else True
+
+    def _count_dropped(self, data: bytes, count: int) -> None:
+        self._records_dropped += count
+        self._bytes_dropped += len(data)
+        self._unreported_records += count
+        self._unreported_bytes += len(data)
 
     def _append_part(self, data: bytes, count: int) -> bool:
         if not self._write_all(data):
-            self._records_dropped += count
-            self._bytes_dropped += len(data)
-            self._unreported_records += count
-            self._unreported_bytes += len(data)
+            self._count_dropped(data, count)
             return False
         self.next_seq += count
         self._records_written += count

@@ -202,8 +202,20 @@ class CgroupBase:
         if not ok or not os.access(path / "cgroup.procs", os.W_OK):
             return None
         base = cls(path, "/".join(("", *own.strip("/").split("/"), path.name)).replace("//", "/"))
+        if own != "/" and cgroup_pids(parent) == {os.getpid()}:
+            base._leave_for_leaf(parent)  # a delegated unit (Delegate=yes): we are alone in it
         base._enable_controllers(parent)
         return base
+
+    def _leave_for_leaf(self, parent: Path) -> None:
+        """Move the daemon into ``<own>/supervisor``: with no process left in its own cgroup,
+        controllers (memory: OOM kills) can be enabled for the runs beside it."""
+        leaf = parent / "supervisor"
+        try:
+            leaf.mkdir(mode=0o755, exist_ok=True)
+            (leaf / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            return
 
     def _enable_controllers(self, parent: Path) -> None:
         """Memory (for OOM kills) and cpu where the parent offers them; fine when refused."""
