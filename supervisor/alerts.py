@@ -247,6 +247,7 @@ class AlertDispatcher:
         self._on_outcome = on_outcome
         self.pids: set[int] = set()
         self._running: dict[int, subprocess.Popen[bytes]] = {}
+        self._ended_at_exit: set[int] = set()
         self._closing = threading.Event()
         self._sinks: list[_Sink] = []
         if webhook_url:
@@ -310,6 +311,10 @@ class AlertDispatcher:
         finally:
             self._running.pop(proc.pid, None)
             self.pids.discard(proc.pid)
+        if proc.pid in self._ended_at_exit:
+            return AlertOutcome(
+                "command", False, "still running at the daemon's exit: ended", verdict
+            )
         if proc.returncode != 0:
             detail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
             return AlertOutcome("command", False, f"exit code {proc.returncode}: {detail[0]}")
@@ -330,4 +335,7 @@ class AlertDispatcher:
         for sink in self._sinks:
             sink.join(deadline - time.monotonic())
         for proc in list(self._running.values()):
+            self._ended_at_exit.add(proc.pid)
             end_own_child_session(proc)
+        for sink in self._sinks:  # its outcome record: the sink returns at once now
+            sink.join(1.0)

@@ -6,6 +6,7 @@ Shell completion comes from click: ``eval "$(_DFLASHD_COMPLETE=bash_source dflas
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -53,7 +54,25 @@ def main(ctx: click.Context, home: Path | None) -> None:
 
     Shell completion: eval "$(_DFLASHD_COMPLETE=bash_source dflashd)".
     """
+    ensure_standard_fds()
     ctx.obj = {"home": home}
+
+
+def ensure_standard_fds() -> None:
+    """A closed stdin, stdout or stderr becomes /dev/null (as daemon(3) does): otherwise the
+    next file dflashd opens would take its number, and prints would land in it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if fd == 1 and sys.stdout is None:
+                sys.stdout = open(1, "w", closefd=False)
+            if fd == 2 and sys.stderr is None:
+                sys.stderr = open(2, "w", closefd=False)
 
 
 main.add_command(tail)
@@ -158,6 +177,30 @@ def stop(home: Path | None, timeout_s: float | None) -> None:
     _stop(where, timeout_s)
 
 
+def _stop_without_socket(home: Home, timeout_s: float | None, exc: Exception) -> dict[str, Any]:
+    """The control socket is gone (deleted by hand): SIGTERM the proven lock holder instead.
+
+    The daemon takes SIGTERM as ``stop`` with the config's ``restart.stop_timeout_s``.
+    """
+    import signal
+
+    from dflashd.supervisor.custody import signal_lock_holder
+
+    pid = read_lock_pid(home.lock)
+    if home.control_socket.exists() or pid is None:
+        fail(f"cannot reach the daemon: {exc}", 1)
+    if not signal_lock_holder(pid, home.lock, signal.SIGTERM):
+        fail(f"cannot reach the daemon: {exc}; pid {pid} does not hold {home.lock}", 1)
+    note = (
+        "" if timeout_s is None else " (--timeout not passed: it uses its configured stop timeout)"
+    )
+    click.echo(
+        f"dflashd: {home.control_socket} is missing: sent SIGTERM to the daemon (pid {pid}){note}",
+        err=True,
+    )
+    return {"ok": True}
+
+
 def _stop(home: Home, timeout_s: float | None) -> None:
     from dflashd.supervisor.control import ControlError, request
     from dflashd.supervisor.statefile import read_state
@@ -168,7 +211,7 @@ def _stop(home: Home, timeout_s: float | None) -> None:
     try:
         reply = request(home.control_socket, req)
     except ControlError as exc:
-        fail(f"cannot reach the daemon: {exc}", 1)
+        reply = _stop_without_socket(home, timeout_s, exc)
     if not reply.get("ok"):
         fail(f"the daemon refused: {reply.get('error')}", EXIT_USAGE)
     wait_s = (timeout_s if timeout_s is not None else 30.0) + 30.0

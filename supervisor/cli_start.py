@@ -118,7 +118,8 @@ def run_foreground(
         from dflashd.supervisor.echo import Echo
         from dflashd.supervisor.render import use_color
 
-        printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout))
+        if sys.stdout is not None:
+            printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout))
 
     def first_launch(info: dict[str, Any]) -> None:
         if ready_fd is not None:
@@ -157,7 +158,15 @@ def report_ready(fd: int | None, info: dict[str, Any]) -> None:
 
 
 def print_launch(info: dict[str, Any]) -> None:
-    """``run 3 launched (pid 1234)`` and the log's path, or what went wrong."""
+    """``run 3 launched (pid 1234)`` and the log's path, or what went wrong (never raises:
+    a closed terminal must not end the daemon)."""
+    try:
+        _print_launch(info)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _print_launch(info: dict[str, Any]) -> None:
     if info.get("ok"):
         click.echo(
             f"dflashd: run {info['run']} launched (pid {info['pid']}); daemon pid {info['daemon_pid']}"

@@ -17,8 +17,9 @@ import orjson
 from dflashd.supervisor.config import MAX_SECONDS
 
 _MAX_REQUEST: Final = 64 * 1024
-MAX_CLIENTS: Final = 32  # more connections at once are closed, oldest first
-IDLE_TIMEOUT_S: Final = 5.0  # a client that sends no complete request in time is closed
+MAX_CLIENTS: Final = 256  # more connections at once are closed, oldest first
+IDLE_TIMEOUT_S: Final = 5.0  # a client that neither completes its request nor reads its reply
+ACCEPT_BATCH: Final = 256  # connections accepted per wake-up (the backlog is drained, bounded)
 
 
 class ControlError(Exception):
@@ -50,29 +51,73 @@ class ControlServer:
         # One descriptor kept in reserve: when accept() fails for want of descriptors (EMFILE),
         # it is given up for a moment to accept and close the connection instead of spinning.
         self._reserve: int | None = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        path.unlink(missing_ok=True)
+        self._bind()
+        self.sock.listen(socket.SOMAXCONN)
+        self.sock.setblocking(False)
+        self._buffers: dict[socket.socket, bytes] = {}
+        self._outgoing: dict[socket.socket, memoryview] = {}  # replies the client has not read yet
+        self.answered = 0
+
+    def socket_missing(self) -> bool:
+        """True when the socket file was removed (or replaced) under us."""
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return True
+        return (st.st_dev, st.st_ino) != self._bound
+
+    def rebind(self, selector: selectors.BaseSelector) -> None:
+        """Make the socket file again (someone deleted it): ``stop`` must stay possible."""
+        try:
+            selector.unregister(self.sock)
+        except (KeyError, ValueError):
+            pass
+        self.sock.close()
+        self._bind()
+        selector.register(self.sock, selectors.EVENT_READ, "control")
+
+    def _bind(self) -> None:
+        self.path.unlink(missing_ok=True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)  # created 0600: no window where others could connect
         try:
-            self.sock.bind(str(path))
+            self.sock.bind(str(self.path))
         finally:
             os.umask(old_umask)
-        self.sock.listen(16)
+        st = os.lstat(self.path)
+        self._bound = (st.st_dev, st.st_ino)
+        self.sock.listen(socket.SOMAXCONN)
         self.sock.setblocking(False)
-        self._buffers: dict[socket.socket, bytes] = {}
 
     def on_event(self, selector: selectors.BaseSelector, fileobj: Any) -> None:
-        """The selector saw ``fileobj`` (registered with data ``"control"``) readable."""
+        """The selector saw ``fileobj`` (registered with data ``"control"``) ready.
+
+        The listening socket: every waiting connection is accepted (up to ``ACCEPT_BATCH``)
+        and its request read at once if it is already there.  A connection: more of its
+        request, or more of its reply (a client that reads slowly never holds the loop).
+        """
         if fileobj is self.sock:
-            conn = self.accept(selector)
-            if conn is not None:
-                selector.register(conn, selectors.EVENT_READ, "control")
+            for _ in range(ACCEPT_BATCH):
+                conn = self.accept(selector)
+                if conn is None:
+                    return
+                if not self.on_readable(conn):
+                    self._watch(selector, conn)
+            return
+        if fileobj in self._outgoing:
+            selector.unregister(fileobj)
+            if not self._send_more(fileobj):
+                selector.register(fileobj, selectors.EVENT_WRITE, "control")
             return
         if fileobj not in self._buffers:  # closed earlier in this batch (evicted or timed out)
             return
         selector.unregister(fileobj)
         if not self.on_readable(fileobj):
-            selector.register(fileobj, selectors.EVENT_READ, "control")
+            self._watch(selector, fileobj)
+
+    def _watch(self, selector: selectors.BaseSelector, conn: socket.socket) -> None:
+        events = selectors.EVENT_WRITE if conn in self._outgoing else selectors.EVENT_READ
+        selector.register(conn, events, "control")
 
     def accept(self, selector: selectors.BaseSelector | None = None) -> socket.socket | None:
         """Accept one waiting connection (non-blocking); never raises."""
@@ -85,7 +130,7 @@ class ControlServer:
                 self._shed_with_reserve()
             return None
         conn.setblocking(False)
-        if len(self._buffers) >= MAX_CLIENTS:
+        if len(self._opened) >= MAX_CLIENTS:
             oldest = min(self._opened, key=self._opened.__getitem__)
             self._forget(oldest, selector)
         self._buffers[conn] = b""
@@ -148,8 +193,7 @@ class ControlServer:
             obj = orjson.loads(buf.split(b"\n", 1)[0])
         except orjson.JSONDecodeError:
             obj = None
-        self._reply(conn, self._dispatch(obj))
-        return True
+        return self._reply(conn, self._dispatch(obj))
 
     def _dispatch(self, obj: Any) -> dict[str, Any]:
         if not isinstance(obj, dict):
@@ -160,24 +204,40 @@ class ControlServer:
             return {"ok": False, "error": f"unknown command {str(cmd)[:40]!r}"}
         return handler(obj)
 
-    def _reply(self, conn: socket.socket, obj: dict[str, Any]) -> None:
-        """Send the reply and close (small replies fit the socket buffer; bounded wait otherwise)."""
+    def _reply(self, conn: socket.socket, obj: dict[str, Any]) -> bool:
+        """Send what the socket takes now; the rest when the client reads.  True when done."""
+        self.answered += 1
+        self._buffers.pop(conn, None)
+        self._outgoing[conn] = memoryview(orjson.dumps(obj, default=str) + b"\n")
+        return self._send_more(conn)
+
+    def _send_more(self, conn: socket.socket) -> bool:
+        """Non-blocking: True once the reply is out (or the client gone) and ``conn`` closed."""
+        view = self._outgoing[conn]
         try:
-            conn.settimeout(1.0)
-            conn.sendall(orjson.dumps(obj, default=str) + b"\n")
+            sent = conn.send(view)
+        except (BlockingIOError, InterruptedError):
+            return False
         except OSError:
-            pass
+            self.drop(conn)
+            return True
+        view = view[sent:]
+        if view:
+            self._outgoing[conn] = view
+            return False
         self.drop(conn)
+        return True
 
     def drop(self, conn: socket.socket) -> None:
         """Forget and close one connection."""
         self._buffers.pop(conn, None)
+        self._outgoing.pop(conn, None)
         self._opened.pop(conn, None)
         conn.close()
 
     def close(self) -> None:
         """Close everything and remove the socket file."""
-        for conn in list(self._buffers):
+        for conn in list(self._opened):
             self.drop(conn)
         self.sock.close()
         if self._reserve is not None:
@@ -212,12 +272,31 @@ def stop_handler(
     return handle
 
 
+def _connect(sock: socket.socket, path: Path, deadline: float) -> None:
+    """Connect, waiting while the daemon's backlog is full (EAGAIN), up to ``deadline``.
+
+    A Unix socket refuses a connect at once with EAGAIN when its backlog is full, even a
+    blocking one: that is a busy daemon, not a missing one.
+    """
+    pause = 0.001
+    while True:
+        try:
+            sock.connect(str(path))
+            return
+        except BlockingIOError:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)  # the daemon's backlog is full: no event tells when it drains
+            pause = min(pause * 2, 0.05)
+
+
 def request(path: Path, obj: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
     """Send one request to the daemon and return its reply; ControlError when nobody answers."""
+    deadline = time.monotonic() + timeout_s
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(timeout_s)
-            sock.connect(str(path))
+            _connect(sock, path, deadline)
             sock.sendall(orjson.dumps(obj) + b"\n")
             chunks = []
             while True:

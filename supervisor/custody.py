@@ -731,3 +731,35 @@ def end_adopted(exclude: set[int]) -> None:
             if found.ppid == me and found.state == "Z" and pid not in exclude:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
+
+
+def holds_file(pid: int, path: Path) -> bool:
+    """True when ``pid`` has ``path`` open (one of its descriptors is that very inode)."""
+    try:
+        target = os.stat(path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False
+
+
+def signal_lock_holder(pid: int, lock: Path, signum: int) -> bool:
+    """Signal the daemon holding ``lock``, proven by the lock file among its descriptors.
+
+    The pidfd is taken first and the proof checked after, so the signal reaches the very
+    process that was proven, never one that took its pid in between.
+    """
+    fd = _pidfd_open(pid)
+    if fd is None:
+        return False
+    try:
+        return holds_file(pid, lock) and _pidfd_signal(fd, signum)
+    finally:
+        os.close(fd)

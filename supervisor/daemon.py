@@ -25,15 +25,18 @@ from dflashd.supervisor.aftermath import Aftermath, Ledger
 from dflashd.supervisor.clock import Clock, SystemClock
 from dflashd.supervisor.config import MAX_SECONDS, Config
 from dflashd.supervisor.control import ControlServer, stop_handler
+from dflashd.supervisor.daemonlog import reopen_daemon_log
+from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.ending import EXIT_FATAL, Outcome
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.fdreserve import FdReserve
 from dflashd.supervisor.gpu import NvmlSampler
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
 from dflashd.supervisor.groups import HostProcesses, ProcessOps
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.inbox import GpuSampled, Inbox
 from dflashd.supervisor.launch import set_child_subreaper
-from dflashd.supervisor.launching import Launcher
+from dflashd.supervisor.launching import LaunchDeferred, Launcher
 from dflashd.supervisor.lifecycle import State, transition
 from dflashd.supervisor.notify import NotifyServer, SystemdNotifier
 from dflashd.supervisor.observe import RunObserver
@@ -47,7 +50,9 @@ from dflashd.supervisor.timers import Timers
 from dflashd.supervisor.verdicts import Observations
 
 _WAKE: Final = b"\x00"
+log = get_logger("dflashd")
 _DONE_STATES: Final = (State.STOPPED, State.FATAL, State.COMPLETED)
+LAUNCH_RETRY_S: Final = 1.0  # a launch deferred for want of descriptors is tried again after this
 
 
 FirstLaunch = Callable[[dict[str, Any]], None]
@@ -111,6 +116,9 @@ class Daemon:
         )
         self.control: ControlServer | None = None
         self.notify: NotifyServer | None = None
+        self._control_check_at = 0.0
+        self._deferred_run_no: int | None = None
+        self._fd_reserve = FdReserve()
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -190,7 +198,18 @@ class Daemon:
                     self.control.on_event(self._selector, key.fileobj)
             if self.control is not None:
                 self.control.expire(self._selector)
+                self._check_control_socket()
             self.turn()
+
+    def _check_control_socket(self) -> None:
+        """A removed control.sock is made again (looked at most once a second, on wake-ups)."""
+        now = self.clock.monotonic()
+        if self.control is None or now < self._control_check_at:
+            return
+        self._control_check_at = now + 1.0
+        if self.control.socket_missing():
+            log.warning("control_socket_rebound", path=str(self.home.control_socket))
+            self.control.rebind(self._selector)
 
     def next_timeout(self) -> float | None:
         """How long the selector may sleep: None when nothing is due (no periodic wake-ups)."""
@@ -201,8 +220,23 @@ class Daemon:
         for signum in self.inbox.signals():
             if signum == signal.SIGCHLD:
                 self.reap()
-            elif signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            elif signum in (signal.SIGTERM, signal.SIGINT):
                 self.request_stop(self.config.restart.stop_timeout_s)
+            elif signum in (signal.SIGHUP, signal.SIGUSR1):
+                self.reopen(signal.Signals(signum).name)
+            else:  # SIGUSR2, timers, SIGIO, SIGPWR, terminal stops: noted, never fatal
+                log.info("signal_ignored", signal=signal.Signals(signum).name)
+
+    def reopen(self, why: str) -> None:
+        """SIGHUP/SIGUSR1: re-open what an admin may have moved, and dump the status.
+
+        The control socket is bound again if its file was removed, daemon.log is re-opened
+        if it was rotated away, and the status goes to daemon.log, as one record.
+        """
+        if self.control is not None and self.control.socket_missing():
+            self.control.rebind(self._selector)
+        reopen_daemon_log()
+        log.info("status_dump", signal=why, **dict(self.status()))
 
     def _on_timers(self) -> None:
         now = self.clock.monotonic()
@@ -255,7 +289,24 @@ class Daemon:
         if self.state is not State.STARTING:
             self.state = transition(self.state, State.STARTING)
         clear, self.ledger.clear_cache_next = self.ledger.clear_cache_next, False
-        run, error = self.launcher.launch(self.run, clear_cache=clear)
+        run_no, self._deferred_run_no = self._deferred_run_no, None
+        try:
+            run, error = self.launcher.launch(self.run, clear_cache=clear, run_no=run_no)
+        except LaunchDeferred as deferred:
+            freed = self._fd_reserve.release()  # room for the records and the next attempt
+            self.reporter.announce(
+                deferred.run_no,
+                Event.LAUNCH_DEFERRED,
+                "warning",
+                error=deferred.error,
+                retry_in_s=LAUNCH_RETRY_S,
+                reserve_freed=freed,
+            )
+            self._deferred_run_no = deferred.run_no
+            self.ledger.clear_cache_next = clear
+            self.timers.restart_at = self.clock.monotonic() + LAUNCH_RETRY_S
+            return
+        self._fd_reserve.take()
         self.run = run
         if error is not None:
             obs = Observations(spawn_error=error)
@@ -346,19 +397,35 @@ class Daemon:
         self.ledger.fatal_reason = "daemon_error"
 
     def close(self) -> None:
-        """End every group we started, wait for the pipes, close the log and the sockets."""
+        """End every run's processes, wait for the pipes, close the log and the sockets.
+
+        Never raises: each step that fails (out of descriptors, a full disk) is logged and
+        the next one still runs, so the log is always flushed and closed.
+        """
         run = self.run
-        self.reporter.alerts.close()  # first: an alert still going out is not swept with the job
-        self.aftermath.sweep(run, own_descendants=isinstance(self.ops, HostProcesses))
-        for drain in run.drains if run is not None else ():
-            drain.wait_eof(2.0)
-        self.gpu.stop()
-        self.reporter.event(run.run_no if run else 0, Event.DAEMON_EXIT, state=self.state.value)
-        self._publish()
-        self.reporter.close()
-        for server in (self.control, self.notify):
-            if server is not None:
-                server.close()
-        self._selector.close()
-        self.inbox.close()
-        self.ops.close()
+        own = isinstance(self.ops, HostProcesses)
+        self._fd_reserve.release()  # the last steps may need descriptors the job's end did not free
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("alerts", self.reporter.alerts.close),  # first: an alert going out is not swept
+            ("sweep", lambda: self.aftermath.sweep(run, own_descendants=own)),
+            ("drains", lambda: [d.wait_eof(2.0) for d in (run.drains if run is not None else ())]),
+            ("gpu", self.gpu.stop),
+            (
+                "daemon_exit",
+                lambda: self.reporter.event(
+                    run.run_no if run else 0, Event.DAEMON_EXIT, state=self.state.value
+                ),
+            ),
+            ("state", self._publish),
+            ("reporter", self.reporter.close),
+            ("control", lambda: self.control.close() if self.control is not None else None),
+            ("notify", lambda: self.notify.close() if self.notify is not None else None),
+            ("selector", self._selector.close),
+            ("inbox", self.inbox.close),
+            ("cgroups", self.ops.close),
+        ]
+        for name, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                log.error("close_step_failed", step=name, error=repr(exc))

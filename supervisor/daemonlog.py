@@ -24,13 +24,39 @@ def rotated_name(path: Path, index: int) -> Path:
     return path.with_name(f"{path.name}.{index}")
 
 
+_current: DaemonLog | None = None
+
+
+def reopen_daemon_log() -> None:
+    """SIGHUP/SIGUSR1: daemon.log moved or deleted by an admin is opened afresh."""
+    if _current is not None:
+        _current.reopen()
+
+
 class DaemonLog:
     """A text stream onto daemon.log that rotates it (and fds 1 and 2 with it)."""
 
     def __init__(self, path: Path, max_bytes: int, backups: int, fds: tuple[int, ...] = (1, 2)):
+        global _current
         self.path, self.max_bytes, self.backups, self._fds = path, max_bytes, backups, fds
         self._lock = threading.Lock()
         self.rotations = 0
+        _current = self
+
+    def reopen(self) -> None:
+        """Open daemon.log again onto fds 1 and 2 when the path no longer names our file."""
+        with self._lock:
+            if is_daemon_log(self._fds[-1], self.path):
+                return
+            try:
+                fd = os.open(self.path, _FLAGS, 0o600)
+            except OSError:
+                return
+            try:
+                for target in self._fds:
+                    os.dup2(fd, target)
+            finally:
+                os.close(fd)
 
     def write(self, text: str) -> int:
         """Write through fd 2 (daemon.log); rotate when it grew past ``max_bytes``."""

@@ -49,6 +49,37 @@ class LogStream(Protocol):
     def isatty(self) -> bool: ...
 
 
+class SurvivingStream:
+    """A log stream whose failures are counted, never raised (a closed terminal or journal).
+
+    A foreground daemon whose stdout or stderr goes away (the terminal closed, journald
+    restarted) must go on supervising: what cannot be written is counted in ``lost``.
+    """
+
+    def __init__(self, inner: LogStream) -> None:
+        self.inner = inner
+        self.lost = 0
+
+    def write(self, text: str, /) -> int:
+        try:
+            return self.inner.write(text)
+        except (OSError, ValueError):  # EPIPE, EIO; ValueError: the stream was closed
+            self.lost += 1
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.inner.flush()
+        except (OSError, ValueError):
+            self.lost += 1
+
+    def isatty(self) -> bool:
+        try:
+            return self.inner.isatty()
+        except (OSError, ValueError):
+            return False
+
+
 def renderer_for(stream: LogStream, environ: Mapping[str, str]) -> Any:
     """The last processor: journal, console or JSON (see the module doc)."""
     if environ.get("JOURNAL_STREAM"):
@@ -62,7 +93,7 @@ def configure_logging(
     level: str = "info", stream: LogStream | None = None, environ: Mapping[str, str] | None = None
 ) -> None:
     """Route dflashd's own log to ``stream`` (stderr by default), rendered for it."""
-    stream = stream or sys.stderr
+    stream = SurvivingStream(stream or sys.stderr)
     environ = os.environ if environ is None else environ
     renderer = renderer_for(stream, environ)
     processors: list[Any] = [

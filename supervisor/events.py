@@ -24,6 +24,7 @@ class Event(StrEnum):
     EXIT = "exit"
     LEFTOVER_PROCESSES = "leftover_processes"
     ENDING_LEFTOVERS = "ending_leftovers"  # before a relaunch: what the dead run left running
+    LAUNCH_DEFERRED = "launch_deferred"  # out of descriptors (EMFILE): retried, not a verdict
     # a node of a larger job: what torchrun's agent handled itself (elastic.py)
     WORKER_FAILED = "worker_failed"
     WORKERS_RESTARTED = "workers_restarted"

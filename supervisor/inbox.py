@@ -19,7 +19,24 @@ from dflashd.supervisor.gpu import GpuSample
 from dflashd.supervisor.progress import LinesSeen
 
 _WAKE: Final = b"\x00"
-HANDLED_SIGNALS: Final = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Every signal whose default would end or stop the daemon silently gets a handler that does
+# nothing (a handler, not SIG_IGN: the job must not inherit an ignored signal across exec);
+# the loop decides what each means (docs/design.md, "Signals").
+HANDLED_SIGNALS: Final = (
+    signal.SIGCHLD,
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+    signal.SIGVTALRM,
+    signal.SIGPROF,
+    signal.SIGIO,
+    signal.SIGPWR,
+)
+# Not SIGTTIN/SIGTTOU: a caught SIGTTOU makes a background write to a terminal with tostop
+# retry forever; their default (stop) is what a shell's job control expects.
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ and starts one drain per pipe.  A failed exec comes back as the run's ``spawn_er
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,17 @@ def spawn_error_text(argv0: str, exc: OSError) -> str:
     return f"{exc.strerror or exc}: {argv0}"
 
 
+TRANSIENT_ERRNOS: Final = (errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM)
+
+
+class LaunchDeferred(Exception):
+    """The launch failed for want of a resource the host gives back (descriptors, memory)."""
+
+    def __init__(self, run_no: int, error: str) -> None:
+        super().__init__(error)
+        self.run_no, self.error = run_no, error
+
+
 class Launcher:
     """Turns the config into running children, one run at a time."""
 
@@ -76,9 +88,13 @@ class Launcher:
                 log.warning("history_read_failed", error=str(exc))
         return max(known) + 1
 
-    def launch(self, previous: Run | None, *, clear_cache: bool) -> tuple[Run, str | None]:
-        """Start the next run; the run, and the exec error when it could not start."""
-        run_no = self.next_run_no(previous)
+    def launch(
+        self, previous: Run | None, *, clear_cache: bool, run_no: int | None = None
+    ) -> tuple[Run, str | None]:
+        """Start the next run (or ``run_no`` again); the run, and the exec error when it could
+        not start.  Raises :class:`LaunchDeferred` when the host is out of descriptors or
+        memory before the fork: no verdict, the daemon retries."""
+        run_no = run_no or self.next_run_no(previous)
         self.gpu.new_run()
         now = self.clock.monotonic()
         cwd = Path(self.config.cwd).expanduser()
@@ -113,6 +129,10 @@ class Launcher:
                 run_no=run_no,
             )
         except OSError as exc:
+            if exc.errno in TRANSIENT_ERRNOS and not isinstance(exc, FileNotFoundError):
+                raise LaunchDeferred(
+                    run_no, f"{errno.errorcode.get(exc.errno or 0)}: {exc.strerror}"
+                ) from None
             error = spawn_error_text(run.argv[0], exc)
             log.error("spawn_failed", run=run_no, error=error)
             run.phase = Phase.EXITED

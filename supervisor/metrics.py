@@ -177,15 +177,22 @@ class MetricsServer:
         )
 
     def start(self) -> None:
-        """Bind and serve on a daemon thread (raises OSError when the address is taken)."""
-        from prometheus_client import CollectorRegistry, start_http_server
+        """Bind and serve on one daemon thread (raises OSError when the address is taken)."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from dflashd.supervisor.httpserve import BoundedHttpServer
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
-        self._server, _ = start_http_server(self.port, addr=self.host, registry=registry)
+
+        def page() -> tuple[bytes, str]:
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+
+        self._server = BoundedHttpServer(self.host, self.port, {"/metrics": page, "/": page})
+        self.port = self._server.port
 
     def stop(self) -> None:
         """Stop serving."""
         if self._server is not None:
-            self._server.shutdown()
+            self._server.stop()
             self._server = None
