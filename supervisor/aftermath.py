@@ -76,6 +76,27 @@ def ended_fields(fields: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+STATE_TAIL_LINES = 20
+STATE_LINE_CHARS = 1000  # status and state.json carry a bounded tail; the exit record the full one
+
+
+def capped_exit(fields: dict[str, Any]) -> dict[str, Any]:
+    """An exit's fields as status and state.json carry them: the tail bounded.
+
+    A job that dies printing 64 KiB lines of control bytes would otherwise make state.json
+    grow past what its reader accepts (each byte escaped to six), and a later daemon would
+    lose the run's record.  The ``exit`` record in the log keeps the whole tail.
+    """
+    tail = fields.get("tail")
+    if isinstance(tail, list):
+        cut = [
+            line if len(line) <= STATE_LINE_CHARS else line[:STATE_LINE_CHARS] + "…"
+            for line in (str(x) for x in tail[-STATE_TAIL_LINES:])
+        ]
+        fields = {**fields, "tail": cut}
+    return fields
+
+
 @dataclass
 class Ledger:
     """The counters kept between runs."""
@@ -105,7 +126,9 @@ class Ledger:
             alerts_on=config.alerts.on,
             jitter=jitter,
         )
-        self.last_exit = {"run": facts.run_no, "ended_at": ended_at, **outcome.exit_fields}
+        self.last_exit = capped_exit(
+            {"run": facts.run_no, "ended_at": ended_at, **outcome.exit_fields}
+        )
         self.history = outcome.decision.history
         if outcome.counts_as_restart:
             verdict = outcome.result.verdict.value

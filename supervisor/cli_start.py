@@ -41,6 +41,16 @@ _OUTPUT_GRACE_S: Final = 0.5  # after the first line: time for a dying job's exi
 
 def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> Config:
     """Config, cwd and home checked before anything starts (exit 2 with one line otherwise)."""
+    for index, arg in enumerate(command, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape")
+            fail(
+                f"command argument {index} is not UTF-8 text ({shown!r}): dflashd keeps the "
+                "command in UTF-8 records; rename the file or start it from a wrapper script",
+                EXIT_USAGE,
+            )
     try:
         config = load_config(config_path, command)
     except ConfigError as exc:

@@ -189,6 +189,9 @@ def _string_table(where: str, value: Any) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise ConfigError(f"{where}: expected a table of strings, got {value!r}")
+    for key in value:
+        if not key or "=" in key:  # the environment's own syntax: NAME=value
+            raise ConfigError(f"{where}: variable name {key!r} must be non-empty, without '='")
     return {_string(where, k): _string(where, v) for k, v in value.items()}
 
 
@@ -299,13 +302,37 @@ def parse_config(data: dict[str, Any]) -> Config:
     return _validate(_build(Config, data, ""))
 
 
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def _read_config_text(path: Path) -> str:
+    """A regular file of at most ``MAX_CONFIG_BYTES``: never a FIFO or a device (it could
+    block the start forever), never a file too large to be a config."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"config is not a regular file: {path}")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config is larger than {MAX_CONFIG_BYTES // 1024} KiB: {path}")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
+    return raw.decode("utf-8")
+
+
 def load_config(path: Path | None, command: tuple[str, ...] = ()) -> Config:
     """Read and validate ``path`` (defaults when None); ``command`` overrides the config's."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
+            data = tomllib.loads(_read_config_text(path))
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except IsADirectoryError:
@@ -316,6 +343,8 @@ def load_config(path: Path | None, command: tuple[str, ...] = ()) -> Config:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"{path}: not UTF-8 text") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: nested too deeply") from None
     if command:
         data = {**data, "command": list(command)}
     return parse_config(data)

@@ -33,8 +33,13 @@ from typing import Final, TypeVar
 
 _LINES_TRIED: Final = 4  # keyword lines tried per frame, from the end
 _TAIL_LINES: Final = 64  # only a frame's last lines are searched: the latest step is near its end
-_ANSI_ESCAPE: Final = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # colours (torchtitan) and cursor moves
-_NUM: Final = r"([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?|nan|inf)"
+_ANSI_ESCAPE: Final = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # colours (torchtitan) and cursor moves
+_NUM: Final = r"([0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][+-]?[0-9]{1,4})?|nan|inf)"
+# Matching is linear in the line and bounded: only a line's head is matched, every
+# quantifier between literals is bounded, and a digit run can only start where a run
+# starts ((?<![0-9])), so no pattern retries a long run from each of its positions.
+MAX_MATCH_CHARS: Final = 4096
+_SP: Final = r"\s{0,32}"  # spaces between two parts of a step line
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +66,12 @@ def _c(pattern: str) -> re.Pattern[str]:
 
 
 def _tqdm(bar: str) -> _Format:
-    """A tqdm bar after its description (``desc``), which must be empty or say training."""
+    """A tqdm bar; its description (what precedes it) must be empty or say training."""
     return _Format(
         "tqdm",
-        _c(r"^(?P<desc>.*?)\s*" + bar),
+        _c(bar),
         1,
-        _c(r"\bloss[=:]\s*" + _NUM),
+        _c(r"\bloss[=:]" + _SP + _NUM),
         zero_is_start=True,
         training_desc_only=True,
     )
@@ -75,39 +80,59 @@ def _tqdm(bar: str) -> _Format:
 FORMATS: Final[tuple[_Format, ...]] = (
     _Format(
         "megatron",
-        _c(r"\biteration\s+([0-9]+)\s*/\s*[0-9]+\s*\|"),
+        _c(r"\biteration\s{1,32}([0-9]{1,15})" + _SP + "/" + _SP + r"[0-9]{1,15}" + _SP + r"\|"),
         1,
         _c(r"\blm loss: " + _NUM),
     ),
-    _Format("nanogpt", _c(r"\biter ([0-9]+): loss "), 1, _c(r"\bloss " + _NUM)),
+    _Format("nanogpt", _c(r"\biter ([0-9]{1,15}): loss "), 1, _c(r"\bloss " + _NUM)),
     _Format(
         "torchtitan",
-        _c(r"\bstep:\s*([0-9]+)\s+loss:"),
+        _c(r"\bstep:" + _SP + r"([0-9]{1,15})\s{1,32}loss:"),
         1,
-        _c(r"\bloss:\s*" + _NUM),
+        _c(r"\bloss:" + _SP + _NUM),
     ),
-    _Format("deepspeed", _c(r"\[Rank [0-9]+\] step=([0-9]+), skipped="), 1),
+    _Format("deepspeed", _c(r"\[Rank [0-9]{1,9}\] step=([0-9]{1,15}), skipped="), 1),
     _Format(
         "lightning",
-        _c(r"\bEpoch [0-9]+(?:/[0-9]+)?:\s+[0-9]+%\|[^|]*\|\s*([0-9]+)/(?:[0-9]+|\?)\s*\["),
+        _c(
+            r"\bEpoch [0-9]{1,9}(?:/[0-9]{1,9})?:\s{1,32}[0-9]{1,3}%\|[^|]{0,200}\|"
+            + _SP
+            + r"([0-9]{1,15})/(?:[0-9]{1,15}|\?)"
+            + _SP
+            + r"\["
+        ),
         1,
-        _c(r"\b(?:train_)?loss[=:]\s*" + _NUM),
+        _c(r"\b(?:train_)?loss[=:]" + _SP + _NUM),
         zero_is_start=True,
     ),
     _Format(
         "pytorch_examples",
-        _c(r"(?:\bEpoch [0-9]+ \| |\bTrain Epoch: [0-9]+ \[)"),
+        _c(r"(?:\bEpoch [0-9]{1,9} \| |\bTrain Epoch: [0-9]{1,9} \[)"),
         None,
         _c(r"\bLoss: " + _NUM),
     ),
-    _tqdm(r"[0-9]+%\|[^|]*\|\s*(?P<step>[0-9]+)/[0-9]+ \[[0-9:]+<"),  # n/total [elapsed<left
-    _tqdm(r"(?P<step>[0-9]+)it \[[0-9:]+,"),  # an unknown total: n it [elapsed,
+    # n/total [elapsed<left
+    _tqdm(
+        r"(?<![0-9])[0-9]{1,3}%\|[^|]{0,200}\|"
+        + _SP
+        + r"(?P<step>[0-9]{1,15})/[0-9]{1,15} \[[0-9:]{1,20}<"
+    ),
+    _tqdm(r"(?<![0-9])(?P<step>[0-9]{1,15})it \[[0-9:]{1,20},"),  # an unknown total: n it [elapsed,
     _Format(
         "plain",
         # "resuming from step 1000", "saved at step 500" name a step, they do not take one
-        _c(r"(?<!from )(?<!at )(?<!to )(?<!of )\b[Ss]tep\s*[:=]?\s*([0-9]+)(?:\s*/\s*[0-9]+)?\b"),
+        _c(
+            r"(?<!from )(?<!at )(?<!to )(?<!of )\b[Ss]tep"
+            + r"\s{0,32}[:=]?"
+            + _SP
+            + r"([0-9]{1,15})(?:"
+            + _SP
+            + "/"
+            + _SP
+            + r"[0-9]{1,15})?\b"
+        ),
         1,
-        _c(r"\bloss\s*[:=]?\s*" + _NUM),
+        _c(r"\bloss\s{0,32}[:=]?" + _SP + _NUM),
     ),
 )
 
@@ -129,14 +154,19 @@ def _training_bar(desc: str) -> bool:
 
 
 def match_line(line: str) -> StepLine | None:
-    """The first format that recognises ``line`` (a single line, no terminator)."""
+    """The first format that recognises ``line`` (a single line, no terminator).
+
+    Only the line's first ``MAX_MATCH_CHARS`` characters are matched: linear and bounded
+    whatever the job prints.
+    """
+    line = line[:MAX_MATCH_CHARS]
     if "\x1b" in line:
         line = _ANSI_ESCAPE.sub("", line)
     for fmt in FORMATS:
         found = fmt.pattern.search(line)
         if found is None:
             continue
-        if fmt.training_desc_only and not _training_bar(found.group("desc")):
+        if fmt.training_desc_only and not _training_bar(line[: found.start()]):
             continue  # "Map:", "Loading checkpoint shards:", "Sanity Checking…": not training
         step: int | None = None
         if fmt.step_group is not None:

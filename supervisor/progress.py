@@ -205,8 +205,8 @@ class Progress:
         self.sees_steps = True  # the child speaks the protocol
         if msg.step is not None or msg.watchdog:
             self.reports_steps = True
-        if msg.status is not None and msg.status != self.status_text:
-            self.status_text = msg.status
+        if msg.status is not None and msg.status[:500] != self.status_text:
+            self.status_text = msg.status[:500]  # bounded: it goes into status and state.json
             status = msg.status
             loss = _STATUS_LOSS.search(msg.status)  # "step 120 loss 2.31": chart the loss too
             if loss is not None:

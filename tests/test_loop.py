@@ -9,6 +9,7 @@ hand, so a 15-minute stall or a 5-minute backoff takes milliseconds.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from collections.abc import Iterator, Mapping
@@ -108,11 +109,14 @@ class ScriptedProcesses:
     kids: dict[int, set[int]] = field(default_factory=dict)  # pid -> its live children
     holders: set[int] = field(default_factory=set)  # pids the custody proves (GPU holders)
     cpu_s: float | None = None  # the run cgroup's CPU time (None: pidfd mode, unknown)
+    fail_spawns: list[OSError] = field(default_factory=list)  # raised by the next spawns
     mode: str = "scripted"
 
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
     ) -> Launched:
+        if self.fail_spawns:
+            raise self.fail_spawns.pop(0)
         pid, self.next_pid = self.next_pid, self.next_pid + 1
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -289,6 +293,23 @@ def test_a_silent_run_using_cpu_is_alive_until_it_stops_computing(harness: Any) 
     h.advance(900.0)  # silent, and the CPU time did not move: stalled
     assert h.ops.sent(signal.SIGABRT) == [h.pid]
     assert h.events("ending_run")[0].fields["why"] == "no_progress"
+
+
+def test_out_of_descriptors_defers_the_launch_without_a_verdict(harness: Any) -> None:
+    """EMFILE at a relaunch: launch_deferred, the same run number tried again a second later,
+    no exit record, no budget spent."""
+    h = harness({"restart": {"backoff_initial_s": 0.0, "backoff_max_s": 1.0, "early_retries": 2}})
+    h.output("warming")
+    h.ops.fail_spawns.append(OSError(errno.EMFILE, "Too many open files"))
+    h.die(code=1)
+    h.advance(0.0)
+    deferred = h.events("launch_deferred")
+    assert [d.run for d in deferred] == [2] and "EMFILE" in deferred[0].fields["error"]
+    assert len(h.events("exit")) == 1 and h.daemon.run is not None and h.daemon.run.run_no == 1
+    h.advance(1.0)
+    launched = h.events("launched")
+    assert [r.run for r in launched] == [1, 2]
+    assert h.daemon.state is State.RUNNING and len(h.events("exit")) == 1
 
 
 def test_stall_after_first_step(harness: Any) -> None:
