@@ -33,7 +33,8 @@ from typing import Final, TypeVar
 
 _LINES_TRIED: Final = 4  # keyword lines tried per frame, from the end
 _TAIL_LINES: Final = 64  # only a frame's last lines are searched: the latest step is near its end
-_ANSI_ESCAPE: Final = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")  # colours (torchtitan) and cursor moves
+# colours (torchtitan) and cursor moves
+_ANSI_ESCAPE: Final = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")
 _NUM: Final = r"([0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][+-]?[0-9]{1,4})?|nan|inf)"
 # Matching is linear in the line and bounded: only a line's head is matched, every
 # quantifier between literals is bounded, and a digit run can only start where a run
