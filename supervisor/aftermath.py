@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,6 +167,7 @@ class Aftermath:
         self.reporter, self.observer, self.ledger = reporter, observer, ledger
         self.ended: list[RunCustody] = []  # ended runs whose processes outlived them
         self._leftovers_since: float | None = None
+        self.on_empty: Callable[[int], None] | None = None  # posts RunEmptied to the loop
         self._rng = random.Random()
 
     def restore(self, previous: dict[str, Any], home: Home, boot: str | None) -> None:
@@ -208,6 +211,8 @@ class Aftermath:
             )
             custody.signal_all(signal.SIGTERM)
             custody.signal_all(signal.SIGCONT)
+            self._watch_until_empty(custody, run.run_no)
+            return now + LEFTOVER_GRACE_S  # unless the watcher says "empty" first
         elif now - self._leftovers_since >= LEFTOVER_GIVE_UP_S:
             # Unkillable (stuck in the kernel, say): say so, and launch anyway.
             self.reporter.event(run.run_no, Event.LEFTOVER_PROCESSES, pids=sorted(pids))
@@ -215,7 +220,21 @@ class Aftermath:
             return None
         elif now - self._leftovers_since >= LEFTOVER_GRACE_S:
             custody.kill_all()
+            return self._leftovers_since + LEFTOVER_GIVE_UP_S
         return now + LEFTOVER_POLL_S
+
+    def _watch_until_empty(self, custody: RunCustody, run_no: int) -> None:
+        """A thread waits for the run to empty (``cgroup.events``, or pidfds turning readable)
+        and wakes the loop: the relaunch follows the last leftover at once, not a poll."""
+        notify = self.on_empty
+        if notify is None:
+            return
+
+        def watch() -> None:
+            if custody.wait_empty(LEFTOVER_GIVE_UP_S + 1.0):
+                notify(run_no)
+
+        threading.Thread(target=watch, name=f"dflashd-empty-{run_no}", daemon=True).start()
 
     def _forget_empty(self) -> None:
         """Ended runs with nothing left: close their custody (pidfds, cgroups)."""

@@ -17,9 +17,20 @@ import orjson
 from dflashd.supervisor.config import MAX_SECONDS
 
 _MAX_REQUEST: Final = 64 * 1024
-MAX_CLIENTS: Final = 256  # more connections at once are closed, oldest first
+MAX_CLIENTS: Final = 256  # more connections at once are closed, oldest first (see client_cap)
 IDLE_TIMEOUT_S: Final = 5.0  # a client that neither completes its request nor reads its reply
 ACCEPT_BATCH: Final = 256  # connections accepted per wake-up (the backlog is drained, bounded)
+
+
+def client_cap() -> int:
+    """Connections held at once: ``MAX_CLIENTS``, or a quarter of the descriptor limit if lower,
+    so idle clients can never take the descriptors a launch or a record needs."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CLIENTS
+    return max(4, min(MAX_CLIENTS, soft // 4))
 
 
 class ControlError(Exception):
@@ -47,6 +58,7 @@ class ControlServer:
         self.handlers = dict(handlers)
         self._monotonic = monotonic
         self._opened: dict[socket.socket, float] = {}
+        self.cap = client_cap()
         self.refused = 0  # connections closed unanswered (too many, idle, or no fd left)
         # One descriptor kept in reserve: when accept() fails for want of descriptors (EMFILE),
         # it is given up for a moment to accept and close the connection instead of spinning.
@@ -130,7 +142,7 @@ class ControlServer:
                 self._shed_with_reserve()
             return None
         conn.setblocking(False)
-        if len(self._opened) >= MAX_CLIENTS:
+        if len(self._opened) >= self.cap:
             oldest = min(self._opened, key=self._opened.__getitem__)
             self._forget(oldest, selector)
         self._buffers[conn] = b""

@@ -34,7 +34,7 @@ from dflashd.supervisor.gpu import NvmlSampler
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
 from dflashd.supervisor.groups import HostProcesses, ProcessOps
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.inbox import GpuSampled, Inbox
+from dflashd.supervisor.inbox import GpuSampled, Inbox, RunEmptied
 from dflashd.supervisor.launch import set_child_subreaper
 from dflashd.supervisor.launching import LaunchDeferred, Launcher
 from dflashd.supervisor.lifecycle import State, transition
@@ -114,6 +114,7 @@ class Daemon:
         self.aftermath = Aftermath(
             config, self.clock, self.ops, self.reporter, self.observer, self.ledger
         )
+        self.aftermath.on_empty = lambda run_no: self.inbox.post(RunEmptied(run_no))
         self.control: ControlServer | None = None
         self.notify: NotifyServer | None = None
         self._control_check_at = 0.0
@@ -175,6 +176,13 @@ class Daemon:
     def _process_inbox(self) -> None:
         for message in self.inbox.messages():
             now = self.clock.monotonic()
+            if isinstance(message, RunEmptied):
+                run = self.run
+                waiting = self.timers.release_check_at is not None
+                if waiting and run is not None and run.run_no == message.run_no and not run.alive:
+                    self.timers.release_check_at = None
+                    self._relaunch_when_released(now)
+                continue
             if isinstance(message, GpuSampled):
                 end = self.observer.gpu_sample(self.run, message.sample, now)
                 if end is not None and self.run is not None:

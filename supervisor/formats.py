@@ -123,7 +123,7 @@ FORMATS: Final[tuple[_Format, ...]] = (
         "plain",
         # "resuming from step 1000", "saved at step 500" name a step, they do not take one
         _c(
-            r"(?<!from )(?<!at )(?<!to )(?<!of )\b[Ss]tep"
+            r"\b[Ss](?<!from .)(?<!at .)(?<!to .)(?<!of .)tep"
             + r"\s{0,32}[:=]?"
             + _SP
             + r"([0-9]{1,15})(?:"

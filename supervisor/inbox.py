@@ -46,7 +46,14 @@ class GpuSampled:
     sample: GpuSample
 
 
-Message = LinesSeen | GpuSampled
+@dataclass(frozen=True, slots=True)
+class RunEmptied:
+    """From a custody watcher: nothing of the dead run ``run_no`` is left (cgroup.events)."""
+
+    run_no: int
+
+
+Message = LinesSeen | GpuSampled | RunEmptied
 
 
 class Inbox:
