@@ -12,6 +12,7 @@ import gzip
 import os
 import re
 import sys
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +22,9 @@ from dflashd.logs.records import Record, RecordError, decode
 from dflashd.logs.writer import DEFAULT_BASENAME
 
 READ_BLOCK: Final = 256 * 1024
-_OPEN_RETRIES: Final = 20  # a rotation's rename chain takes microseconds; a hole that stays is real
+_OPEN_RETRIES: Final = 20  # fast retries: a rotation's rename chain is usually done by then
+_HOLE_SETTLE_S: Final = 0.2  # a hole seen in the same listing after this long is real (deleted)
+_OPEN_GIVE_UP_S: Final = 5.0  # the set never settles (rotating without pause): try again later
 _GZ_ERRORS: Final = (EOFError, OSError, zlib.error)  # truncated, not gzip at all, corrupt
 
 
@@ -122,6 +125,17 @@ def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
     return files
 
 
+def _snapshot(directory: Path, basename: str) -> list[tuple[str, int]]:
+    """The set's names and their inodes now."""
+    out = []
+    for path in log_files(directory, basename):
+        try:
+            out.append((path.name, os.stat(path).st_ino))
+        except OSError:
+            out.append((path.name, -1))
+    return out
+
+
 def _number(path: Path) -> int:
     """3 for ``base.3`` and ``base.3.gz``."""
     name = path.name[: -len(".gz")] if path.name.endswith(".gz") else path.name
@@ -167,11 +181,28 @@ class OpenSet:
         # still point at what we opened, so no renamed file slips between two names.  A hole
         # in the numbering that outlasts the retries is real (a file deleted by hand): what is
         # intact is read, and the hole is said on stderr.
-        for attempt in range(_OPEN_RETRIES + 1):
-            if self._open_all(directory, basename, holes_ok=attempt == _OPEN_RETRIES):
+        started = time.monotonic()
+        attempt, first_seen = 0, None
+        while True:
+            snapshot = _snapshot(directory, basename)
+            if first_seen is None:
+                first_seen = (time.monotonic(), snapshot)
+            # A hole is real when nothing moved for _HOLE_SETTLE_S: the same names on the same
+            # inodes (a rotation renames every file, so it always changes this).
+            settled = (
+                snapshot == first_seen[1] and time.monotonic() - first_seen[0] >= _HOLE_SETTLE_S
+            )
+            if self._open_all(directory, basename, holes_ok=settled):
                 break
             self.close()
             self.handles, self.live = [], None
+            if snapshot != first_seen[1]:
+                first_seen = (time.monotonic(), snapshot)
+            attempt += 1
+            if time.monotonic() - started > _OPEN_GIVE_UP_S:
+                break  # never settled: nothing opened now; a follower looks again later
+            if attempt > _OPEN_RETRIES:
+                time.sleep(0.01)  # a long rename chain (hundreds of backups) is still running
         self.handles.sort(key=lambda item: item[0])
 
     def _open_all(self, directory: Path, basename: str, *, holes_ok: bool) -> bool:

@@ -180,7 +180,7 @@ class CgroupBase:
     @classmethod
     def open(cls, home_id: str) -> CgroupBase | None:
         """Make (or reuse) the base under the daemon's cgroup; None where the host does not allow it."""
-        if os.environ.get("DFLASHD_CUSTODY") == MODE_PIDFD:
+        if os.environ.get("DFLASHD_CUSTODY") in ("pidfd", "pid"):
             return None
         try:
             mount = cgroup2_mount(MOUNTINFO.read_text())
@@ -202,8 +202,9 @@ class CgroupBase:
         if not ok or not os.access(path / "cgroup.procs", os.W_OK):
             return None
         base = cls(path, "/".join(("", *own.strip("/").split("/"), path.name)).replace("//", "/"))
-        if own != "/" and cgroup_pids(parent) == {os.getpid()}:
-            base._leave_for_leaf(parent)  # a delegated unit (Delegate=yes): we are alone in it
+        delegated_unit = bool(os.environ.get("INVOCATION_ID"))  # systemd runs us as a service
+        if own != "/" and delegated_unit and cgroup_pids(parent) == {os.getpid()}:
+            base._leave_for_leaf(parent)  # Delegate=yes and we are alone in the unit's cgroup
         base._enable_controllers(parent)
         return base
 
@@ -307,11 +308,37 @@ def wait_cgroup_empty(path: Path, timeout_s: float) -> bool:
 # -- pidfds ---------------------------------------------------------------------------------
 
 
+NO_PIDFD: Final = -1  # the kernel has no pidfds: identity is proven again before each signal
+
+
+def _probe_pidfd() -> bool:
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except (OSError, AttributeError):
+        return False
+    os.close(fd)
+    return hasattr(signal, "pidfd_send_signal")
+
+
+# DFLASHD_CUSTODY=pid forces the no-pidfd path (as on gVisor), =pidfd forces pidfds over a cgroup.
+PIDFD_SUPPORTED: Final = os.environ.get("DFLASHD_CUSTODY") != "pid" and _probe_pidfd()
+MODE_PID: Final = "pid"  # pidfd mode on a kernel without pidfds (before 5.3, gVisor)
+
+
 def _pidfd_open(pid: int) -> int | None:
+    """A pidfd for ``pid`` (``NO_PIDFD`` where the kernel has none), None when it is gone."""
+    if not PIDFD_SUPPORTED:
+        return NO_PIDFD
     try:
         return os.pidfd_open(pid)
     except OSError:
         return None
+
+
+def _close_fd(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _pidfd_signal(fd: int, signum: int) -> bool:
@@ -320,6 +347,32 @@ def _pidfd_signal(fd: int, signum: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _signal_member(member: Member, signum: int) -> bool:
+    """Through its pidfd; without pidfds, by pid right after proving its start time again."""
+    if member.pidfd >= 0:
+        return _pidfd_signal(member.pidfd, signum)
+    found = read_stat(member.pid)
+    if found is None or found.start_ticks != member.start_ticks:
+        return False
+    try:
+        os.kill(member.pid, signum)
+    except OSError:
+        return False
+    return True
+
+
+def _poll_exits(members: Iterable[Member], timeout_s: float) -> None:
+    """Wait until one of ``members`` exits (its pidfd turns readable), at most ``timeout_s``."""
+    poller = select.poll()
+    blind = False
+    for member in members:
+        if member.pidfd >= 0:
+            poller.register(member.pidfd, select.POLLIN)
+        else:
+            blind = True
+    poller.poll(min(timeout_s, 0.05) * 1000 if blind else timeout_s * 1000)
 
 
 @dataclass(slots=True)
@@ -415,7 +468,10 @@ class HostCustody:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.mode = MODE_CGROUP if self.cgroup is not None else MODE_PIDFD
+        if self.cgroup is not None:
+            self.mode = MODE_CGROUP
+        else:
+            self.mode = MODE_PIDFD if PIDFD_SUPPORTED else MODE_PID
         fd = _pidfd_open(self.root_pid)
         if fd is not None:
             self.proven[self.root_pid] = Member(self.root_pid, self.root_start, fd, self.root_pid)
@@ -462,7 +518,7 @@ class HostCustody:
                 if (gone or found is None or found.state == "Z") and (
                     pid != self.root_pid or self.root_reaped
                 ):
-                    os.close(member.pidfd)
+                    _close_fd(member.pidfd)
                     del self.proven[pid]
             grew = True
             while grew:  # descendants of members found this pass are members too
@@ -504,7 +560,7 @@ class HostCustody:
             return False
         again = read_stat(found.pid)  # the pidfd is of the process we proved, or we let go
         if again is None or again.start_ticks != found.start_ticks:
-            os.close(fd)
+            _close_fd(fd)
             return False
         self.proven[found.pid] = Member(found.pid, found.start_ticks, fd, found.pgid)
         return True
@@ -515,7 +571,7 @@ class HostCustody:
         member = self.proven.get(self.root_pid)
         if member is None or self.root_reaped:
             return False
-        return _pidfd_signal(member.pidfd, signum)
+        return _signal_member(member, signum)
 
     def signal_group(self, signum: int) -> int:
         found = self._discover() if self.cgroup is None else self._cgroup_members()
@@ -528,7 +584,7 @@ class HostCustody:
     def signal_pid(self, pid: int, signum: int) -> bool:
         found = self._discover() if self.cgroup is None else self._cgroup_members()
         member = found.get(pid)
-        return member is not None and _pidfd_signal(member.pidfd, signum)
+        return member is not None and _signal_member(member, signum)
 
     def _cgroup_members(self) -> dict[int, Member]:
         """cgroup mode: pidfds for what ``cgroup.procs`` lists (proof by construction)."""
@@ -536,7 +592,7 @@ class HostCustody:
         with self._lock:
             for pid, member in list(self.proven.items()):
                 if pid != self.root_pid and not member.alive():
-                    os.close(member.pidfd)
+                    _close_fd(member.pidfd)
                     del self.proven[pid]
             for pid in cgroup_pids(self.cgroup) - set(self.proven):
                 found = read_stat(pid)
@@ -547,7 +603,7 @@ class HostCustody:
 
     @staticmethod
     def _send(members: Iterable[Member], signum: int) -> int:
-        return sum(1 for m in members if _pidfd_signal(m.pidfd, signum))
+        return sum(1 for m in members if _signal_member(m, signum))
 
     def kill_all(self) -> None:
         if self.cgroup is not None:
@@ -577,10 +633,7 @@ class HostCustody:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            poller = select.poll()  # a pidfd turns readable when its process exits
-            for member in found.values():
-                poller.register(member.pidfd, select.POLLIN)
-            poller.poll(min(left, 0.2) * 1000)
+            _poll_exits(found.values(), min(left, 0.2))  # a pidfd turns readable at its exit
 
     def cpu_time_s(self) -> float | None:
         if self.cgroup is None:
@@ -600,7 +653,7 @@ class HostCustody:
         with self._lock:
             for member in self.proven.values():
                 with contextlib.suppress(OSError):
-                    os.close(member.pidfd)
+                    _close_fd(member.pidfd)
             self.proven.clear()
         if self.cgroup is not None and self.empty():
             _remove_cgroup(self.cgroup)
@@ -645,7 +698,7 @@ def end_proven(pids: dict[int, int], timeout_s: float) -> None:
         if fd is None:
             continue
         if found is None or found.start_ticks != start:
-            os.close(fd)
+            _close_fd(fd)
             continue
         members.append(Member(pid, start, fd, found.pgid))
     try:
@@ -653,14 +706,11 @@ def end_proven(pids: dict[int, int], timeout_s: float) -> None:
         HostCustody._send(members, signal.SIGCONT)
         deadline = time.monotonic() + timeout_s
         while any(m.alive() for m in members) and time.monotonic() < deadline:
-            poller = select.poll()
-            for member in members:
-                poller.register(member.pidfd, select.POLLIN)
-            poller.poll(100)
+            _poll_exits(members, 0.1)
         HostCustody._send([m for m in members if m.alive()], signal.SIGKILL)
     finally:
         for member in members:
-            os.close(member.pidfd)
+            _close_fd(member.pidfd)
 
 
 def end_own_child_session(process: subprocess.Popen[bytes]) -> None:
@@ -715,7 +765,7 @@ def end_adopted(exclude: set[int]) -> None:
                     continue
                 again = read_stat(pid)
                 if again is None or again.start_ticks != found.start_ticks:
-                    os.close(fd)
+                    _close_fd(fd)
                     continue
                 tree[pid] = Member(pid, found.start_ticks, fd, found.pgid)
                 grew = True
@@ -726,7 +776,7 @@ def end_adopted(exclude: set[int]) -> None:
             HostCustody._send(tree.values(), signal.SIGKILL)
         finally:
             for member in tree.values():
-                os.close(member.pidfd)
+                _close_fd(member.pidfd)
         for pid, found in all_stats().items():
             if found.ppid == me and found.state == "Z" and pid not in exclude:
                 with contextlib.suppress(ChildProcessError):
@@ -757,9 +807,11 @@ def signal_lock_holder(pid: int, lock: Path, signum: int) -> bool:
     process that was proven, never one that took its pid in between.
     """
     fd = _pidfd_open(pid)
-    if fd is None:
+    found = read_stat(pid)
+    if fd is None or found is None:
         return False
     try:
-        return holds_file(pid, lock) and _pidfd_signal(fd, signum)
+        member = Member(pid, found.start_ticks, fd, found.pgid)
+        return holds_file(pid, lock) and _signal_member(member, signum)
     finally:
-        os.close(fd)
+        _close_fd(fd)

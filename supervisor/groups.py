@@ -16,7 +16,9 @@ from typing import Any, Protocol
 
 from dflashd.supervisor.custody import (
     MODE_CGROUP,
+    MODE_PID,
     MODE_PIDFD,
+    PIDFD_SUPPORTED,
     CgroupBase,
     HostCustody,
     cgroup_pids,
@@ -78,7 +80,8 @@ class HostProcesses:
     def __init__(self, home_id: str) -> None:
         self.home_id = home_id
         self.base = CgroupBase.open(home_id) if home_id else None
-        self.mode = MODE_CGROUP if self.base is not None else MODE_PIDFD
+        pidfd = MODE_PIDFD if PIDFD_SUPPORTED else MODE_PID
+        self.mode = MODE_CGROUP if self.base is not None else pidfd
 
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int

@@ -1,8 +1,8 @@
 """Issue 21, part 1: a run owns its processes by proof; no stranger is ever signalled.
 
-Each scenario runs in both custody modes: ``cgroup`` (a child cgroup per run on the host's
-cgroup2 mount; skipped, visibly, where the host does not allow it) and ``pidfd`` (forced with
-``DFLASHD_CUSTODY=pidfd``).  Pid reuse is produced on purpose through
+Each scenario runs in every custody mode: ``cgroup`` (a child cgroup per run on the host's
+cgroup2 mount; skipped, visibly, where the host does not allow it), ``pidfd`` (forced with
+``DFLASHD_CUSTODY=pidfd``) and ``pid`` (``DFLASHD_CUSTODY=pid``: no pidfds, as on gVisor).  Pid reuse is produced on purpose through
 ``/proc/sys/kernel/ns_last_pid``, and the stranger runs as uid 65534 through ``setpriv``.
 """
 
@@ -36,12 +36,13 @@ def _cgroup_reason() -> str | None:
     return None
 
 
-@pytest.fixture(params=["cgroup", "pidfd"])
+@pytest.fixture(params=["cgroup", "pidfd", "pid"])
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the scenario in one custody mode."""
+    """Run the scenario in one custody mode ("pid": pidfd mode on a kernel without pidfds,
+    as on gVisor: each signal by pid right after proving the start time again)."""
     if request.param == "cgroup" and (why := _cgroup_reason()) is not None:
         pytest.skip(f"cgroup mode: {why}")
-    monkeypatch.setenv("DFLASHD_CUSTODY", "auto" if request.param == "cgroup" else "pidfd")
+    monkeypatch.setenv("DFLASHD_CUSTODY", "auto" if request.param == "cgroup" else request.param)
     return str(request.param)
 
 

@@ -2,7 +2,9 @@
 # Every GPU check in one call, on a machine with an NVIDIA GPU (the lent H200):
 #   the gpu-marked pytest tests, tests/gpu/zero_config_gpu.py (a silent busy job, compile-time
 #   utilisation, real Lightning and Hugging Face trainers), then tests/gpu/gpu_checks.py (sampler cost, memory release,
-#   no_gpu_memory timing, relaunch, the trainer's flex path, supervised vs unsupervised).
+#   no_gpu_memory timing, relaunch, the trainer's flex path, supervised vs unsupervised), then
+#   tests/gpu/custody_gpu.py (the trainer under each custody mode: SIGKILL, release, relaunch; an
+#   escaped GPU holder ended at stop).
 # Wheels for packages the machine lacks may sit in .whl/ (see the device tool's README).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,3 +15,4 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 python3 -m pytest -m gpu tests/gpu -v -W default -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt"
 python3 tests/gpu/zero_config_gpu.py 2>&1 | tee "$OUT/zero_config_gpu.txt"
 python3 tests/gpu/gpu_checks.py 2>&1 | tee "$OUT/gpu_checks.txt"
+python3 tests/gpu/custody_gpu.py 2>&1 | tee "$OUT/custody_gpu.txt"
