@@ -49,16 +49,30 @@ def wait_event(home: Path, pred: Any, timeout: float) -> EventRecord:
 
 
 def events(home: Path, name: str) -> list[EventRecord]:
-    return [r for r in read_records(home / "logs") if isinstance(r, EventRecord) and r.event == name]
+    return [
+        r for r in read_records(home / "logs") if isinstance(r, EventRecord) and r.event == name
+    ]
 
 
 def trainer_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
     home = work / f"home-{label}"
     config = work / f"{label}.toml"
-    config.write_text('[restart]\nbackoff_initial_s = 1.0\nbackoff_max_s = 1.0\n')
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--quiet",
-            "--home", str(home), "--config", str(config)]
-    daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    config.write_text("[restart]\nbackoff_initial_s = 1.0\nbackoff_max_s = 1.0\n")
+    argv = [
+        sys.executable,
+        "-m",
+        "dflashd.supervisor",
+        "start",
+        "--foreground",
+        "--quiet",
+        "--home",
+        str(home),
+        "--config",
+        str(config),
+    ]
+    daemon = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     out: dict[str, Any] = {}
     try:
         first = wait_event(home, lambda r: r.event == "first_step", 300)
@@ -121,8 +135,22 @@ def escape_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
     config.write_text('gpus = "all"\n')
     script = work / "escaper.py"
     script.write_text(ESCAPER.format(alloc=str(HERE / "alloc_child.py")))
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--quiet",
-            "--home", str(home), "--config", str(config), "--", sys.executable, str(script), str(pidfile)]
+    argv = [
+        sys.executable,
+        "-m",
+        "dflashd.supervisor",
+        "start",
+        "--foreground",
+        "--quiet",
+        "--home",
+        str(home),
+        "--config",
+        str(config),
+        "--",
+        sys.executable,
+        str(script),
+        str(pidfile),
+    ]
     daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out: dict[str, Any] = {}
     holder = None
@@ -132,13 +160,17 @@ def escape_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
             time.sleep(0.2)  # another process's allocation: no event to wait on
         holder = int(pidfile.read_text())
         sampler = NvmlSampler("all")
-        held = sum(p.used_mib or 0 for r in sampler.sample() for p in r.processes if p.pid == holder)
+        held = sum(
+            p.used_mib or 0 for r in sampler.sample() for p in r.processes if p.pid == holder
+        )
         out["holder_mib_before_stop"] = held
         out["stop_rc"] = cli(home, "stop", "--timeout", "5").returncode
         daemon.wait(120)
         time.sleep(3)  # the driver frees the memory after the process is gone
         out["holder_alive_after_stop"] = Path(f"/proc/{holder}").exists()
-        after = sum(p.used_mib or 0 for r in sampler.sample() for p in r.processes if p.pid == holder)
+        after = sum(
+            p.used_mib or 0 for r in sampler.sample() for p in r.processes if p.pid == holder
+        )
         out["holder_mib_after_stop"] = after
         sampler.close()
     finally:

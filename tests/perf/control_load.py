@@ -26,7 +26,9 @@ from dflashd.supervisor.control import ControlError, request
 
 def wait_launched(home: Path) -> None:
     deadline = time.monotonic() + 30
-    for record in follow(home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline):
+    for record in follow(
+        home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline
+    ):
         if isinstance(record, EventRecord) and record.event == "launched":
             return
     raise SystemExit("the daemon never launched")
@@ -43,8 +45,14 @@ def main() -> None:
         config = work / "c.toml"
         config.write_text('gpus = "none"\n')
         home = work / "home"
-        job = [sys.executable, "-c", "import threading; print('up', flush=True); threading.Event().wait()"]
-        daemon = subprocess.Popen(daemon_argv(home, config, job), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        job = [
+            sys.executable,
+            "-c",
+            "import threading; print('up', flush=True); threading.Event().wait()",
+        ]
+        daemon = subprocess.Popen(
+            daemon_argv(home, config, job), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         try:
             wait_launched(home)
             answered = refused = 0
@@ -56,7 +64,12 @@ def main() -> None:
                 go.wait()
                 for _ in range(args.requests):
                     try:
-                        ok = request(home / "control.sock", {"cmd": "status"}, timeout_s=30).get("state") == "running"
+                        ok = (
+                            request(home / "control.sock", {"cmd": "status"}, timeout_s=30).get(
+                                "state"
+                            )
+                            == "running"
+                        )
                     except ControlError:
                         ok = False
                     with lock:
@@ -72,20 +85,35 @@ def main() -> None:
                 thread.join()
             elapsed = time.perf_counter() - started
             total = args.clients * args.requests
-            procs = [subprocess.Popen(cli(home, "status", "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(args.cli)]
+            procs = [
+                subprocess.Popen(
+                    cli(home, "status", "--json"),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for _ in range(args.cli)
+            ]
             running = 0
             for proc in procs:
                 out, _ = proc.communicate(timeout=120)
-                running += proc.returncode == 0 and json.loads(out or "{}").get("state") == "running"
-            print(json.dumps({
-                "threads": args.clients,
-                "requests": total,
-                "answered": answered,
-                "share_answered": round(answered / total, 4),
-                "requests_per_s": round(total / elapsed),
-                "cli_processes": args.cli,
-                "cli_said_running": running,
-            }, indent=2))
+                running += (
+                    proc.returncode == 0 and json.loads(out or "{}").get("state") == "running"
+                )
+            print(
+                json.dumps(
+                    {
+                        "threads": args.clients,
+                        "requests": total,
+                        "answered": answered,
+                        "share_answered": round(answered / total, 4),
+                        "requests_per_s": round(total / elapsed),
+                        "cli_processes": args.cli,
+                        "cli_said_running": running,
+                    },
+                    indent=2,
+                )
+            )
         finally:
             subprocess.run(cli(home, "stop"), capture_output=True, check=False)
             daemon.wait(60)

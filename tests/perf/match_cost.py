@@ -20,10 +20,26 @@ from dflashd.supervisor.formats import FormatMatcher, match_line
 
 def lines(size: int) -> dict[str, str]:
     rng = random.Random(21)
-    keywords = ["step", "Step: ", "iter ", "iteration ", "Epoch 1: ", "it/s", " it [", "loss=", "%|", "|", "/"]
+    keywords = [
+        "step",
+        "Step: ",
+        "iter ",
+        "iteration ",
+        "Epoch 1: ",
+        "it/s",
+        " it [",
+        "loss=",
+        "%|",
+        "|",
+        "/",
+    ]
     mixed = []
     while sum(map(len, mixed)) < size:
-        mixed.append(rng.choice([rng.choice(keywords), "9" * rng.randint(1, 3000), " " * rng.randint(1, 3000)]))
+        mixed.append(
+            rng.choice(
+                [rng.choice(keywords), "9" * rng.randint(1, 3000), " " * rng.randint(1, 3000)]
+            )
+        )
     return {
         "digits_then_it_s": "1" * (size - 4) + "it/s",
         "step_then_spaces": "step" + " " * (size - 6) + "12",
@@ -53,7 +69,11 @@ def main() -> None:
         match_ms = best_ms(lambda line=line: match_line(line), args.repeat)
         frame_ms = best_ms(lambda line=line: matcher.last_step([line]), args.repeat)
         scan_ms = best_ms(lambda line=line: line.find("loss"), args.repeat)
-        out[name] = {"match_line_ms": round(match_ms, 3), "frame_ms": round(frame_ms, 3), "find_ms": round(scan_ms, 4)}
+        out[name] = {
+            "match_line_ms": round(match_ms, 3),
+            "frame_ms": round(frame_ms, 3),
+            "find_ms": round(scan_ms, 4),
+        }
     out["worst_frame_ms"] = max(v["frame_ms"] for v in out.values() if isinstance(v, dict))
     print(json.dumps(out, indent=2))
 
