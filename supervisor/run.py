@@ -72,6 +72,8 @@ class Run:
         custody = self.custody
         if custody is None:
             return False
+        if pid == self.pid and self.alive:
+            return True  # our unreaped child: its pid cannot have been reused
         if custody.owns(pid):
             self.pids_seen.add(pid)
             return True
