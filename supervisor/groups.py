@@ -32,7 +32,10 @@ from dflashd.supervisor.launch import Launched, spawn
 class ProcessOps(Protocol):
     """What the daemon does to processes."""
 
-    mode: str  # "cgroup" or "pidfd" (status names it)
+    @property
+    def mode(self) -> str:
+        """How runs own their processes: ``cgroup``, ``pidfd`` or ``pid`` (status names it)."""
+        ...
 
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
@@ -79,9 +82,23 @@ class HostProcesses:
 
     def __init__(self, home_id: str) -> None:
         self.home_id = home_id
-        self.base = CgroupBase.open(home_id) if home_id else None
-        pidfd = MODE_PIDFD if PIDFD_SUPPORTED else MODE_PID
-        self.mode = MODE_CGROUP if self.base is not None else pidfd
+        self._base: CgroupBase | None = None
+        self._base_tried = False
+
+    @property
+    def base(self) -> CgroupBase | None:
+        """This home's cgroup base, made on first use (a start refused before that leaves none)."""
+        if not self._base_tried:
+            self._base_tried = True
+            self._base = CgroupBase.open(self.home_id) if self.home_id else None
+        return self._base
+
+    @property
+    def mode(self) -> str:
+        """``cgroup``, ``pidfd``, or ``pid`` (no pidfds on this kernel)."""
+        if self.base is not None:
+            return MODE_CGROUP
+        return MODE_PIDFD if PIDFD_SUPPORTED else MODE_PID
 
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
@@ -165,8 +182,8 @@ class HostProcesses:
 
     def close(self) -> None:
         """Remove this home's cgroup base when nothing is left in it."""
-        if self.base is not None:
-            self.base.remove()
+        if self._base is not None:
+            self._base.remove()
 
 
 def in_cgroup(pid: int) -> str | None:
