@@ -78,6 +78,21 @@ SEGV = int(signal.SIGSEGV)
             Verdict.CRASHED,
             "exit_code_1",
         ),
+        (  # the run cgroup's memory.events counted an OOM kill: the kernel's, not the job's
+            Observations(signal=9, reached_first_step=True, output_lines=3, oom_kills=1),
+            Verdict.CRASHED,
+            "oom_killed",
+        ),
+        (  # a worker OOM-killed, the agent exiting 1 over it
+            Observations(exit_code=1, output_lines=3, oom_kills=2),
+            Verdict.CRASH_BEFORE_FIRST_STEP,
+            "oom_killed",
+        ),
+        (  # a SIGSEGV in a run that also saw an OOM kill elsewhere stays a SIGSEGV
+            Observations(signal=SEGV, reached_first_step=True, output_lines=3, oom_kills=1),
+            Verdict.CRASHED,
+            "SIGSEGV",
+        ),
     ],
 )
 def test_classify_table(obs: Observations, verdict: Verdict, reason: str) -> None:
