@@ -31,8 +31,30 @@ from dflashd.supervisor.reporting import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import EndedBy, Observations, Verdict
 
+CPU_LIFE_SHARE = 0.1  # a run that used at least this share of a CPU over its life was alive
 
-def observations(run: Run, status: int | None, stderr_tail: tuple[str, ...]) -> Observations:
+
+def lived_s(run: Run, duration_s: float, cpu_s: float | None) -> float:
+    """From the launch to the last sign of life: output, notify or GPU activity; the whole
+    duration when the run kept a tenth of a CPU busy over it (a silent CPU-bound job)."""
+    progress = run.progress
+    last = max(
+        progress.last_alive_mono or run.started_mono,
+        progress.last_progress_mono or run.started_mono,
+    )
+    lived = max(0.0, last - run.started_mono)
+    if cpu_s is not None and duration_s > 0 and cpu_s >= CPU_LIFE_SHARE * duration_s:
+        lived = duration_s
+    return lived
+
+
+def observations(
+    run: Run,
+    status: int | None,
+    stderr_tail: tuple[str, ...],
+    duration_s: float = 0.0,
+    cpu_s: float | None = None,
+) -> Observations:
     """What the classifier may look at, from a reaped run and its wait status (None: unknown)."""
     return Observations(
         exit_code=os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
@@ -44,6 +66,7 @@ def observations(run: Run, status: int | None, stderr_tail: tuple[str, ...]) -> 
         gpu_xids=tuple(run.gpu_xids),
         status_unknown=status is None,
         oom_kills=run.custody.oom_kills() if run.custody is not None else 0,
+        lived_s=lived_s(run, duration_s, cpu_s),
     )
 
 
@@ -58,7 +81,8 @@ def run_facts(
         obs,
         duration_s,
         first_step_after_s=None if first is None else first - run.started_mono,
-        progress_s=0.0 if first is None or last is None else last - first,
+        # no step seen: the time it was alive stands for progress (a long run resets budgets)
+        progress_s=obs.lived_s if first is None or last is None else last - first,
         step=run.progress.step,
         tail=tail,
         already_alerted=frozenset(run.alerted),
@@ -330,12 +354,17 @@ class Aftermath:
             code = -1 if status is None else os.waitstatus_to_exitcode(status)
             run.launched.process.returncode = code
         tails = {d.src: tuple(d.tail) for d in run.drains}
-        obs = observations(run, status, tails.get("stderr", ()))
+        duration = died - run.started_mono
+        cpu_s = self.ops.reaped_cpu_s(run.pid) if run.pid is not None else None
+        if run.custody is not None and run.custody.mode == "cgroup":
+            whole = run.custody.cpu_time_s()  # the whole run's, workers in new sessions included
+            cpu_s = max(cpu_s or 0.0, whole) if whole is not None else cpu_s
+        obs = observations(run, status, tails.get("stderr", ()), duration, cpu_s)
         tail = tails.get("stderr") or tails.get("stdout") or ()
         custody = run.custody
         if custody is not None:
-            custody.reaped()  # its pid proves nothing from now on
-        outcome = self.conclude(run, obs, died - run.started_mono, tail, stop_requested)
+            custody.reaped(cpu_s)  # its pid proves nothing from now on
+        outcome = self.conclude(run, obs, duration, tail, stop_requested)
         if custody is not None:
             if run.ended_by_us:
                 custody.kill_all()  # ended by us: nothing of it lives on

@@ -63,6 +63,12 @@ class RestartConfig:
     early_retries: int = _key(3, low=0, high=1000)
     runtime_retries: int = _key(10, low=0, high=100000)
     stable_after_s: float = _seconds(600.0)
+    # A run that showed signs of life (output, notify, GPU, CPU) this long before dying had
+    # left its start-up: a runtime crash even when no step was seen, never an early death.
+    early_death_s: float = _seconds(300.0)
+    # Runs that end without passing the highest step any earlier run reached: after this many
+    # in a row, fatal (a crash loop that resumes and dies at the same step).  0: never.
+    no_progress_restarts: int = _key(3, low=0, high=100000)
     backoff_initial_s: float = _seconds(1.0, above=None, low=0.0)
     backoff_max_s: float = _seconds(300.0)
     clear_cache_on_early_death: bool = True

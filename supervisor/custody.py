@@ -56,13 +56,15 @@ class ProcStat:
     ppid: int
     pgid: int
     start_ticks: int  # since boot, in clock ticks: with the pid, a process's identity
+    cpu_ticks: int = 0  # utime + stime + cutime + cstime
 
 
 def parse_stat(pid: int, raw: bytes) -> ProcStat | None:
     """Parse ``/proc/PID/stat`` (the command name may hold spaces and parentheses)."""
     try:
         rest = raw.rsplit(b")", 1)[1].split()
-        return ProcStat(pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19]))
+        cpu = sum(int(x) for x in rest[11:15])
+        return ProcStat(pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19]), cpu)
     except (IndexError, ValueError):
         return None
 
@@ -436,15 +438,15 @@ class RunCustody(Protocol):
         ...
 
     def cpu_time_s(self) -> float | None:
-        """CPU seconds the run's processes used (cgroup mode), None where unknown."""
+        """CPU seconds the run's processes used (its cgroup, or its proven tree), None if unknown."""
         ...
 
     def oom_kills(self) -> int:
         """OOM kills inside the run (cgroup mode with the memory controller), else 0."""
         ...
 
-    def reaped(self) -> None:
-        """The root was reaped: its pid is no longer a proof."""
+    def reaped(self, cpu_s: float | None = None) -> None:
+        """The root was reaped (``cpu_s``: its CPU time from wait4): its pid proves nothing now."""
         ...
 
     def close(self) -> None:
@@ -465,6 +467,7 @@ class HostCustody:
     mode: str = MODE_PIDFD
     proven: dict[int, Member] = field(default_factory=dict)
     root_reaped: bool = False
+    reaped_cpu_s: float | None = None  # the child's CPU time from wait4, once reaped
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -636,18 +639,25 @@ class HostCustody:
             _poll_exits(found.values(), min(left, 0.2))  # a pidfd turns readable at its exit
 
     def cpu_time_s(self) -> float | None:
-        if self.cgroup is None:
-            return None
-        usec = _read_keyed(self.cgroup / "cpu.stat").get("usage_usec")
-        return None if usec is None else usec / 1e6
+        if self.cgroup is not None:
+            usec = _read_keyed(self.cgroup / "cpu.stat").get("usage_usec")
+            return None if usec is None else usec / 1e6
+        if self.root_reaped:
+            return self.reaped_cpu_s
+        ticks = 0  # the proven tree: each member's own time and its reaped children's
+        for pid in self._discover():
+            found = read_stat(pid)
+            ticks += found.cpu_ticks if found is not None else 0
+        return ticks / _CLK_TCK
 
     def oom_kills(self) -> int:
         if self.cgroup is None:
             return 0
         return _read_keyed(self.cgroup / "memory.events").get("oom_kill", 0)
 
-    def reaped(self) -> None:
+    def reaped(self, cpu_s: float | None = None) -> None:
         self.root_reaped = True
+        self.reaped_cpu_s = cpu_s
 
     def close(self) -> None:
         with self._lock:

@@ -96,7 +96,7 @@ def conclude(
     jitter: float,
 ) -> Outcome:
     """Classify the run, decide what follows, and say which alerts and records that means."""
-    result = classify(facts.obs)
+    result = classify(facts.obs, policy.early_death_s)
     fields = exit_fields(facts, result)
     worker_code = worker_exit_code(facts.tail)  # a torchrun job: its first failed worker's code
     if worker_code is not None:
@@ -104,13 +104,15 @@ def conclude(
     decision = decide(
         result.verdict,
         exit_code=facts.obs.exit_code,
-        reached_first_step=facts.obs.reached_first_step,
+        # A runtime crash with no step seen left its start-up all the same: runtime budget.
+        reached_first_step=facts.obs.reached_first_step or result.verdict is Verdict.CRASHED,
         progress_s=facts.progress_s,
         history=history,
         policy=policy,
         jitter=jitter,
         reason=result.reason,
         worker_exit_code=worker_code,
+        step=facts.step,
     )
     alerted = set(facts.already_alerted)
     alerts: list[tuple[AlertKind, str]] = []

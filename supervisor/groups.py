@@ -50,6 +50,10 @@ class ProcessOps(Protocol):
         """
         ...
 
+    def reaped_cpu_s(self, pid: int) -> float | None:
+        """The CPU time of our reaped child ``pid``, once (None when unknown)."""
+        ...
+
     def live_children(self, pid: int) -> set[int]:
         """The live (non-zombie) children of ``pid``."""
         ...
@@ -84,6 +88,7 @@ class HostProcesses:
         self.home_id = home_id
         self._base: CgroupBase | None = None
         self._base_tried = False
+        self._reaped_cpu: dict[int, float] = {}
 
     @property
     def base(self) -> CgroupBase | None:
@@ -129,9 +134,16 @@ class HostProcesses:
         return path
 
     def wait_nohang(self, pid: int) -> int | None:
-        """``waitpid(pid, WNOHANG)``."""
-        got, status = os.waitpid(pid, os.WNOHANG)
-        return status if got == pid else None
+        """``wait4(pid, WNOHANG)``; the child's CPU time is kept for :meth:`reaped_cpu_s`."""
+        got, status, usage = os.wait4(pid, os.WNOHANG)
+        if got != pid:
+            return None
+        self._reaped_cpu[pid] = usage.ru_utime + usage.ru_stime
+        return status
+
+    def reaped_cpu_s(self, pid: int) -> float | None:
+        """The CPU time of our child ``pid`` (and of the children it reaped), once reaped."""
+        return self._reaped_cpu.pop(pid, None)
 
     def live_children(self, pid: int) -> set[int]:
         """psutil's children, zombies left out."""

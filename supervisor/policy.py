@@ -33,6 +33,8 @@ class RestartHistory:
     early_deaths: int = 0
     runtime_crashes: int = 0
     consecutive_failures: int = 0
+    best_step: int | None = None  # the highest step any run reached
+    stuck_runs: int = 0  # runs in a row that ended without passing ``best_step``
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +71,15 @@ def decide(
     jitter: float,
     reason: str = "",
     worker_exit_code: int | None = None,
+    step: int | None = None,
 ) -> Decision:
     """Decide what follows a run that ended with ``verdict`` (``reason``: the classifier's detail).
 
-    ``worker_exit_code``: for a torchrun job, its first failed worker's code (torchrun exits 1).
+    ``reached_first_step``: the run left its start-up (a step seen, or a runtime crash without
+    one); its failures then count against the runtime budget.  ``worker_exit_code``: for a
+    torchrun job, its first failed worker's code (torchrun exits 1).  ``step``: the highest
+    step the run reached; ``policy.no_progress_restarts`` runs in a row that end without
+    passing the best step of any earlier run are fatal (``no_progress_past_step_N``).
     """
     if verdict in (Verdict.COMPLETED, Verdict.STOPPED):
         return Decision(Action.DONE, 0.0, False, verdict.value, history)
@@ -91,6 +98,11 @@ def decide(
         history = replace(history, early_deaths=0)
     if progress_s >= policy.stable_after_s:
         history = replace(history, runtime_crashes=0, consecutive_failures=0)
+    history = _track_best_step(history, step)
+    limit = policy.no_progress_restarts
+    if limit and history.stuck_runs >= limit and history.best_step is not None:
+        why = f"no_progress_past_step_{history.best_step}"
+        return Decision(Action.FATAL, 0.0, False, why, history)
 
     failures = history.consecutive_failures + 1
     if not reached_first_step:
@@ -107,3 +119,16 @@ def decide(
     clear = policy.clear_cache_on_early_death and verdict in EARLY_DEATHS
     delay = backoff_delay(failures, policy, jitter)
     return Decision(Action.RESTART, delay, clear, verdict.value, history)
+
+
+def _track_best_step(history: RestartHistory, step: int | None) -> RestartHistory:
+    """A run that passed the best step resets the count; one that ended at or below it adds one.
+
+    A run with no step seen says nothing either way (its start-up has its own budget).
+    """
+    if step is None:
+        return history
+    if history.best_step is None or step > history.best_step:
+        return replace(history, best_step=step, stuck_runs=0)
+    return replace(history, stuck_runs=history.stuck_runs + 1)
+

@@ -94,6 +94,7 @@ class Observations:
     gpu_xids: tuple[int, ...] = ()
     status_unknown: bool = False  # the child is gone but its wait status could not be read
     oom_kills: int = 0  # the run cgroup's memory.events oom_kill (cgroup mode, memory controller)
+    lived_s: float = 0.0  # from the launch to the last sign of life (output, notify, GPU, CPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +171,18 @@ def _death_reason(obs: Observations) -> str:
     return f"exit_code_{obs.exit_code}"
 
 
-def classify(obs: Observations) -> Classification:
-    """The verdict for one ended run (docs/design.md, "Verdicts")."""
+NO_STEP_SEEN: Final = "no_step_seen"
+DEFAULT_EARLY_DEATH_S: Final = 300.0
+
+
+def classify(obs: Observations, early_death_s: float = DEFAULT_EARLY_DEATH_S) -> Classification:
+    """The verdict for one ended run (docs/design.md, "Verdicts").
+
+    An early death is a death in the start-up: a run that showed signs of life for
+    ``early_death_s`` or more before dying is a runtime crash even when no step was seen
+    (a bar that never reaches the pipe, a trainer that prints nothing): ``crashed`` with
+    the reason ``<cause>:no_step_seen``.
+    """
     if obs.spawn_error is not None:
         return Classification(Verdict.SPAWN_FAILED, obs.spawn_error)
     if obs.ended_by is EndedBy.STOP:
@@ -190,6 +201,8 @@ def classify(obs: Observations) -> Classification:
             reason_from_output(obs.stderr_tail) == "rendezvous_timeout"
         ):  # torchrun's own join timeout
             return Classification(Verdict.RENDEZVOUS_TIMEOUT, "agent_join_timeout")
+        if obs.lived_s >= early_death_s:
+            return Classification(Verdict.CRASHED, f"{_death_reason(obs)}:{NO_STEP_SEEN}")
         if obs.output_lines == 0:
             return Classification(Verdict.SILENT_DEATH, _death_reason(obs))
         return Classification(Verdict.CRASH_BEFORE_FIRST_STEP, _death_reason(obs))

@@ -91,7 +91,7 @@ class ScriptedCustody:
     def oom_kills(self) -> int:
         return 0
 
-    def reaped(self) -> None:
+    def reaped(self, cpu_s: float | None = None) -> None:
         self.root_reaped = True
 
     def close(self) -> None:
@@ -141,6 +141,9 @@ class ScriptedProcesses:
 
     def live_children(self, pid: int) -> set[int]:
         return set(self.kids.get(pid, set()))
+
+    def reaped_cpu_s(self, pid: int) -> float | None:
+        return self.cpu_s
 
     def create_time(self, pid: int) -> float | None:
         return 1.7e9 if pid in self.children else None
@@ -347,7 +350,12 @@ def test_backoff_doubles_with_jitter_under_the_ceiling(harness: Any) -> None:
 
 def test_runtime_budget_resets_after_stable_progress(harness: Any) -> None:
     """runtime_retries = 1: two crashes after 700 s of progress each restart; two after 10 s are fatal."""
-    restart = {"runtime_retries": 1, "stable_after_s": 600.0, "backoff_initial_s": 0.0}
+    restart = {
+        "runtime_retries": 1,
+        "stable_after_s": 600.0,
+        "backoff_initial_s": 0.0,
+        "no_progress_restarts": 0,  # every run ends at step 2: that rule is tested on its own
+    }
     h = harness({"restart": restart})
     for n in range(1, 4):
         h.step(1)
@@ -369,6 +377,70 @@ def test_runtime_budget_resets_after_stable_progress(harness: Any) -> None:
     h.die(code=1)
     assert h.daemon.state is State.FATAL
     assert h.events("fatal")[0].fields["reason"] == "runtime_retries_exhausted"
+
+
+def test_a_crash_loop_that_never_passes_its_step_is_fatal(harness: Any) -> None:
+    """Resume at 900, die at 1000, again and again (each run stable long enough to reset the
+    budgets): the third run that does not pass step 1000 is fatal, naming the step."""
+    h = harness({"restart": {"backoff_initial_s": 0.0, "stable_after_s": 60.0}})
+    for _ in range(3):
+        h.step(900)
+        h.advance(120.0)
+        h.step(1000)
+        h.die(code=1)
+        assert h.daemon.state is not State.FATAL
+    h.step(900)
+    h.advance(120.0)
+    h.step(1000)
+    h.die(code=1)
+    assert h.daemon.state is State.FATAL
+    assert h.events("fatal")[0].fields["reason"] == "no_progress_past_step_1000"
+    assert [e.fields["kind"] for e in h.events("alert") if e.fields.get("kind") == "fatal"] == []
+
+
+def test_a_run_that_passes_the_best_step_resets_the_count(harness: Any) -> None:
+    h = harness({"restart": {"backoff_initial_s": 0.0, "stable_after_s": 60.0}})
+    for end in (1000, 1000, 1000, 1001, 1001, 1001):
+        h.step(900)
+        h.advance(120.0)
+        h.step(end)
+        h.die(code=1)
+    assert h.daemon.state is not State.FATAL
+    h.step(900)
+    h.advance(120.0)
+    h.step(1001)
+    h.die(code=1)
+    assert h.events("fatal")[0].fields["reason"] == "no_progress_past_step_1001"
+
+
+def test_a_long_life_without_steps_is_a_runtime_crash(harness: Any) -> None:
+    """No step seen (a bar that never reaches the pipe), output for six minutes, then a crash:
+    crashed with no_step_seen, no cache clearing, the runtime budget; a crash after 10 s of
+    life stays an early death."""
+    h = harness({"restart": {"backoff_initial_s": 0.0, "early_death_s": 300.0}})
+    for _ in range(36):
+        h.advance(10.0)
+        h.output("Epoch 0 ━━━━━━━━ 3/8")
+    h.die(code=1)
+    exit_rec = h.events("exit")[-1].fields
+    assert exit_rec["verdict"] == "crashed" and exit_rec["reason"] == "exit_code_1:no_step_seen"
+    restart = h.events("restart")[-1].fields
+    assert restart["cache_cleared"] is False and restart["runtime_crashes"] == 1
+    assert restart["early_deaths"] == 0
+    h.advance(10.0)
+    h.output("loading")
+    h.die(code=1)  # (scripted output reaches no pipe: no output line is counted)
+    assert h.events("exit")[-1].fields["verdict"] == "silent_death"
+
+
+def test_a_silent_cpu_bound_life_is_a_runtime_crash(harness: Any) -> None:
+    """No output at all, but the CPU busy for ten minutes (its wait4 time): crashed."""
+    h = harness({"restart": {"backoff_initial_s": 0.0}, "stall_timeout_s": 100000.0})
+    h.ops.cpu_s = 590.0
+    h.advance(600.0)
+    h.die(sig=signal.SIGKILL)
+    exit_rec = h.events("exit")[-1].fields
+    assert exit_rec["verdict"] == "crashed" and exit_rec["reason"] == "SIGKILL:no_step_seen"
 
 
 def _sample(pid: int, mib: float) -> GpuSample:
