@@ -93,7 +93,8 @@ class PipeDrain:
         if frame is None or not len(frame):
             return
         self.line_count += len(frame)
-        self.tail.extend(frame.last_lines(self.tail.maxlen or 0))
+        # whitespace-only lines (a bar's clears) stay in the log, not in the exit record's tail
+        self.tail.extend(x for x in frame.last_lines(self.tail.maxlen or 0) if x.strip())
         self._sink.submit_frame(self.run, self.src, frame)
         if self._on_lines is not None:
             self._on_lines(self.src, frame)

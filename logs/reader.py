@@ -30,9 +30,12 @@ class RecordFilter:
     src: str | None = None
     since_ts: str | None = None  # RFC 3339 UTC, compared as text (the format sorts)
     grep: re.Pattern[str] | None = None  # searched in a line's text or an event's name and fields
+    skip_blank: bool = False  # whitespace-only lines (a progress bar's clears) left out
 
     def keeps(self, record: Record) -> bool:
         """True when the record passes every criterion."""
+        if self.skip_blank and isinstance(record, LineRecord) and not record.line.strip():
+            return False
         if self.run is not None and record.run != self.run:
             return False
         if self.src is not None and record.src != self.src:

@@ -84,6 +84,7 @@ def run_facts(
         # no step seen: the time it was alive stands for progress (a long run resets budgets)
         progress_s=obs.lived_s if first is None or last is None else last - first,
         step=run.progress.step,
+        epoch=run.progress.epoch,
         tail=tail,
         already_alerted=frozenset(run.alerted),
         stop_requested=stop_requested,
@@ -353,6 +354,8 @@ class Aftermath:
         if run.launched is not None and run.launched.process is not None:
             code = -1 if status is None else os.waitstatus_to_exitcode(status)
             run.launched.process.returncode = code
+        if run.progress.unrecorded:
+            self.observer.progress_record(run)  # the curve ends where the run did
         tails = {d.src: tuple(d.tail) for d in run.drains}
         duration = died - run.started_mono
         cpu_s = self.ops.reaped_cpu_s(run.pid) if run.pid is not None else None

@@ -99,6 +99,9 @@ def tail(
         src=src,
         since_ts=parse_since(since) if since else None,
         grep=grep,
+        # text mode leaves out whitespace-only lines (a tqdm.write clearing the bar); the log,
+        # --raw and --json keep every byte
+        skip_blank=not (raw or as_json),
     )
     paint = Painter(use_color(sys.stdout))
     safe = not (raw or as_json)

@@ -40,6 +40,7 @@ class RunFacts:
     first_step_after_s: float | None = None
     progress_s: float = 0.0
     step: int | None = None
+    epoch: float | None = None
     tail: tuple[str, ...] = ()
     already_alerted: frozenset[AlertKind] = frozenset()
     stop_requested: bool = False
@@ -78,6 +79,8 @@ def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
     }
     if obs.output_lines == 0 and obs.spawn_error is None:
         out["note"] = "exited before writing anything"
+    if facts.epoch is not None:
+        out["epoch"] = facts.epoch
     if facts.first_step_after_s is not None:
         out["first_step_after_s"] = round(facts.first_step_after_s, 3)
     if obs.gpu_xids:

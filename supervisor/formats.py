@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, TypeVar
 
 _LINES_TRIED: Final = 4  # keyword lines tried per frame, from the end
@@ -50,6 +50,9 @@ class StepLine:
     format: str
     step: int | None
     loss: float | None
+    epoch: float | None = None  # epochs done, with the fraction where the line gives one
+    epoch_index: int | None = None  # an epoch-structured bar: its epoch (0-based)...
+    batches: int | None = None  # ...and the epoch's total (``step`` is then the batch in it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,7 @@ class _Format:
     loss_pattern: re.Pattern[str] | None = None
     zero_is_start: bool = False  # a bar at 0 has done nothing yet
     training_desc_only: bool = False  # a bar's description must be empty or say training
+    epoch_pattern: re.Pattern[str] | None = None  # an epoch count elsewhere in the line
 
 
 def _c(pattern: str) -> re.Pattern[str]:
@@ -92,13 +96,27 @@ FORMATS: Final[tuple[_Format, ...]] = (
         1,
         _c(r"\bloss:" + _SP + _NUM),
     ),
-    _Format("deepspeed", _c(r"\[Rank [0-9]{1,9}\] step=([0-9]{1,15}), skipped="), 1),
+    # deepspeed.initialize() prints step=0 before any optimizer step: not a step
+    _Format(
+        "deepspeed",
+        _c(r"\[Rank [0-9]{1,9}\] step=([0-9]{1,15}), skipped="),
+        1,
+        zero_is_start=True,
+    ),
+    # Hugging Face Trainer's log dict: {'loss': 2.31, ...} (4.x) or {'loss': '2.31', ...} (5.x)
+    _Format(
+        "hf_trainer",
+        _c(r"^\s{0,8}\{['\"]loss['\"]:\s{0,4}['\"]?" + r"[0-9nai]"),
+        None,
+        _c(r"\{['\"]loss['\"]:\s{0,4}['\"]?" + _NUM),
+        epoch_pattern=_c(r"['\"]epoch['\"]:\s{0,4}['\"]?([0-9]{1,9}(?:\.[0-9]{1,12})?)"),
+    ),
     _Format(
         "lightning",
         _c(
-            r"\bEpoch [0-9]{1,9}(?:/[0-9]{1,9})?:\s{1,32}[0-9]{1,3}%\|[^|]{0,200}\|"
+            r"\bEpoch (?P<epoch>[0-9]{1,9})(?:/[0-9]{1,9})?:\s{1,32}[0-9]{1,3}%\|[^|]{0,200}\|"
             + _SP
-            + r"([0-9]{1,15})/(?:[0-9]{1,15}|\?)"
+            + r"(?P<step>[0-9]{1,15})/(?P<total>[0-9]{1,15}|\?)"
             + _SP
             + r"\["
         ),
@@ -106,12 +124,26 @@ FORMATS: Final[tuple[_Format, ...]] = (
         _c(r"\b(?:train_)?loss[=:]" + _SP + _NUM),
         zero_is_start=True,
     ),
+    # Lightning's RichProgressBar: Epoch 3/-2 ━━━━━━━━ 8/8 0:00:00 • 0:00:00 14.95it/s
+    _Format(
+        "lightning",
+        _c(
+            r"\bEpoch (?P<epoch>[0-9]{1,9})(?:/-?[0-9]{1,9})?\s{1,8}[━╸╺╾─\- ]{1,300}?\s{0,8}"
+            r"(?P<step>[0-9]{1,15})/(?P<total>[0-9]{1,15})\b"
+        ),
+        1,
+        _c(r"\b(?:train_)?loss[=:]" + _SP + _NUM),
+        zero_is_start=True,
+    ),
+    # PyTorch's MNIST example: Train Epoch: 1 [640/60000 (1%)]\tLoss: 0.107590 (1-based)
     _Format(
         "pytorch_examples",
-        _c(r"(?:\bEpoch [0-9]{1,9} \| |\bTrain Epoch: [0-9]{1,9} \[)"),
+        _c(r"\bTrain Epoch: (?P<epoch1>[0-9]{1,9}) \[(?P<seen>[0-9]{1,15})/(?P<of>[0-9]{1,15})"),
         None,
         _c(r"\bLoss: " + _NUM),
     ),
+    # PyTorch's DDP tutorial: [GPU0] Epoch 3 | Batchsize: 32 | Steps: 64 (0-based, at its start)
+    _Format("pytorch_examples", _c(r"\bEpoch (?P<epoch0>[0-9]{1,9}) \| "), None),
     # n/total [elapsed<left
     _tqdm(
         r"(?<![0-9])[0-9]{1,3}%\|[^|]{0,200}\|"
@@ -123,7 +155,7 @@ FORMATS: Final[tuple[_Format, ...]] = (
         "plain",
         # "resuming from step 1000", "saved at step 500" name a step, they do not take one
         _c(
-            r"\b[Ss](?<!from .)(?<!at .)(?<!to .)(?<!of .)tep"
+            r"\b[Ss](?<!from .)(?<!at .)(?<!to .)(?<!of .)(?<!after .)(?<!before .)tep"
             + r"\s{0,32}[:=]?"
             + _SP
             + r"([0-9]{1,15})(?:"
@@ -137,12 +169,15 @@ FORMATS: Final[tuple[_Format, ...]] = (
     ),
 )
 
-_KEYWORDS: Final = ("iter", "step", "Step", "Epoch", "it/s", "s/it", "it [")
+_KEYWORDS: Final = ("iter", "step", "Step", "Epoch", "it/s", "s/it", "it [", "'loss'", '"loss"')
 _KEYWORDS_B: Final = tuple(k.encode() for k in _KEYWORDS)
 _T = TypeVar("_T", str, bytes)
 
 
 _TRAINING_DESC: Final = re.compile(r"train|epoch|step|iter", re.IGNORECASE)
+_ERROR_LINE: Final = re.compile(
+    r"[A-Za-z](?:Error|Exception)\b|\bTraceback\b|\b(?:error|ERROR|Error|failed|FAILED)\b[:!]?"
+)
 _NOT_TRAINING_DESC: Final = re.compile(r"eval|valid|test|sanity|predict", re.IGNORECASE)
 
 
@@ -163,7 +198,10 @@ def match_line(line: str) -> StepLine | None:
     line = line[:MAX_MATCH_CHARS]
     if "\x1b" in line:
         line = _ANSI_ESCAPE.sub("", line)
+    error_line = _ERROR_LINE.search(line) is not None
     for fmt in FORMATS:
+        if error_line and fmt.name == "plain":
+            continue  # "RuntimeError: injected crash after step 30" names a step, takes none
         found = fmt.pattern.search(line)
         if found is None:
             continue
@@ -176,16 +214,45 @@ def match_line(line: str) -> StepLine | None:
             step = int(digits) if digits is not None else None
             if fmt.zero_is_start and step == 0:
                 return None
-        loss: float | None = None
-        if fmt.loss_pattern is not None:
-            loss_match = fmt.loss_pattern.search(line)
-            if loss_match is not None:
-                try:
-                    loss = float(loss_match.group(1))
-                except ValueError:
-                    loss = None
-        return StepLine(fmt.name, step, loss)
+        loss = _number(fmt.loss_pattern, line)
+        return _with_epoch(StepLine(fmt.name, step, loss), found, fmt, line)
     return None
+
+
+def _number(pattern: re.Pattern[str] | None, line: str) -> float | None:
+    found = pattern.search(line) if pattern is not None else None
+    if found is None:
+        return None
+    try:
+        return float(found.group(1))
+    except ValueError:
+        return None
+
+
+def _with_epoch(found: StepLine, match: re.Match[str], fmt: _Format, line: str) -> StepLine:
+    """The epoch a line names: a bar's (epoch, batch/total), MNIST's ``[seen/total]``, a count."""
+    groups = match.groupdict()
+    if groups.get("epoch") is not None:
+        total = groups.get("total")
+        batches = int(total) if total is not None and total.isdigit() else None
+        index = int(groups["epoch"])
+        done = index + (found.step or 0) / batches if batches else float(index)
+        return replace(found, epoch=round(done, 4), epoch_index=index, batches=batches)
+    if groups.get("epoch1") is not None:
+        of = int(groups["of"])
+        done = int(groups["epoch1"]) - 1 + (int(groups["seen"]) / of if of else 0.0)
+        return replace(found, epoch=round(done, 4))
+    if groups.get("epoch0") is not None:
+        return replace(found, epoch=float(groups["epoch0"]))
+    epoch = _number(fmt.epoch_pattern, line)
+    return replace(found, epoch=epoch) if epoch is not None else found
+
+
+def global_step(epoch_index: int, batch: int, batches: int, full_batches: int) -> int:
+    """An epoch-structured bar's global step: epochs done times a full epoch's batches, plus
+    the batch in this one.  ``full_batches`` is the largest epoch total seen, so a shorter
+    last epoch (a bar whose total shrinks) still counts its epochs at full length."""
+    return epoch_index * max(batches, full_batches) + batch
 
 
 def _keyword_lines(text: _T, keywords: Sequence[_T], newline: _T) -> Iterator[str]:
@@ -230,8 +297,21 @@ class FormatMatcher:
 
     @staticmethod
     def _search(text: _T, keywords: Sequence[_T], newline: _T) -> StepLine | None:
+        """The last step line; a loss or epoch from a line just before it is kept with it
+        (Hugging Face logs its loss on a line of its own, then redraws the bar)."""
+        best: StepLine | None = None
         for line in _keyword_lines(text, keywords, newline):
             found = match_line(line)
-            if found is not None:
-                return found
-        return None
+            if found is None:
+                continue
+            if best is None:
+                best = found
+            else:
+                best = replace(
+                    best,
+                    loss=best.loss if best.loss is not None else found.loss,
+                    epoch=best.epoch if best.epoch is not None else found.epoch,
+                )
+            if best.loss is not None and best.epoch is not None:
+                break
+        return best

@@ -51,7 +51,14 @@ class RunObserver:
             run.progress.on_alive(now)
             return True
         change = run.progress.on_step(
-            now, step=found.step, first=found.first, source=found.source, loss=found.loss
+            now,
+            step=found.step,
+            first=found.first,
+            source=found.source,
+            loss=found.loss,
+            epoch=found.epoch,
+            epoch_index=found.epoch_index,
+            batches=found.batches,
         )
         self._progressed(run, change)
         return True
@@ -188,7 +195,16 @@ class RunObserver:
                 )
                 self.recovering_from = None
         if change.progress_record:
-            fields: dict[str, Any] = {"step": progress.step, "source": progress.step_source}
-            if progress.loss is not None:
-                fields["loss"] = progress.loss
-            self.reporter.event(run.run_no, Event.PROGRESS, **fields)
+            self.progress_record(run)
+
+    def progress_record(self, run: Run) -> None:
+        """A ``progress`` record of where the run is (rate-limited by Progress; also the last
+        point of a run that ends between two records)."""
+        progress = run.progress
+        fields: dict[str, Any] = {"step": progress.step, "source": progress.step_source}
+        if progress.loss is not None:
+            fields["loss"] = progress.loss
+        if progress.epoch is not None:
+            fields["epoch"] = progress.epoch
+        progress.recorded = (progress.step, progress.epoch)
+        self.reporter.event(run.run_no, Event.PROGRESS, **fields)

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import re
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from dflashd.logs.framer import Frame
 from dflashd.supervisor.elastic import AgentLine
-from dflashd.supervisor.formats import FormatMatcher
+from dflashd.supervisor.formats import FormatMatcher, global_step
 from dflashd.supervisor.notify import NotifyMessage
 from dflashd.supervisor.verdicts import EndedBy
 
@@ -52,6 +53,9 @@ class LineProgress:
     first: bool
     source: str  # "pattern" or the built-in format's name
     loss: float | None = None
+    epoch: float | None = None  # epochs done (a fraction where the line says)
+    epoch_index: int | None = None  # an epoch-structured bar: ``step`` is the batch in this epoch
+    batches: int | None = None  # ...of this many
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,15 @@ class LineMatcher:
             found = self._formats.last_step(frame.lines)
         if found is None:
             return None
-        return LineProgress(found.step, True, found.format, found.loss)
+        return LineProgress(
+            found.step,
+            True,
+            found.format,
+            found.loss,
+            found.epoch,
+            found.epoch_index,
+            found.batches,
+        )
 
     def _match_patterns(self, lines: Sequence[str]) -> LineProgress | None:
         text = "\n".join(lines)
@@ -111,6 +123,19 @@ class LineMatcher:
         if first or step is not None:
             return LineProgress(step, first, PATTERN)
         return None
+
+
+CADENCE_INTERVALS: Final = 20  # the step intervals the stall window looks back on
+CADENCE_FACTOR: Final = 3.0  # a job is stalled after this many of its slowest recent intervals
+
+
+def stall_window(stall_timeout_s: float, intervals: tuple[float, ...]) -> float:
+    """How long a job that reports steps may go without one: ``stall_timeout_s``, or three
+    times the slowest of its last 20 step intervals when that is longer (a job that logs
+    every 100 steps at 10 s a step prints every 1,000 s, and is not stalled at 900)."""
+    if not intervals:
+        return stall_timeout_s
+    return max(stall_timeout_s, CADENCE_FACTOR * max(intervals))
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +171,16 @@ class Progress:
     last_record_mono: float = float("-inf")
     last_line: str | None = None
     rendezvous: bool = False  # a torchrun agent waiting for its peers: warm-up, not silence
+    epoch: float | None = None  # epochs done, where the output says
+    full_batches: int = 0  # the largest epoch total an epoch-structured bar showed
+    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=CADENCE_INTERVALS))
+    recorded: tuple[int | None, float | None] = (None, None)  # step and epoch of the last record
+
+    @property
+    def unrecorded(self) -> bool:
+        """The step or epoch moved since the last ``progress`` record (the curve's last point)."""
+        moved = (self.step, self.epoch) != self.recorded
+        return self.first_step_mono is not None and moved and self.reports_steps
 
     @property
     def reached_first_step(self) -> bool:
@@ -160,6 +195,9 @@ class Progress:
         first: bool,
         source: str,
         loss: float | None = None,
+        epoch: float | None = None,
+        epoch_index: int | None = None,
+        batches: int | None = None,
     ) -> Change:
         """A step (or a first-step marker) from notify, a pattern, a format or the GPUs.
 
@@ -170,9 +208,16 @@ class Progress:
             self.on_alive(now)
             return NOTHING
         self.last_alive_mono = now
+        if epoch_index is not None and batches and step is not None:
+            # an epoch's bar counts its batches: the global step counts every epoch's
+            self.full_batches = max(self.full_batches, batches)
+            step = global_step(epoch_index, step, batches, self.full_batches)
+        moved = step is not None or (epoch is not None and epoch != self.epoch)
+        if epoch is not None:
+            self.epoch = epoch
         if source != GPU:
             self.sees_steps = True
-            self.reports_steps = self.reports_steps or step is not None
+            self.reports_steps = self.reports_steps or step is not None or epoch is not None
         if step is not None:
             self.step = step
             self.step_source = source
@@ -185,12 +230,17 @@ class Progress:
             became_first = True
         if self.first_step_mono is None:
             return NOTHING
+        if not moved and not became_first and self.reports_steps:
+            return NOTHING  # the same epoch again, or a loss alone: alive, not progress
+        if self.last_progress_mono is not None and self.reports_steps:
+            self.intervals.append(now - self.last_progress_mono)  # the job's own cadence
         self.last_progress_mono = now
         # Denser early (a short run still draws a curve), every 30 s at most later on.
         every = min(PROGRESS_RECORD_EVERY_S, max(1.0, (now - self.first_step_mono) / 20))
-        record = step is not None and now - self.last_record_mono >= every
+        record = (step is not None or epoch is not None) and now - self.last_record_mono >= every
         if record:
             self.last_record_mono = now
+            self.recorded = (self.step, self.epoch)
         return Change(first_step=became_first, progress_record=record)
 
     def on_alive(self, now: float) -> None:
@@ -233,7 +283,7 @@ class Progress:
                 deadline = max(deadline, self.extend_until_mono)
             return deadline
         last = self.last_progress_mono or self.first_step_mono
-        return last + limits.stall_timeout_s
+        return last + stall_window(limits.stall_timeout_s, tuple(self.intervals))
 
     def stall_reason(self) -> EndedBy:
         """Which stall a passed deadline means."""
@@ -252,6 +302,21 @@ class LinesSeen:
     progress: LineProgress | None
     last_line: str | None
     agent: tuple[AgentLine, ...] = ()  # torchrun agent lines (elastic.py), in order
+
+
+def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:
+    """The newer step, keeping a loss or epoch only the older one carried (a loss line is
+    followed by a bar redraw, both before the next post)."""
+    if older is None or (newer.loss is not None and newer.epoch is not None):
+        return newer
+    return replace(
+        newer,
+        step=newer.step if newer.step is not None else older.step,
+        loss=newer.loss if newer.loss is not None else older.loss,
+        epoch=newer.epoch if newer.epoch is not None else older.epoch,
+        epoch_index=newer.epoch_index if newer.step is not None else older.epoch_index,
+        batches=newer.batches if newer.step is not None else older.batches,
+    )
 
 
 LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second
@@ -299,7 +364,7 @@ class LineWatcher:
         now = self._monotonic()
         with self._lock:
             if found is not None:
-                self._pending = found
+                self._pending = _merged(self._pending, found)
             self._last_frame = frame
             self._agent.extend(agent)
             # The first step, and what the agent says (rare), go at once.
@@ -311,7 +376,8 @@ class LineWatcher:
         self._post(message)
 
     def _take(self, now: float) -> LinesSeen:
-        last = self._last_frame.last_lines(1) if self._last_frame is not None else []
+        recent = self._last_frame.last_lines(8) if self._last_frame is not None else []
+        last = [line for line in recent if line.strip()][-1:]  # a bar's clear is not a line
         message = LinesSeen(
             self.run_no, self._pending, last[0] if last else None, tuple(self._agent)
         )

@@ -55,6 +55,7 @@ class StatusView(TypedDict):
     step_source: str | None  # notify | pattern | gpu | a built-in format's name
     first_step_source: str | None
     loss: float | None
+    epoch: float | None  # epochs done, where the job's output says (a fraction where it can)
     child_status: str | None  # the child's last STATUS= (cleared when its run ends)
     last_line: str | None  # the job's last output line
     last_progress_age_s: float | None
@@ -120,6 +121,7 @@ def status_view(source: StatusSource) -> StatusView:
         "step_source": progress.step_source if progress else None,
         "first_step_source": progress.first_step_source if progress else None,
         "loss": progress.loss if progress else None,
+        "epoch": progress.epoch if progress else None,
         "child_status": progress.status_text if progress and alive else None,
         "last_line": progress.last_line if progress else None,
         "last_progress_age_s": age,

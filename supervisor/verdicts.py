@@ -118,6 +118,7 @@ _REASON_PATTERNS: Final = (
     (re.compile(r"Fatal Python error"), "fatal_python_error"),
     (re.compile(r"\bRendezvousTimeoutError\b"), "rendezvous_timeout"),
 )
+_RANK_PREFIX: Final = re.compile(r"^\[(?:rank|default)[0-9]{1,6}\]:\s*")  # torch's worker prefix
 _EXCEPTION_LINE: Final = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt))\b")
 
 
@@ -140,7 +141,7 @@ def reason_from_output(stderr_tail: tuple[str, ...]) -> str | None:
         if pattern.search(text):
             return reason
     for line in reversed(stderr_tail):
-        match = _EXCEPTION_LINE.match(line.strip())
+        match = _EXCEPTION_LINE.match(_RANK_PREFIX.sub("", line.strip(), count=1))
         if match:
             return match.group(1).rsplit(".", 1)[-1]
     return None

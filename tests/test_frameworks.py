@@ -1,0 +1,214 @@
+"""Issue 22: real frameworks' output read right, and a runtime crash never taken for an early death.
+
+The pure half table-tests the formats, the global step and the stall window on lines taken
+from the frameworks' sources and issue threads.  The other half runs real children that
+print those lines (with ``\\r`` where they redraw) under a real daemon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dflashd.logs import EventRecord, LineRecord
+from dflashd.supervisor.formats import global_step, match_line
+from dflashd.supervisor.progress import stall_window
+from dflashd.supervisor.verdicts import reason_from_output
+from tests.conftest import Daemon, child, run_cli
+
+Start = Callable[..., Daemon]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        # Lightning's TQDM bar: the batch in epoch 1 of 6
+        (
+            "Epoch 1:  17%|█▋        | 1/6 [00:00<00:01,  4.47it/s, v_num=0]",
+            {"format": "lightning", "step": 1, "epoch_index": 1, "batches": 6},
+        ),
+        # Lightning's RichProgressBar, as written once at the end on a pipe
+        (
+            "Epoch 3/-2 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 8/8 0:00:00 • 0:00:00 14.95it/s v_num: 0.000",
+            {"format": "lightning", "step": 8, "epoch_index": 3, "batches": 8},
+        ),
+        # PyTorch's MNIST example: 1-based epochs, [seen/total]
+        (
+            "Train Epoch: 1 [640/3200 (20%)]\tLoss: 0.107590",
+            {"format": "pytorch_examples", "step": None, "epoch": 0.2, "loss": 0.10759},
+        ),
+        # PyTorch's DDP tutorial
+        (
+            "[GPU0] Epoch 3 | Batchsize: 32 | Steps: 64",
+            {"format": "pytorch_examples", "epoch": 3.0},
+        ),
+        # Hugging Face Trainer: 5.x quotes the values, 4.x does not
+        (
+            "{'loss': '5.388', 'grad_norm': '0.7782', 'learning_rate': '4.5e-05', 'epoch': '0.5'}",
+            {"format": "hf_trainer", "loss": 5.388, "epoch": 0.5},
+        ),
+        (
+            "{'loss': 2.3018, 'grad_norm': 0.7782, 'learning_rate': 4.5e-05, 'epoch': 0.25}",
+            {"format": "hf_trainer", "loss": 2.3018, "epoch": 0.25},
+        ),
+        ("{'eval_loss': 2.1, 'eval_runtime': 0.3, 'epoch': 1.0}", None),
+        ("{'train_runtime': '1.2', 'train_loss': '4.9', 'epoch': '1'}", None),
+        # DeepSpeed: step=0 at initialize() is not a step; a later one is
+        (
+            "[2025-03-11 02:06:59,001] [INFO] [logging.py:128:log_dist] [Rank 0] step=0, skipped=0, lr=[0.001]",
+            None,
+        ),
+        ("[Rank 0] step=100, skipped=0, lr=[0.001], mom=[(0.9, 0.999)]", {"step": 100}),
+        # a number inside an error line names a step, takes none
+        ("RuntimeError: injected crash after step 30", None),
+        ("ValueError: bad value at step 31", None),
+        ("saved a checkpoint after step 30", None),
+        ("step 12 loss 2.31", {"format": "plain", "step": 12, "loss": 2.31}),
+    ],
+)
+def test_real_lines(line: str, expected: dict[str, Any] | None) -> None:
+    found = match_line(line)
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None
+    for key, value in expected.items():
+        assert getattr(found, key) == value, (key, found)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "batch", "batches", "full", "expected"),
+    [
+        (0, 1, 6, 6, 1),
+        (1, 1, 6, 6, 7),
+        (2, 6, 6, 6, 18),
+        (3, 2, 4, 6, 20),  # the last epoch is shorter: earlier epochs still count 6
+        (5, 0, 6, 0, 30),
+    ],
+)
+def test_global_step_of_an_epoch_bar(
+    epoch: int, batch: int, batches: int, full: int, expected: int
+) -> None:
+    assert global_step(epoch, batch, batches, full) == expected
+
+
+@pytest.mark.parametrize(
+    ("timeout", "intervals", "expected"),
+    [
+        (900.0, (), 900.0),
+        (900.0, (10.0, 12.0), 900.0),  # a fast job: the configured window
+        (900.0, (1000.0, 1010.0, 990.0), 3030.0),  # logs every 100 steps of 10 s
+        (900.0, (5.0,) * 19 + (400.0,), 1200.0),  # one slow interval among the last 20
+    ],
+)
+def test_the_stall_window_follows_the_jobs_cadence(
+    timeout: float, intervals: tuple[float, ...], expected: float
+) -> None:
+    assert stall_window(timeout, intervals) == expected
+
+
+def test_reasons_read_through_the_rank_prefix() -> None:
+    tail = (
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "train.py", line 12, in <module>',
+        "[rank0]: RuntimeError: Expected all tensors to be on the same device",
+    )
+    assert reason_from_output(tail) == "RuntimeError"
+
+
+# -- real children under a real daemon ---------------------------------------------------
+
+
+def _exit(daemon: Daemon) -> dict[str, Any]:
+    exits = daemon.events("exit")
+    assert exits, daemon.records()[-5:]
+    return dict(exits[-1].fields)
+
+
+def test_a_silent_rich_bar_crash_after_a_life_is_crashed(start_daemon: Start) -> None:
+    """Lightning with rich on a pipe prints no step; it computes for 3 s (early_death_s = 2)
+    and dies: crashed, no_step_seen, not an early death (no cache clearing)."""
+    daemon = start_daemon(
+        child("framework_lines.py", "lightning_rich_silent", "3"),
+        restart={"early_retries": 0, "runtime_retries": 0, "early_death_s": 2.0},
+    )
+    daemon.wait(60)
+    fields = _exit(daemon)
+    assert fields["verdict"] == "crashed" and fields["reason"] == "RuntimeError:no_step_seen"
+    assert daemon.events("first_step") == []
+    assert daemon.events("fatal")[0].fields["reason"] == "runtime_retries_exhausted"
+
+
+def test_lightnings_bar_gives_the_global_step(start_daemon: Start) -> None:
+    daemon = start_daemon(child("framework_lines.py", "lightning_tqdm"))
+    assert daemon.wait(60) == 0
+    fields = _exit(daemon)
+    assert fields["verdict"] == "completed" and fields["step"] == 18  # 3 epochs of 6 batches
+    steps = [e.fields["step"] for e in daemon.events("progress")]
+    assert steps == sorted(steps) and steps[-1] == 18
+
+
+@pytest.mark.parametrize(("name", "last_epoch"), [("mnist", 1.8), ("ddp_tutorial", 3.0)])
+def test_epoch_lines_report_the_epoch(start_daemon: Start, name: str, last_epoch: float) -> None:
+    daemon = start_daemon(child("framework_lines.py", name))
+    assert daemon.wait(60) == 0
+    assert daemon.events("first_step")
+    epochs = [e.fields.get("epoch") for e in daemon.events("progress")]
+    assert epochs and epochs[-1] == last_epoch and epochs == sorted(epochs)
+    status = run_cli("status", "--json", "--home", str(daemon.home))
+    assert '"epoch":' in status.stdout.replace(" ", "")
+
+
+def test_hf_trainers_quoted_loss_is_read_and_clears_leave_no_blank_lines(
+    start_daemon: Start,
+) -> None:
+    daemon = start_daemon(child("framework_lines.py", "hf_trainer"), restart={"early_retries": 0})
+    daemon.wait(60)
+    losses = [e.fields.get("loss") for e in daemon.events("progress") if "loss" in e.fields]
+    assert losses and losses[-1] == pytest.approx(3.388)
+    fields = _exit(daemon)
+    assert fields["verdict"] == "crashed" and fields["step"] == 20
+    assert all(line.strip() for line in fields["tail"])
+    blank = [r for r in daemon.records() if isinstance(r, LineRecord) and not r.line.strip()]
+    assert blank  # the log stays byte-faithful...
+    shown = run_cli("tail", "--home", str(daemon.home), "-n", "1000").stdout.splitlines()
+    assert all(
+        line.split(" out ", 1)[-1].strip() for line in shown if " out " in line
+    )  # ...tail skips them
+
+
+def test_deepspeed_step_0_at_init_is_not_a_step(start_daemon: Start) -> None:
+    daemon = start_daemon(
+        child("framework_lines.py", "deepspeed_init_crash"), restart={"early_retries": 0}
+    )
+    daemon.wait(60)
+    assert daemon.events("first_step") == []
+    assert _exit(daemon)["verdict"] == "crash_before_first_step"
+
+
+def test_rank_prefixed_traceback_gives_its_reason(start_daemon: Start) -> None:
+    daemon = start_daemon(
+        child("framework_lines.py", "rank_prefixed_crash"), restart={"early_retries": 0}
+    )
+    daemon.wait(60)
+    assert _exit(daemon)["reason"] == "RuntimeError"
+
+
+def test_an_error_naming_a_step_is_not_a_first_step(start_daemon: Start) -> None:
+    daemon = start_daemon(
+        child("framework_lines.py", "error_names_step"), restart={"early_retries": 0}
+    )
+    daemon.wait(60)
+    assert daemon.events("first_step") == []
+    fields = _exit(daemon)
+    assert fields["verdict"] == "crash_before_first_step" and fields["reason"] == "ValueError"
+
+
+def test_torch_extensions_live_under_the_homes_cache(start_daemon: Start) -> None:
+    daemon = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
+    daemon.wait(60)
+    spawn = daemon.events("spawn")[0]
+    assert "TORCH_EXTENSIONS_DIR" in spawn.fields["env_keys"]
+    assert isinstance(spawn, EventRecord)
