@@ -62,11 +62,22 @@ def dflashd_env(spec: ChildEnvironment) -> dict[str, str]:
     }
 
 
+# rich (Lightning's default bar when it is installed) draws its live bars only on a terminal;
+# these make it draw them into the pipe too, so the steps are seen.  Defaults only: a value
+# in dflashd's own environment or in the config's ``env`` wins ("0" turns it off).
+LIVE_BARS_ENV: Final = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
+
+
 def child_environ(
-    base: Mapping[str, str], extra: Mapping[str, str], spec: ChildEnvironment
+    base: Mapping[str, str],
+    extra: Mapping[str, str],
+    spec: ChildEnvironment,
+    defaults: Mapping[str, str] = LIVE_BARS_ENV,
 ) -> dict[str, str]:
-    """The child's environment: ours minus systemd's daemon-only variables, then the config's, then dflashd's."""
-    env = {k: v for k, v in base.items() if k not in _DAEMON_ONLY_ENV}
+    """The child's environment: ``defaults``, ours minus systemd's daemon-only variables, then
+    the config's, then dflashd's own."""
+    env = dict(defaults)
+    env.update({k: v for k, v in base.items() if k not in _DAEMON_ONLY_ENV})
     env.update(extra)
     env.update(dflashd_env(spec))
     return env

@@ -25,7 +25,12 @@ from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.launch import ChildEnvironment, child_environ, dflashd_env
+from dflashd.supervisor.launch import (
+    LIVE_BARS_ENV,
+    ChildEnvironment,
+    child_environ,
+    dflashd_env,
+)
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.progress import LineWatcher, Progress
 from dflashd.supervisor.reporting import Reporter
@@ -125,7 +130,12 @@ class Launcher:
             launched = self.ops.spawn(
                 run.argv,
                 cwd=cwd,
-                env=child_environ(os.environ, self.config.env, spec),
+                env=child_environ(
+                    os.environ,
+                    self.config.env,
+                    spec,
+                    LIVE_BARS_ENV if self.config.builtin_formats else {},
+                ),
                 run_no=run_no,
             )
         except OSError as exc:

@@ -141,6 +141,20 @@ def test_a_silent_rich_bar_crash_after_a_life_is_crashed(start_daemon: Start) ->
     assert daemon.events("fatal")[0].fields["reason"] == "runtime_retries_exhausted"
 
 
+def test_a_real_rich_bar_is_seen_through_the_pipe(start_daemon: Start) -> None:
+    """rich (Lightning's default bar when installed) draws live into dflashd's pipe: the steps
+    are seen, and a crash at step 5 is a runtime crash."""
+    pytest.importorskip("rich")
+    daemon = start_daemon(
+        child("framework_lines.py", "rich_bar_crash"), restart={"runtime_retries": 0}
+    )
+    daemon.wait(60)
+    assert daemon.events("first_step")[0].fields["source"] == "lightning"
+    fields = _exit(daemon)
+    assert fields["verdict"] == "crashed" and fields["step"] == 5
+    assert fields["reason"] == "RuntimeError"
+
+
 def test_lightnings_bar_gives_the_global_step(start_daemon: Start) -> None:
     daemon = start_daemon(child("framework_lines.py", "lightning_tqdm"))
     assert daemon.wait(60) == 0

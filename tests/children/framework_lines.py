@@ -112,6 +112,19 @@ def error_names_step() -> None:
     sys.exit(1)
 
 
+def rich_bar_crash() -> None:
+    # Lightning's RichProgressBar draws with rich.progress: "Epoch 0/-2 ━━━━ 3/8 …"
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("Epoch 0/-2"), BarColumn(), MofNCompleteColumn()) as bar:
+        task = bar.add_task("train", total=8)
+        for _ in range(5):
+            time.sleep(0.15)
+            bar.advance(task)
+            bar.refresh()
+        raise RuntimeError("injected crash after step 5")
+
+
 name = sys.argv[1]
 if name == "lightning_rich_silent":
     lightning_rich_silent(float(sys.argv[2]))
