@@ -131,4 +131,3 @@ def _track_best_step(history: RestartHistory, step: int | None) -> RestartHistor
     if history.best_step is None or step > history.best_step:
         return replace(history, best_step=step, stuck_runs=0)
     return replace(history, stuck_runs=history.stuck_runs + 1)
-
