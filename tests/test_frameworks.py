@@ -220,6 +220,20 @@ def test_an_error_naming_a_step_is_not_a_first_step(start_daemon: Start) -> None
     assert fields["verdict"] == "crash_before_first_step" and fields["reason"] == "ValueError"
 
 
+@pytest.mark.parametrize("custody", ["auto", "pidfd"])
+def test_a_silent_cpu_bound_start_is_alive(
+    start_daemon: Start, custody: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No output for 5 s, a CPU busy (stall_timeout_s = 2): its CPU time (the run's cgroup, or
+    its process tree) keeps it alive until it completes."""
+    monkeypatch.setenv("DFLASHD_CUSTODY", custody)
+    job = "import time\nend = time.time() + 5\nwhile time.time() < end: pass\nprint('done')\n"
+    daemon = start_daemon(["python3", "-c", job], stall_timeout_s=2.0)
+    assert daemon.wait(60) == 0
+    assert daemon.events("ending_run") == []
+    assert _exit(daemon)["verdict"] == "completed"
+
+
 def test_torch_extensions_live_under_the_homes_cache(start_daemon: Start) -> None:
     daemon = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
     daemon.wait(60)

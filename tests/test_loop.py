@@ -433,6 +433,21 @@ def test_a_long_life_without_steps_is_a_runtime_crash(harness: Any) -> None:
     assert h.events("exit")[-1].fields["verdict"] == "silent_death"
 
 
+def test_a_job_that_logs_rarely_is_judged_by_its_own_cadence(harness: Any) -> None:
+    """Steps printed every 1,000 s (DeepSpeed's steps_per_print at 10 s a step) against a
+    900 s stall_timeout_s: never stalled while the cadence holds; stalled at 3x it."""
+    h = harness({"stall_timeout_s": 900.0})
+    for n in range(1, 6):
+        h.step(100 * n)
+        h.advance(899.0 if n == 1 else 1000.0)
+    assert h.ops.sent(signal.SIGABRT) == []
+    h.step(600)
+    h.advance(2999.0)
+    assert h.ops.sent(signal.SIGABRT) == []
+    h.advance(1.0)
+    assert h.ops.sent(signal.SIGABRT) == [h.pid]
+
+
 def test_a_silent_cpu_bound_life_is_a_runtime_crash(harness: Any) -> None:
     """No output at all, but the CPU busy for ten minutes (its wait4 time): crashed."""
     h = harness({"restart": {"backoff_initial_s": 0.0}, "stall_timeout_s": 100000.0})
