@@ -84,17 +84,33 @@ class PipeDrain:
         self.eof = False
         self.error: str | None = None
         self.tail: deque[str] = deque(maxlen=tail_lines)
+        self._tail_redrawn = False  # the tail's last line ended in \r (a bar being redrawn)
         self._thread = threading.Thread(
             target=self._run, name=f"dflashd-drain-{src}-{run}", daemon=True
         )
         self._thread.start()
 
+    def _add_to_tail(self, frame: Frame) -> None:
+        """The last lines for the exit record, as a reader would want them: whitespace-only
+        lines (a bar's clears) left out, and a ``\r``-redrawn line replaced by what redrew it,
+        so a progress bar shows once, in its last state, and the traceback stays visible.
+        The log itself keeps every line."""
+        n = self.tail.maxlen or 0
+        texts = frame.last_lines(n)
+        flags = frame.flags[-len(texts) :] if frame.flags is not None and texts else None
+        for i, text in enumerate(texts):
+            if not text.strip():
+                continue
+            if self._tail_redrawn and self.tail:
+                self.tail.pop()  # the previous line ended in \r: this one is its redraw
+            self.tail.append(text)
+            self._tail_redrawn = flags is not None and flags[i][1] == "\r"
+
     def _emit(self, frame: Frame | None) -> None:
         if frame is None or not len(frame):
             return
         self.line_count += len(frame)
-        # whitespace-only lines (a bar's clears) stay in the log, not in the exit record's tail
-        self.tail.extend(x for x in frame.last_lines(self.tail.maxlen or 0) if x.strip())
+        self._add_to_tail(frame)
         self._sink.submit_frame(self.run, self.src, frame)
         if self._on_lines is not None:
             self._on_lines(self.src, frame)

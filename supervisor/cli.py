@@ -27,7 +27,9 @@ from dflashd.supervisor.cli_common import (
 )
 from dflashd.supervisor.cli_logs import report, tail
 from dflashd.supervisor.cli_start import (
+    already_running_message,
     load_invocation,
+    load_invocation_cwd,
     prepare,
     run_foreground,
     save_invocation,
@@ -79,12 +81,19 @@ main.add_command(tail)
 main.add_command(report)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+# The command begins at "--" or at the first word that is not an option: an unknown option
+# before it (a typo, say) is a usage error with the nearest option suggested, never the job.
+@main.command(context_settings={"allow_interspersed_args": False})
 @home_option
 @click.option(
     "--foreground",
     is_flag=True,
     help="Stay attached and show the job's output (systemd uses this).",
+)
+@click.option(
+    "--no-wait",
+    is_flag=True,
+    help="Detached: return once the job is launched, without waiting for its first step.",
 )
 @config_option("TOML config (docs/design.md, Config); every key has a default.")
 @click.option("--raw", is_flag=True, help="With --foreground: the job's lines bare, unprefixed.")
@@ -94,6 +103,7 @@ main.add_command(report)
 def start(
     home: Path | None,
     foreground: bool,
+    no_wait: bool,
     config_path: Path | None,
     raw: bool,
     quiet: bool,
@@ -102,10 +112,12 @@ def start(
 ) -> None:
     """Start the daemon and launch the job: `dflashd start [--config F] [-- CMD ARG...]`.
 
-    Detached (the default), it waits for the launch and for the job's first sign of life
-    (output, or start_wait_s): a job that dies at once is reported with its verdict and
-    stderr tail.  Exits 0 when the job runs, 1 if a daemon already runs on this home or the
-    job died, 2 for a bad config or home, 4 when the job's failure is fatal (no retry).
+    Detached (the default), it waits for the launch and then for the job's first step, its
+    death, or start_wait_s (30 s), whichever comes first (--no-wait: not at all); a job that
+    dies meanwhile is reported with its verdict and stderr tail.  Exits 0 when the job runs,
+    1 if a daemon already runs on this home or the job died and is being restarted, 2 for a
+    bad config, home or option, 4 when the job's failure is fatal (no retry).  The command
+    begins at -- or at the first word that is not an option.
     """
     if command and command[0] == "--":
         command = command[1:]
@@ -113,12 +125,12 @@ def start(
     config = prepare(where, config_path, tuple(command))
     if foreground:
         if ready_fd is None and lock_is_held(where.lock):
-            fail(f"already running (pid {read_lock_pid(where.lock)}) on {where.root}", 1)
+            fail(already_running_message(where), 1)
         if ready_fd is None:
             save_invocation(where, config_path, tuple(command))
         sys.exit(run_foreground(where, config, ready_fd, echo=not quiet, raw=raw))
     save_invocation(where, config_path, tuple(command))
-    sys.exit(start_detached(where, config, config_path, tuple(command)))
+    sys.exit(start_detached(where, config, config_path, tuple(command), wait=not no_wait))
 
 
 @main.command()
@@ -227,7 +239,7 @@ def _stop(home: Home, timeout_s: float | None) -> None:
     click.echo(f"dflashd stopped (run {last.get('run')}: {last.get('verdict')})")
 
 
-@main.command()
+@main.command(context_settings={"allow_interspersed_args": False})
 @home_option
 @timeout_option("Seconds between SIGTERM and SIGKILL for the running job.")
 @config_option("A config to start with instead of the last start's.")
@@ -235,9 +247,13 @@ def _stop(home: Home, timeout_s: float | None) -> None:
 def restart(
     home: Path | None, timeout_s: float | None, config_path: Path | None, command: tuple[str, ...]
 ) -> None:
-    """Stop the job and the daemon, then start again as the last `start` did (or as told here)."""
+    """Stop the job and the daemon, then start again as the last `start` did (or as told here),
+    in the directory it was started from."""
     where = resolve_home(home)
     last_config, last_command = load_invocation(where)
+    started_in = load_invocation_cwd(where)
+    if not command and started_in is not None and started_in.is_dir():
+        os.chdir(started_in)  # relative paths in the command and the config mean what they did
     config_path = config_path or last_config
     command = tuple(command[1:] if command and command[0] == "--" else command) or last_command
     config = prepare(where, config_path, command)  # checked before anything is stopped

@@ -8,6 +8,7 @@ its verdict and stderr tail, and ``start`` exits non-zero.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -36,7 +37,15 @@ EXIT_JOB_DIED: Final = 1
 EXIT_FATAL: Final = 4
 _READY_TIMEOUT_S: Final = 120.0
 _FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record
-_OUTPUT_GRACE_S: Final = 0.5  # after the first line: time for a dying job's exit record
+
+
+def already_running_message(home: Home) -> str:
+    """What a second start says: who holds the home, and what to do instead."""
+    return (
+        f"already running (pid {read_lock_pid(home.lock)}) on {home.root}: "
+        f"`dflashd status --home {home.root}` shows its run; "
+        "`dflashd restart` starts it again; another --home runs a second job"
+    )
 
 
 def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> Config:
@@ -58,6 +67,8 @@ def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> C
     cwd = Path(config.cwd).expanduser()
     if not cwd.is_dir():
         fail(f"config error: cwd: not a directory: {cwd}", EXIT_USAGE)
+    # absolute from here on: the spawn record, status and a later restart name the real place
+    config = dataclasses.replace(config, cwd=str(cwd.resolve()))
     try:
         home.create()
     except HomeError as exc:
@@ -72,11 +83,20 @@ def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ..
     data = {
         "config": str(config_path.absolute()) if config_path else None,
         "command": list(command),
+        "cwd": os.getcwd(),  # what `restart` runs in, wherever it is typed
     }
     try:
         write_state(home.root / "invocation.json", data)
     except OSError:
         pass
+
+
+def load_invocation_cwd(home: Home) -> Path | None:
+    """The directory the last ``start`` ran in."""
+    from dflashd.supervisor.statefile import read_state
+
+    cwd = (read_state(home.root / "invocation.json") or {}).get("cwd")
+    return Path(cwd) if isinstance(cwd, str) and cwd else None
 
 
 def load_invocation(home: Home) -> tuple[Path | None, tuple[str, ...]]:
@@ -110,8 +130,8 @@ def run_foreground(
     lock = HomeLock(home.lock)
     try:
         lock.acquire()
-    except AlreadyRunning as exc:
-        message = f"already running (pid {exc.pid}) on {home.root}"
+    except AlreadyRunning:
+        message = already_running_message(home)
         report_ready(ready_fd, {"ok": False, "error": message, "code": EXIT_ALREADY_RUNNING})
         fail(message, EXIT_ALREADY_RUNNING)
     except HomeError as exc:
@@ -189,11 +209,17 @@ def _print_launch(info: dict[str, Any]) -> None:
 
 
 def start_detached(
-    home: Home, config: Config, config_path: Path | None, command: tuple[str, ...]
+    home: Home,
+    config: Config,
+    config_path: Path | None,
+    command: tuple[str, ...],
+    *,
+    wait: bool = True,
 ) -> int:
-    """Launch the daemon in its own session; report the launch and the job's first signs of life."""
+    """Launch the daemon in its own session; report the launch, then wait (``wait``) for the
+    job's first step, its death or ``start_wait_s``."""
     if lock_is_held(home.lock):
-        fail(f"already running (pid {read_lock_pid(home.lock)}) on {home.root}", 1)
+        fail(already_running_message(home), 1)
     from dflashd.logs import last_records
 
     last = last_records(home.logs, 1)
@@ -231,7 +257,9 @@ def start_detached(
         print_launch(info)
         return EXIT_FATAL
     print_launch(info)
-    return _check_signs_of_life(home, int(info["run"]), config.start_wait_s, after_seq)
+    if not wait:
+        return 0
+    return _wait_for_first_step(home, int(info["run"]), config.start_wait_s, after_seq)
 
 
 def _read_ready(fd: int) -> dict[str, Any] | None:
@@ -250,45 +278,80 @@ def _read_ready(fd: int) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def _check_signs_of_life(home: Home, run_no: int, wait_s: float, after_seq: int) -> int:
-    """Follow the log for ``wait_s``: the job's first line means alive; its exit record, dead."""
+def _wait_for_first_step(home: Home, run_no: int, wait_s: float, after_seq: int) -> int:
+    """Follow the log until the run's first step, its death, or ``wait_s``; say which.
+
+    On a terminal a one-line wait shows the seconds and the job's last line.  A death in the
+    window is reported with its verdict and stderr tail, and its documented exit code.
+    """
     from dflashd.logs import EventRecord, LineRecord, RecordFilter, follow
 
     if wait_s <= 0:
         return 0
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
     exit_fields: dict[str, Any] | None = None
+    last_line = ""
+    live = _LiveLine(sys.stderr.isatty())
     records = follow(
         home.logs,
         RecordFilter(run=run_no),
         after_seq=after_seq,
         poll_s=0.05,
-        should_stop=lambda: time.monotonic() > deadline,
+        should_stop=lambda: live.tick(run_no, started, last_line) or time.monotonic() > deadline,
     )
-    first_line: str | None = None
-    with closing(records):
-        for record in records:
-            if isinstance(record, LineRecord) and first_line is None:
-                # Output is a sign of life, but a traceback is output too: give the job a
-                # moment more to die before calling it running.
-                first_line = record.line
-                deadline = min(deadline, time.monotonic() + _OUTPUT_GRACE_S)
-            elif isinstance(record, EventRecord) and record.event == "exit":
-                exit_fields = record.fields
-                deadline = time.monotonic() + _FATE_WAIT_S
-            elif (
-                isinstance(record, EventRecord)
-                and exit_fields is not None
-                and record.event in ("fatal", "restart", "done")
-            ):
-                return _report_early_exit(run_no, exit_fields, record.event, record.fields)
+    try:
+        with closing(records):
+            for record in records:
+                if isinstance(record, LineRecord) and record.line.strip():
+                    last_line = record.line
+                elif not isinstance(record, EventRecord):
+                    continue
+                elif record.event == "first_step" and exit_fields is None:
+                    live.clear()
+                    after, source = record.fields.get("after_s"), record.fields.get("source")
+                    click.echo(
+                        f"dflashd: run {run_no} is training: first step after {after}s ({source})"
+                    )
+                    return 0
+                elif record.event == "exit":
+                    exit_fields = record.fields
+                    deadline = time.monotonic() + _FATE_WAIT_S
+                elif exit_fields is not None and record.event in ("fatal", "restart", "done"):
+                    live.clear()
+                    return _report_early_exit(run_no, exit_fields, record.event, record.fields)
+    finally:
+        live.clear()
     if exit_fields is not None:
         return _report_early_exit(run_no, exit_fields, "", {})
-    if first_line is not None:
-        click.echo(f"dflashd: run {run_no} is running: {escape_controls(first_line[:200])}")
-    else:
-        click.echo(f"dflashd: run {run_no} is running (no output in its first {wait_s:g}s)")
+    shown = f" (last line: {escape_controls(last_line[:160])})" if last_line else ""
+    click.echo(f"dflashd: run {run_no} is running, no step seen in {wait_s:g}s{shown}")
     return 0
+
+
+class _LiveLine:
+    """``waiting for run 3's first step… 7s | <last line>`` on a terminal, redrawn in place."""
+
+    def __init__(self, on: bool) -> None:
+        self.on, self._drawn, self._next = on, False, 0.0
+
+    def tick(self, run_no: int, started: float, last_line: str) -> bool:
+        now = time.monotonic()
+        if self.on and now >= self._next:
+            self._next = now + 0.25
+            text = f"waiting for run {run_no}'s first step… {now - started:.0f}s"
+            if last_line:
+                text += f" | {escape_controls(last_line)}"
+            sys.stderr.write("\r\x1b[2K" + text[:120])
+            sys.stderr.flush()
+            self._drawn = True
+        return False
+
+    def clear(self) -> None:
+        if self._drawn:
+            sys.stderr.write("\r\x1b[2K")
+            sys.stderr.flush()
+            self._drawn = False
 
 
 def _report_early_exit(

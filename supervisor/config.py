@@ -119,9 +119,8 @@ class Config:
     first_step_pattern: str = ""
     step_pattern: str = ""
     builtin_formats: bool = True  # recognise the step lines of common trainers
-    start_wait_s: float = _seconds(
-        2.0, above=None, low=0.0
-    )  # `dflashd start` waits for signs of life
+    # `dflashd start` waits this long for the first step (or a death): a torch import and more
+    start_wait_s: float = _seconds(30.0, above=None, low=0.0)
     metrics_listen: str = ""
     node: str = (
         ""  # this node's name in status and metrics (a node of a larger job); "": the host name

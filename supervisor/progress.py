@@ -205,6 +205,9 @@ class Progress:
         liveness only (their numbers may count something else, a bar's batches say).
         """
         if source != NOTIFY and self.step_source == NOTIFY:
+            # the steps come from notify; a printed loss or epoch still says where training is
+            self.loss = loss if loss is not None else self.loss
+            self.epoch = epoch if epoch is not None else self.epoch
             self.on_alive(now)
             return NOTHING
         self.last_alive_mono = now

@@ -75,6 +75,7 @@ class StatusView(TypedDict):
     updated_at: float
     version: str
     command: list[str]
+    cwd: str  # where the job runs (absolute)
     next_restart_in_s: float | None
     log_stats: LogStats
     node: str  # config "node", or the host name: this node's name in a larger job
@@ -141,6 +142,7 @@ def status_view(source: StatusSource) -> StatusView:
         "updated_at": now_wall,
         "version": __version__,
         "command": list(source.config.command),
+        "cwd": source.config.cwd,
         "next_restart_in_s": None
         if restart_at is None
         else round(max(0.0, restart_at - now_mono), 3),

@@ -185,6 +185,8 @@ def test_hf_trainers_quoted_loss_is_read_and_clears_leave_no_blank_lines(
     fields = _exit(daemon)
     assert fields["verdict"] == "crashed" and fields["step"] == 20
     assert all(line.strip() for line in fields["tail"])
+    bars = [line for line in fields["tail"] if "|" in line and "/20 [" in line]
+    assert len(bars) <= 1  # the bar's redraws collapse to its last state
     blank = [r for r in daemon.records() if isinstance(r, LineRecord) and not r.line.strip()]
     assert blank  # the log stays byte-faithful...
     shown = run_cli("tail", "--home", str(daemon.home), "-n", "1000").stdout.splitlines()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -22,7 +23,7 @@ from dflashd.trainer.distributed import EX_PEER_STOPPED, Node, stop_outcome  # n
 from dflashd.trainer.mask import block_mask, dense_mask, dflash_mask_mod, reference_mask  # noqa: E402
 from dflashd.trainer.model import Drafter, ModelConfig, TargetModel, dense_core, loss_and_accuracy  # noqa: E402
 from dflashd.trainer.stopping import MIN_GRACE_S, grace_for  # noqa: E402
-from tests.conftest import Daemon  # noqa: E402
+from tests.conftest import Daemon, run_cli  # noqa: E402
 
 pytestmark = pytest.mark.trainer
 Start = Callable[..., Daemon]
@@ -413,3 +414,7 @@ def test_default_job_reaches_first_step_under_dflashd(start_daemon: Start, home:
     assert first.fields["source"] == "notify" and first.fields["after_s"] < 30
     daemon.wait_for(lambda r: getattr(r, "line", "").startswith("step 20/"), timeout=60)
     assert os.path.exists(home / "state.json")
+    # its loss reaches status and the progress records (the report's loss chart)
+    daemon.wait_for(lambda r: getattr(r, "event", "") == "progress" and "loss" in r.fields, 60)
+    status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
+    assert isinstance(status["loss"], float)

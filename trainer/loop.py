@@ -357,6 +357,7 @@ def _train(
             say(
                 f"step {step}/{cfg.steps} loss {loss:.3f} acc {acc:.3f} tok/s {tok_s:,.0f} lr {lr:.1e}{mem}"
             )
+            notifier.send(f"STATUS=step {step} loss {loss:.3f}")  # dflashd's status and report
             window_start, window_steps = time.monotonic(), 0
         stopping = bool(askers)
         if stopping:

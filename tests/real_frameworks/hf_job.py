@@ -1,6 +1,6 @@
 """A tiny Hugging Face Trainer job on CPU (a randomly initialised GPT-2, no download).
 
-    python hf_job.py [MAX_STEPS]
+python hf_job.py [MAX_STEPS]
 """
 
 import sys

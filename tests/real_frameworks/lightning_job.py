@@ -1,6 +1,6 @@
 """A tiny Lightning job on CPU with its default progress bar (Rich when rich is installed).
 
-    python lightning_job.py [CRASH_AT_GLOBAL_STEP]
+python lightning_job.py [CRASH_AT_GLOBAL_STEP]
 """
 
 import sys
