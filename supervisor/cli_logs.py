@@ -45,7 +45,10 @@ _HOME_WAIT_POLL_S: Final = 0.2
     help="Only this source.",
 )
 @click.option(
-    "--since", default=None, help="Only records since then: 30s, 10m, 2h, 1d or an ISO time."
+    "--since",
+    default=None,
+    help="Only records since then: 30s, 10m, 2h, 1d, or an ISO time (local time unless it ends "
+    "in Z or an offset such as +02:00; tail prints times in UTC).",
 )
 @click.option("--grep", "pattern", default=None, help="Only records whose text matches this regex.")
 @click.option("--json", "as_json", is_flag=True, help="Raw JSON-lines records.")
@@ -178,6 +181,11 @@ def report(home: Path | None, which_run: str | None, output: Path) -> None:
     from dflashd.logs.reader import RecordFilter, read_records
     from dflashd.supervisor.report import collect, render_html, summarize, svg_document
 
+    if output.suffix.lower() not in (".html", ".htm", ".svg"):
+        fail(
+            f"--output {output}: the report is .html or .svg, not {output.suffix or 'no suffix'}",
+            EXIT_USAGE,
+        )
     where = resolve_home(home)
     if not where.logs.is_dir():
         fail(

@@ -50,11 +50,19 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
         "dflashd_step", "Last step the job reported", value=float(snapshot.get("step") or 0)
     )
     progress_at = snapshot.get("last_progress_at")
+    last = GaugeMetricFamily(
+        "dflashd_last_progress_timestamp_seconds",
+        "When the job last made progress (Unix time; rules compute the age with time())",
+    )
+    # Deprecated name, kept for one release: dashboards move to the timestamp above.
     since = GaugeMetricFamily(
-        "dflashd_seconds_since_progress", "Seconds since the job last made progress"
+        "dflashd_seconds_since_progress",
+        "Deprecated (use dflashd_last_progress_timestamp_seconds): seconds since progress",
     )
     if isinstance(progress_at, int | float) and snapshot.get("child_pid"):
+        last.add_metric([], float(progress_at))
         since.add_metric([], max(0.0, now - progress_at))
+    yield last
     yield since
     restarts = CounterMetricFamily(
         "dflashd_restarts", "Relaunches, by the verdict that caused them", labels=["verdict"]
@@ -119,8 +127,14 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
             alerts.add_metric([kind.value, ok], float(sent.get(f"{kind.value}:{ok}", 0.0)))
     yield alerts
     yield from _elastic_families(snapshot.get("elastic"))
-    info = GaugeMetricFamily("dflashd_info", "dflashd's version", labels=["version"])
-    info.add_metric([str(snapshot.get("version") or __version__)], 1.0)
+    version = str(snapshot.get("version") or __version__)
+    build = GaugeMetricFamily("dflashd_build_info", "dflashd's version", labels=["version"])
+    build.add_metric([version], 1.0)
+    yield build
+    info = GaugeMetricFamily(  # deprecated name, kept for one release
+        "dflashd_info", "Deprecated (use dflashd_build_info): dflashd's version", labels=["version"]
+    )
+    info.add_metric([version], 1.0)
     yield info
     yield GaugeMetricFamily("dflashd_up", "1 while the daemon serves its loop", value=1.0)
 

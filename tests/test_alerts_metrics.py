@@ -223,7 +223,9 @@ def test_metrics_are_scraped_and_parsed(start_daemon: Start) -> None:
     assert states["running"] == 1.0 and states["fatal"] == 0.0
     assert {
         "dflashd_run",
-        "dflashd_seconds_since_progress",
+        "dflashd_seconds_since_progress",  # deprecated, kept one release
+        "dflashd_last_progress_timestamp_seconds",
+        "dflashd_build_info",
         "dflashd_restarts",
         "dflashd_log_written_bytes",
         "dflashd_gpu_memory_used_bytes",

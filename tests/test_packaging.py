@@ -40,6 +40,11 @@ def test_wheel_contains_every_package_folder(tmp_path: Path) -> None:
     assert not any(
         n == "dflashd/__init__.py" for n in names
     )  # a namespace: never shadowed by a folder
+    # the license travels with the wheel, and the metadata names it (pip show's License)
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    text = zipfile.ZipFile(wheel).read(metadata).decode()
+    assert "License-Expression: Apache-2.0" in text and "License-File: LICENSE" in text
+    assert any(n.endswith("licenses/LICENSE") for n in names)
 
 
 def test_version_and_help_are_fast_and_torch_free() -> None:
