@@ -7,7 +7,7 @@ DFLASHD="$(command -v dflashd)"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 for unit in systemd/dflashd.service 'systemd/dflashd@.service'; do
-    sed "s#/usr/local/bin/dflashd#$DFLASHD#" "$unit" > "$WORK/$(basename "$unit")"
+    sed "s#/opt/dflashd/bin/dflashd#$DFLASHD#" "$unit" > "$WORK/$(basename "$unit")"
 done
 cp "$WORK/dflashd@.service" "$WORK/dflashd@demo.service"
 out="$(systemd-analyze verify "$WORK/dflashd.service" "$WORK/dflashd@demo.service" 2>&1 || true)"
