@@ -103,8 +103,9 @@ def test_retry_unfixable_switch_retries_an_import_error(start_daemon: Start) -> 
 
 
 def test_detached_start_of_a_working_job_says_it_runs(home: Path, tmp_path: Path) -> None:
-    """A job that prints and keeps going: start exits 0 quoting its first line."""
-    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    """A job that prints and keeps going, showing no step: start waits start_wait_s, then exits 0
+    quoting its last line."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none", "start_wait_s": 1.5})
     try:
         result = run_cli(
             "start",
@@ -116,7 +117,7 @@ def test_detached_start_of_a_working_job_says_it_runs(home: Path, tmp_path: Path
             *child("prints_then_waits.py"),
         )
         assert result.returncode == 0, result.stderr
-        assert "is running: hello from the job" in result.stdout
+        assert "is running, no step seen in 1.5s (last line: hello from the job" in result.stdout
     finally:
         run_cli("stop", "--home", str(home), "--timeout", "2")
 
