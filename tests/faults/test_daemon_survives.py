@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -183,41 +184,50 @@ def test_a_deleted_control_socket_still_lets_stop_stop(start_daemon: Start, home
 # -- 4. alerts: one bad sink never silences the others ---------------------------------------
 
 
-@pytest.fixture
-def banner_server() -> Iterator[int]:
-    """A TCP port that answers every connection with an SSH banner (not HTTP)."""
+@contextmanager
+def _tcp_server(answer: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
+    """A loopback TCP port whose every connection is handed to ``answer`` on a thread."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
+    server.settimeout(0.2)
     stop = threading.Event()
 
     def serve() -> None:
-        server.settimeout(0.2)
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
             except OSError:
                 continue
-            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-            conn.close()
+            threading.Thread(target=answer, args=(conn, stop), daemon=True).start()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    thread.join(2)
-    server.close()
+    try:
+        yield int(server.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
+
+
+@pytest.fixture
+def banner_server() -> Iterator[int]:
+    """A TCP port that answers every connection with an SSH banner (not HTTP)."""
+
+    def banner(conn: socket.socket, _stop: threading.Event) -> None:
+        with conn:
+            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+    with _tcp_server(banner) as port:
+        yield port
 
 
 @pytest.fixture
 def trickle_server() -> Iterator[int]:
     """A TCP port that answers with one byte a second, forever."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    stop = threading.Event()
 
-    def trickle(conn: socket.socket) -> None:
+    def trickle(conn: socket.socket, stop: threading.Event) -> None:
         with conn:
             while not stop.wait(1.0):
                 try:
@@ -225,21 +235,8 @@ def trickle_server() -> Iterator[int]:
                 except OSError:
                     return
 
-    def serve() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield int(server.getsockname()[1])
-    stop.set()
-    thread.join(2)
-    server.close()
+    with _tcp_server(trickle) as port:
+        yield port
 
 
 def _alerts_config(tmp_path: Path, webhook: str, marker: Path) -> dict[str, object]:

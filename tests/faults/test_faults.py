@@ -160,51 +160,42 @@ def test_3_tail_shows_control_characters_escaped(start_daemon: Start, home: Path
 # -- 4. a full disk when a run ends -----------------------------------------------------------
 
 
-def test_4_full_disk_at_the_end_of_a_run(tmp_path: Path) -> None:
+def test_4_full_disk_at_the_end_of_a_run(tmp_path: Path, small_disk: Path) -> None:
     """The home on a tmpfs that fills while the job runs: the daemon reaches its fatal, no traceback."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir(mode=0o700)
-    mount = ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mnt)]
-    if subprocess.run(mount, check=False, capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
+    mnt = small_disk
+    home, full = mnt / "home", tmp_path / "disk_is_full"
+    job = (
+        "import os, sys, threading\n"
+        "print('working', flush=True)\n"
+        f"while not os.path.exists({str(full)!r}): threading.Event().wait(0.05)\n"
+        "sys.exit(1)\n"
+    )
+    config = write_config(
+        tmp_path / "c.toml",
+        {"gpus": "none"},
+        restart={"early_retries": 1, "backoff_initial_s": 0.0, "backoff_max_s": 1.0},
+    )
+    argv = dflashd_argv("start", "--foreground", "--quiet", "--home", str(home))
+    proc = subprocess.Popen(
+        [*argv, "--config", str(config), "--", sys.executable, "-c", job],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    _wait_for_event(home, "launched")  # runs.sqlite, state.json and the log are open by then
+    fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
     try:
-        home, full = mnt / "home", tmp_path / "disk_is_full"
-        job = (
-            "import os, sys, threading\n"
-            "print('working', flush=True)\n"
-            f"while not os.path.exists({str(full)!r}): threading.Event().wait(0.05)\n"
-            "sys.exit(1)\n"
-        )
-        config = write_config(
-            tmp_path / "c.toml",
-            {"gpus": "none"},
-            restart={"early_retries": 1, "backoff_initial_s": 0.0, "backoff_max_s": 1.0},
-        )
-        argv = dflashd_argv("start", "--foreground", "--quiet", "--home", str(home))
-        proc = subprocess.Popen(
-            [*argv, "--config", str(config), "--", sys.executable, "-c", job],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        _wait_for_event(home, "launched")  # runs.sqlite, state.json and the log are open by then
-        fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while True:
-                os.write(fd, b"\0" * 65536)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        full.write_text("now")  # the job may end: runs.sqlite, state.json and the log are full
-        assert proc.wait(60) == 4
-        assert proc.stderr is not None
-        err = proc.stderr.read().decode()
-        proc.stderr.close()
-        assert "Traceback" not in err and "history_write_failed" in err
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError:
+        pass
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+        os.close(fd)
+    full.write_text("now")  # the job may end: runs.sqlite, state.json and the log are full
+    assert proc.wait(60) == 4
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert "Traceback" not in err and "history_write_failed" in err
 
 
 # -- 5. the control socket under load ------------------------------------------------------
