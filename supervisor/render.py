@@ -100,6 +100,8 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         rows.append(("fatal", paint(str(status["fatal_reason"]), "red")))
     if status.get("command"):
         rows.append(("command", escape_controls(" ".join(map(str, status["command"])))[:160]))
+    if status.get("cwd"):
+        rows.append(("cwd", escape_controls(str(status["cwd"]))[:160]))
     run = status.get("run")
     if run is not None:
         child = f"   pid {status['child_pid']}" if status.get("child_pid") else ""

@@ -62,6 +62,8 @@ def test_restart_from_another_directory_runs_where_start_ran(tmp_path: Path, hom
         status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
         assert status["run"] == 2 and status["cwd"] == str(project.resolve())
         assert status["state"] == "running"
+        shown = run_cli("status", "--home", str(home)).stdout
+        assert f"cwd         {project.resolve()}" in shown
     finally:
         run_cli("stop", "--home", str(home))
 
