@@ -52,7 +52,10 @@ def main(ctx: click.Context, home: Path | None) -> None:
 
     It logs before it launches, knows the moment the job dies and why, alerts, and
     restarts with backoff.  With no command, `dflashd start` runs the bundled DFlash
-    drafter trainer.  The design and its contracts: docs/design.md.
+    drafter trainer.  The design and its contracts:
+
+    \b
+    DESIGN_PATH
 
     Shell completion: eval "$(_DFLASHD_COMPLETE=bash_source dflashd)".
     """
@@ -76,6 +79,12 @@ def ensure_standard_fds() -> None:
             if fd == 2 and sys.stderr is None:
                 sys.stderr = open(2, "w", closefd=False)
 
+
+# docs/design.md ships inside the package: --help names the copy this install has.
+_DESIGN = Path(__file__).with_name("design.md")
+main.help = (main.help or "").replace(
+    "DESIGN_PATH", str(_DESIGN) if _DESIGN.is_file() else "docs/design.md in the source tree"
+)
 
 main.add_command(tail)
 main.add_command(report)

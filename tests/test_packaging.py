@@ -40,6 +40,8 @@ def test_wheel_contains_every_package_folder(tmp_path: Path) -> None:
     assert not any(
         n == "dflashd/__init__.py" for n in names
     )  # a namespace: never shadowed by a folder
+    assert "dflashd/__main__.py" in names  # python -m dflashd
+    assert "dflashd/supervisor/design.md" in names  # the design --help names
     # the license travels with the wheel, and the metadata names it (pip show's License)
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
@@ -64,3 +66,12 @@ def test_version_and_help_are_fast_and_torch_free() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_python_dash_m_dflashd_and_help_name_the_shipped_design() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "dflashd", "--help"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0 and "Usage: dflashd" in result.stdout
+    named = result.stdout.split("contracts:", 1)[1].split()[0]
+    assert Path(named).name == "design.md" and Path(named).is_file()
