@@ -175,8 +175,8 @@ def test_the_same_home_through_a_symlinked_path_recovers(
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
     linked = tmp_path / "link" / "home"
-    config = tmp_path / "c.toml"
-    config.write_text('gpus = "none"\n')
+    config = tmp_path / "c.toml"  # the leftover ignores SIGTERM: a short wait before SIGKILL
+    config.write_text('gpus = "none"\n[restart]\nstop_timeout_s = 2.0\n')
     first = Daemon(linked, config, child("ignore_term.py"))
     pid, found = 0, None
     try:
