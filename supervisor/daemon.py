@@ -2,11 +2,12 @@
 
 Everything else lives in its own room and is called through a small interface: the run
 (:mod:`run`), progress (:mod:`progress`), the GPU watch (:mod:`gpuwatch`), the end of a run
-(:mod:`ending`, pure), status (:mod:`status`), process groups (:mod:`groups`), recovery
-(:mod:`recovery`) and control (:mod:`control`).  Threads (pipe drains, the log writer, the
-GPU poller, alerts) never call into the loop: they post a message to the inbox and poke
-the wake pipe.  Signal handlers do nothing: ``set_wakeup_fd`` carries the signal number to
-the same pipe.  Death is SIGCHLD plus ``waitpid`` on the child's pid, never pipe EOF.
+(:mod:`ending`, pure), status (:mod:`status`), the run's processes (:mod:`custody`, through
+the :mod:`groups` seam), recovery (:mod:`recovery`) and control (:mod:`control`).  Threads
+(pipe drains, the log writer, the GPU poller, alert sinks, custody watchers) never call into
+the loop: they post a message to the inbox and poke the wake pipe.  Signal handlers do
+nothing: ``set_wakeup_fd`` carries the signal number to the same pipe.  Death is SIGCHLD
+plus ``wait4`` on the child's pid, never pipe EOF.
 Time comes from an injected :class:`Clock`, processes from an injected :class:`ProcessOps`,
 so the loop tests drive this very code with a manual clock and scripted children.
 """
