@@ -22,289 +22,52 @@ it).  The alert commands' bound (:func:`end_own_child_session`) lives here too.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import select
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
+from dflashd.supervisor.cgroups import (
+    CgroupBase,
+    cgroup_pids,
+    own_cgroup,
+    read_cgroup_events,
+    read_keyed,
+    remove_cgroup,
+    wait_cgroup_empty,
+)
+from dflashd.supervisor.procfs import (
+    CLK_TCK,
+    ProcStat,
+    all_stats,
+    carries_mark,
+    holds_file,
+    read_stat,
+)
+
 MODE_CGROUP: Final = "cgroup"
 MODE_PIDFD: Final = "pidfd"
-_CLK_TCK: Final = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-MARK_HOME_ID: Final = "DFLASHD_HOME_ID"
-MARK_RUN: Final = "DFLASHD_RUN"
 SWEEP_ROUNDS: Final = 50  # a respawning chain outruns one snapshot, never fifty stopped ones
-MOUNTINFO: Final = Path("/proc/self/mountinfo")
-SELF_CGROUP: Final = Path("/proc/self/cgroup")
 
 
-# -- reading /proc (pure parsers, then thin readers) ----------------------------------------
+CGROUP_KILL: Final = "cgroup.kill"  # Linux 5.14: without it, runs are kept by pidfds
 
 
-@dataclass(frozen=True, slots=True)
-class ProcStat:
-    """The fields of ``/proc/PID/stat`` custody needs."""
-
-    pid: int
-    state: str
-    ppid: int
-    pgid: int
-    start_ticks: int  # since boot, in clock ticks: with the pid, a process's identity
-    cpu_ticks: int = 0  # utime + stime + cutime + cstime
-
-
-def parse_stat(pid: int, raw: bytes) -> ProcStat | None:
-    """Parse ``/proc/PID/stat`` (the command name may hold spaces and parentheses)."""
-    try:
-        rest = raw.rsplit(b")", 1)[1].split()
-        cpu = sum(int(x) for x in rest[11:15])
-        return ProcStat(pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19]), cpu)
-    except (IndexError, ValueError):
-        return None
-
-
-def read_stat(pid: int) -> ProcStat | None:
-    """The stat of ``pid`` now, None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return parse_stat(pid, fh.read())
-    except OSError:
-        return None
-
-
-def all_stats() -> dict[int, ProcStat]:
-    """Every process on the host (one pass over /proc)."""
-    out: dict[int, ProcStat] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
-    for name in names:
-        if name.isdigit() and (found := read_stat(int(name))) is not None:
-            out[found.pid] = found
-    return out
-
-
-def process_mark(pid: int) -> dict[str, str]:
-    """``DFLASHD_HOME_ID``, ``DFLASHD_RUN`` (and ``DFLASHD_HOME``) from ``pid``'s start environment."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, _, value = item.partition(b"=")
-        if key in (b"DFLASHD_HOME_ID", b"DFLASHD_RUN", b"DFLASHD_HOME"):
-            out[key.decode()] = value.decode("utf-8", "replace")
-    return out
-
-
-def carries_mark(pid: int, home_id: str, run_no: int | None) -> bool:
-    """True when ``pid`` started with this home's id and (when given) this run's number."""
-    mark = process_mark(pid)
-    if mark.get(MARK_HOME_ID) != home_id or not home_id:
-        return False
-    return run_no is None or mark.get(MARK_RUN) == str(run_no)
-
-
-def boot_time_s() -> float:
-    """When the host booted (seconds since the epoch), from ``/proc/stat``."""
-    try:
-        for line in Path("/proc/stat").read_text().splitlines():
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0.0
-
-
-def create_time(pid: int) -> float | None:
-    """When ``pid`` was created (seconds since the epoch), None when it is gone."""
-    found = read_stat(pid)
-    return None if found is None else boot_time_s() + found.start_ticks / _CLK_TCK
-
-
-# -- cgroup v2: where the host allows it --------------------------------------------------
-
-
-def cgroup2_mount(mountinfo: str) -> Path | None:
-    """The cgroup2 mount point from ``/proc/self/mountinfo`` text (hybrid hosts: ``…/unified``)."""
-    for line in mountinfo.splitlines():
-        head, sep, tail = line.partition(" - ")
-        if not sep:
-            continue
-        fields, fstype = head.split(), tail.split()
-        if len(fields) >= 5 and fstype and fstype[0] == "cgroup2":
-            return Path(fields[4].replace("\\040", " "))
-    return None
-
-
-def own_cgroup(proc_self_cgroup: str) -> str | None:
-    """The v2 path in ``/proc/self/cgroup`` text (the ``0::`` line)."""
-    for line in proc_self_cgroup.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip() or "/"
-    return None
-
-
-def read_cgroup_events(directory: Path) -> dict[str, int]:
-    """``cgroup.events`` (``populated``, ``frozen``) or the ``*.events`` file named."""
-    return _read_keyed(directory / "cgroup.events")
-
-
-def _read_keyed(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        text = path.read_text()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        with contextlib.suppress(ValueError):
-            out[key] = int(value)
-    return out
-
-
-class CgroupBase:
-    """This home's cgroup, ``<daemon's cgroup>/dflashd-<home id>``: the parent of every run's."""
-
-    def __init__(self, path: Path, rel: str) -> None:
-        self.path = path
-        self.rel = rel  # as /proc/PID/cgroup names it
-
-    @classmethod
-    def open(cls, home_id: str) -> CgroupBase | None:
-        """Make (or reuse) the base under the daemon's cgroup; None where the host does not allow it."""
-        if os.environ.get("DFLASHD_CUSTODY") in ("pidfd", "pid"):
-            return None
-        try:
-            mount = cgroup2_mount(MOUNTINFO.read_text())
-            own = own_cgroup(SELF_CGROUP.read_text())
-        except OSError:
-            return None
-        if mount is None or own is None:
-            return None
-        parent = mount / own.lstrip("/")
-        path = parent / f"dflashd-{home_id[:16]}"
-        try:
-            path.mkdir(mode=0o755, exist_ok=True)
-            probe = path / ".probe"
-            probe.mkdir(exist_ok=True)
-            ok = (probe / "cgroup.procs").exists() and (probe / "cgroup.kill").exists()
-            probe.rmdir()
-        except OSError:
-            return None
-        if not ok or not os.access(path / "cgroup.procs", os.W_OK):
-            return None
-        base = cls(path, "/".join(("", *own.strip("/").split("/"), path.name)).replace("//", "/"))
-        delegated_unit = bool(os.environ.get("INVOCATION_ID"))  # systemd runs us as a service
-        if own != "/" and delegated_unit and cgroup_pids(parent) == {os.getpid()}:
-            base._leave_for_leaf(parent)  # Delegate=yes and we are alone in the unit's cgroup
-        base._enable_controllers(parent)
-        return base
-
-    def _leave_for_leaf(self, parent: Path) -> None:
-        """Move the daemon into ``<own>/supervisor``: with no process left in its own cgroup,
-        controllers (memory: OOM kills) can be enabled for the runs beside it."""
-        leaf = parent / "supervisor"
-        try:
-            leaf.mkdir(mode=0o755, exist_ok=True)
-            (leaf / "cgroup.procs").write_text(str(os.getpid()))
-        except OSError:
-            return
-
-    def _enable_controllers(self, parent: Path) -> None:
-        """Memory (for OOM kills) and cpu where the parent offers them; fine when refused."""
-        for where in (parent, self.path):
-            try:
-                offered = (where / "cgroup.controllers").read_text().split()
-            except OSError:
-                return
-            for name in ("memory", "cpu"):
-                if name in offered:
-                    with contextlib.suppress(OSError):
-                        (where / "cgroup.subtree_control").write_text(f"+{name}")
-
-    def run_dir(self, run_no: int) -> Path:
-        """Where run ``run_no`` lives."""
-        return self.path / f"run-{run_no}"
-
-    def run_rel(self, run_no: int) -> str:
-        """Run ``run_no``'s cgroup as ``/proc/PID/cgroup`` names it."""
-        return f"{self.rel}/run-{run_no}"
-
-    def stale_runs(self) -> list[tuple[int, Path]]:
-        """Run cgroups a previous daemon left (a SIGKILLed daemon cannot clean up)."""
-        out: list[tuple[int, Path]] = []
-        with contextlib.suppress(OSError):
-            for entry in self.path.iterdir():
-                number = entry.name.removeprefix("run-")
-                if entry.is_dir() and entry.name.startswith("run-") and number.isdigit():
-                    out.append((int(number), entry))
-        return sorted(out)
-
-    def remove(self) -> None:
-        """At exit: the base goes when nothing is left in it."""
-        for _, path in self.stale_runs():
-            _remove_cgroup(path)
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
-
-
-def _remove_cgroup(path: Path) -> bool:
-    try:
-        path.rmdir()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def cgroup_pids(path: Path) -> set[int]:
-    """The processes in one cgroup (``cgroup.procs``), zombies already gone."""
-    try:
-        return {int(x) for x in (path / "cgroup.procs").read_text().split()}
-    except (OSError, ValueError):
-        return set()
+def open_base(home_id: str) -> CgroupBase | None:
+    """This home's cgroup base, where the host allows it and can end a run at once."""
+    return CgroupBase.open(home_id, needs=(CGROUP_KILL,))
 
 
 def kill_cgroup(path: Path) -> None:
     """Everything in the cgroup, at once (``cgroup.kill``): no fork can escape it."""
     with contextlib.suppress(OSError):
-        (path / "cgroup.kill").write_text("1")
-
-
-def wait_cgroup_empty(path: Path, timeout_s: float) -> bool:
-    """Block until ``populated 0`` (``cgroup.events`` wakes ``POLLPRI``), at most ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        fd = os.open(path / "cgroup.events", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return True  # the cgroup is gone
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLPRI | select.POLLERR)
-        while True:
-            os.lseek(fd, 0, os.SEEK_SET)
-            text = os.read(fd, 4096).decode(errors="replace")
-            if "populated 0" in text:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            poller.poll(left * 1000)
-    except OSError:
-        return not cgroup_pids(path)
-    finally:
-        os.close(fd)
+        (path / CGROUP_KILL).write_text("1")
 
 
 # -- pidfds ---------------------------------------------------------------------------------
@@ -640,7 +403,7 @@ class HostCustody:
 
     def cpu_time_s(self) -> float | None:
         if self.cgroup is not None:
-            usec = _read_keyed(self.cgroup / "cpu.stat").get("usage_usec")
+            usec = read_keyed(self.cgroup / "cpu.stat").get("usage_usec")
             return None if usec is None else usec / 1e6
         if self.root_reaped:
             return self.reaped_cpu_s
@@ -648,12 +411,12 @@ class HostCustody:
         for pid in self._discover():
             found = read_stat(pid)
             ticks += found.cpu_ticks if found is not None else 0
-        return ticks / _CLK_TCK
+        return ticks / CLK_TCK
 
     def oom_kills(self) -> int:
         if self.cgroup is None:
             return 0
-        return _read_keyed(self.cgroup / "memory.events").get("oom_kill", 0)
+        return read_keyed(self.cgroup / "memory.events").get("oom_kill", 0)
 
     def reaped(self, cpu_s: float | None = None) -> None:
         self.root_reaped = True
@@ -666,18 +429,7 @@ class HostCustody:
                     _close_fd(member.pidfd)
             self.proven.clear()
         if self.cgroup is not None and self.empty():
-            _remove_cgroup(self.cgroup)
-
-
-def enter_cgroup_fd(procs_fd: int | None) -> Callable[[], None]:
-    """The pre-exec step that moves the child into its run's cgroup (writes ``0``: itself)."""
-
-    def enter() -> None:
-        if procs_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(procs_fd, b"0")
-
-    return enter
+            remove_cgroup(self.cgroup)
 
 
 def die_with_parent(parent_pid: int, death_signal: int) -> None:
@@ -695,7 +447,7 @@ def end_stale_cgroup(path: Path, timeout_s: float) -> set[int]:
     if pids:
         kill_cgroup(path)
         wait_cgroup_empty(path, timeout_s)
-    _remove_cgroup(path)
+    remove_cgroup(path)
     return pids
 
 
@@ -729,18 +481,6 @@ def end_own_child_session(process: subprocess.Popen[bytes]) -> None:
         return
     with contextlib.suppress(OSError):
         os.killpg(process.pid, signal.SIGKILL)
-
-
-def open_procs_fd(cgroup: Path | None) -> int | None:
-    """The run cgroup's ``cgroup.procs``, opened by the parent for the child's pre-exec write."""
-    if cgroup is None:
-        return None
-    try:
-        return os.open(cgroup / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM):
-            return None
-        raise
 
 
 def end_adopted(exclude: set[int]) -> None:
@@ -791,23 +531,6 @@ def end_adopted(exclude: set[int]) -> None:
             if found.ppid == me and found.state == "Z" and pid not in exclude:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
-
-
-def holds_file(pid: int, path: Path) -> bool:
-    """True when ``pid`` has ``path`` open (one of its descriptors is that very inode)."""
-    try:
-        target = os.stat(path)
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            st = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
-            return True
-    return False
 
 
 def signal_lock_holder(pid: int, lock: Path, signum: int) -> bool:

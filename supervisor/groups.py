@@ -14,19 +14,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from dflashd.supervisor.cgroups import CgroupBase, cgroup_pids, own_cgroup
 from dflashd.supervisor.custody import (
     MODE_CGROUP,
     MODE_PID,
     MODE_PIDFD,
     PIDFD_SUPPORTED,
-    CgroupBase,
     HostCustody,
-    cgroup_pids,
     end_stale_cgroup,
-    own_cgroup,
-    read_stat,
+    open_base,
 )
 from dflashd.supervisor.launch import Launched, spawn
+from dflashd.supervisor.procfs import read_stat
 
 
 class ProcessOps(Protocol):
@@ -95,7 +94,7 @@ class HostProcesses:
         """This home's cgroup base, made on first use (a start refused before that leaves none)."""
         if not self._base_tried:
             self._base_tried = True
-            self._base = CgroupBase.open(self.home_id) if self.home_id else None
+            self._base = open_base(self.home_id) if self.home_id else None
         return self._base
 
     @property

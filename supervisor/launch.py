@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Final
 
 from dflashd.logs.drain import grow_pipe
-from dflashd.supervisor.custody import RunCustody, die_with_parent, enter_cgroup_fd, open_procs_fd
+from dflashd.supervisor.cgroups import enter_cgroup_fd, open_procs_fd
+from dflashd.supervisor.custody import RunCustody, die_with_parent
 
 PR_SET_PDEATHSIG: Final = 1
 # Variables systemd gives *us*; the child must get dflashd's NOTIFY_SOCKET, never systemd's.

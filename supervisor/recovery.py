@@ -23,16 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from dflashd.supervisor.custody import (
-    CgroupBase,
-    all_stats,
-    carries_mark,
-    create_time,
-    end_proven,
-    end_stale_cgroup,
-    process_mark,
-)
+from dflashd.supervisor.cgroups import CgroupBase
+from dflashd.supervisor.custody import end_proven, end_stale_cgroup
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.procfs import all_stats, carries_mark, create_time, process_mark
 
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _SAME_CREATE_TIME_S: Final = 0.05  # create times are in clock ticks (1/100 s)

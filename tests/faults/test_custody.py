@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.supervisor.custody import CgroupBase, ProcStat, read_stat
+from dflashd.supervisor.custody import open_base
 from dflashd.supervisor.home import Home
+from dflashd.supervisor.procfs import ProcStat, read_stat
 from tests.conftest import Daemon, child, run_cli
 
 Start = Callable[..., Daemon]
@@ -29,7 +30,7 @@ LOGS = Path(__file__).parents[2] / "logs"
 
 
 def _cgroup_reason() -> str | None:
-    probe = CgroupBase.open("0" * 32)
+    probe = open_base("0" * 32)
     if probe is None:
         return "no writable cgroup v2 hierarchy here"
     probe.remove()
@@ -224,7 +225,7 @@ def test_each_run_is_its_own_cgroup_and_is_removed_after(
     text = Path(f"/proc/{pid}/cgroup").read_text()
     home_id = Home(home).id
     assert f"/dflashd-{home_id[:16]}/run-1" in text
-    base = CgroupBase.open(home_id)
+    base = open_base(home_id)
     assert base is not None
     run_dir = base.run_dir(1)
     assert pid in {int(x) for x in (run_dir / "cgroup.procs").read_text().split()}

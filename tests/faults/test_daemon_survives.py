@@ -19,7 +19,7 @@ import pytest
 
 from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.control import ControlError, request
-from dflashd.supervisor.custody import read_stat
+from dflashd.supervisor.procfs import read_stat
 from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
 
 Start = Callable[..., Daemon]

@@ -1,0 +1,117 @@
+"""Reading /proc: what a process is (pid, start time, group, parent), the mark it started with.
+
+Pure parsers and thin readers, no signals: :mod:`custody` proves with them, recovery reads
+them.  A pid alone names nothing; (pid, start ticks) names one process for its whole life.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+CLK_TCK: Final = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+MARK_HOME_ID: Final = "DFLASHD_HOME_ID"
+MARK_RUN: Final = "DFLASHD_RUN"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of ``/proc/PID/stat`` custody needs."""
+
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+    start_ticks: int  # since boot, in clock ticks: with the pid, a process's identity
+    cpu_ticks: int = 0  # utime + stime + cutime + cstime
+
+
+def parse_stat(pid: int, raw: bytes) -> ProcStat | None:
+    """Parse ``/proc/PID/stat`` (the command name may hold spaces and parentheses)."""
+    try:
+        rest = raw.rsplit(b")", 1)[1].split()
+        cpu = sum(int(x) for x in rest[11:15])
+        return ProcStat(pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19]), cpu)
+    except (IndexError, ValueError):
+        return None
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """The stat of ``pid`` now, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return parse_stat(pid, fh.read())
+    except OSError:
+        return None
+
+
+def all_stats() -> dict[int, ProcStat]:
+    """Every process on the host (one pass over /proc)."""
+    out: dict[int, ProcStat] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit() and (found := read_stat(int(name))) is not None:
+            out[found.pid] = found
+    return out
+
+
+def process_mark(pid: int) -> dict[str, str]:
+    """``DFLASHD_HOME_ID``, ``DFLASHD_RUN`` (and ``DFLASHD_HOME``) from ``pid``'s start environment."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, _, value = item.partition(b"=")
+        if key in (b"DFLASHD_HOME_ID", b"DFLASHD_RUN", b"DFLASHD_HOME"):
+            out[key.decode()] = value.decode("utf-8", "replace")
+    return out
+
+
+def carries_mark(pid: int, home_id: str, run_no: int | None) -> bool:
+    """True when ``pid`` started with this home's id and (when given) this run's number."""
+    mark = process_mark(pid)
+    if mark.get(MARK_HOME_ID) != home_id or not home_id:
+        return False
+    return run_no is None or mark.get(MARK_RUN) == str(run_no)
+
+
+def boot_time_s() -> float:
+    """When the host booted (seconds since the epoch), from ``/proc/stat``."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
+def create_time(pid: int) -> float | None:
+    """When ``pid`` was created (seconds since the epoch), None when it is gone."""
+    found = read_stat(pid)
+    return None if found is None else boot_time_s() + found.start_ticks / CLK_TCK
+
+
+def holds_file(pid: int, path: Path) -> bool:
+    """True when ``pid`` has ``path`` open (one of its descriptors is that very inode)."""
+    try:
+        target = os.stat(path)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+            return True
+    return False
