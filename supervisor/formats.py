@@ -300,12 +300,16 @@ class FormatMatcher:
         """The last step line; a loss or epoch from a line just before it is kept with it
         (Hugging Face logs its loss on a line of its own, then redraws the bar)."""
         best: StepLine | None = None
+        # only a frame that mentions a loss can add one: the common frame stops at its step
+        has_loss = ("loss" in text) if isinstance(text, str) else (b"loss" in text)
         for line in _keyword_lines(text, keywords, newline):
             found = match_line(line)
             if found is None:
                 continue
             if best is None:
                 best = found
+                if not has_loss:
+                    break
             else:
                 best = replace(
                     best,
