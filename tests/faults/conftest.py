@@ -22,3 +22,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("cannot mount a tmpfs here")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(path: Path) -> None:
+    """Write zeros to ``path`` until the disk under it is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -23,6 +23,7 @@ from dflashd.logs import EventRecord, LineRecord, follow, read_records
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.recovery import boot_id
 from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
+from tests.faults.conftest import fill
 
 Start = Callable[..., Daemon]
 
@@ -182,14 +183,7 @@ def test_4_full_disk_at_the_end_of_a_run(tmp_path: Path, small_disk: Path) -> No
         stderr=subprocess.PIPE,
     )
     _wait_for_event(home, "launched")  # runs.sqlite, state.json and the log are open by then
-    fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 65536)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill(mnt / "filler")
     full.write_text("now")  # the job may end: runs.sqlite, state.json and the log are full
     assert proc.wait(60) == 4
     assert proc.stderr is not None

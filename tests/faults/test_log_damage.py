@@ -8,7 +8,6 @@ gzip at all, read by the real ``tail`` and ``report`` commands.
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,7 @@ from dflashd.logs.framer import Frame
 from dflashd.logs.writer import RotatingLogWriter
 from dflashd.supervisor.home import Home
 from tests.conftest import run_cli
-
-
-def _fill(path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+from tests.faults.conftest import fill
 
 
 def _frame(lines: list[bytes]) -> Frame:
@@ -43,7 +32,7 @@ def test_a_full_disk_never_pushes_history_out_and_every_loss_is_counted(small_di
     early = [f"early line {i:04d} loss=1.0".encode() for i in range(300)]
     for i in range(0, 300, 10):
         writer.write_frames([(1, "stdout", _frame(early[i : i + 10]), 1.7e9)])
-    _fill(small_disk / "filler")
+    fill(small_disk / "filler")
     late = [f"late line {i:05d} ".encode() + b"x" * 80 for i in range(2400)]
     for i in range(0, 2400, 100):  # 100 lines, ~10 KiB: each batch spans the 8 KiB bound
         writer.write_frames([(1, "stdout", _frame(late[i : i + 100]), 1.7e9)])

@@ -54,22 +54,18 @@ def events(home: Path, name: str) -> list[EventRecord]:
     ]
 
 
+def daemon_argv(home: Path, config: Path, command: list[str] | None = None) -> list[str]:
+    """The foreground daemon on ``home`` (``command``: None runs the bundled trainer)."""
+    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--quiet"]
+    argv += ["--home", str(home), "--config", str(config)]
+    return argv + (["--", *command] if command else [])
+
+
 def trainer_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
     home = work / f"home-{label}"
     config = work / f"{label}.toml"
     config.write_text("[restart]\nbackoff_initial_s = 1.0\nbackoff_max_s = 1.0\n")
-    argv = [
-        sys.executable,
-        "-m",
-        "dflashd.supervisor",
-        "start",
-        "--foreground",
-        "--quiet",
-        "--home",
-        str(home),
-        "--config",
-        str(config),
-    ]
+    argv = daemon_argv(home, config)
     daemon = subprocess.Popen(
         argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -79,8 +75,13 @@ def trainer_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
         launched = events(home, "launched")[0]
         out["custody"] = launched.fields.get("custody")
         out["first_step_after_s"] = first.fields.get("after_s")
-        time.sleep(6)  # two GPU polls with the child's memory in them
-        status = json.loads(cli(home, "status", "--json").stdout)
+        deadline = time.monotonic() + 30
+        while True:  # until a GPU poll has joined the child's memory (bounded)
+            status = json.loads(cli(home, "status", "--json").stdout)
+            joined = any(g.get("child_memory_mib") for g in status.get("gpus", []))
+            if joined or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         out["status_custody"] = status.get("custody")
         out["gpu_method"] = status.get("gpu_method")
         out["child_mib"] = [g.get("child_memory_mib") for g in status.get("gpus", [])]
@@ -135,22 +136,7 @@ def escape_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
     config.write_text('gpus = "all"\n')
     script = work / "escaper.py"
     script.write_text(ESCAPER.format(alloc=str(HERE / "alloc_child.py")))
-    argv = [
-        sys.executable,
-        "-m",
-        "dflashd.supervisor",
-        "start",
-        "--foreground",
-        "--quiet",
-        "--home",
-        str(home),
-        "--config",
-        str(config),
-        "--",
-        sys.executable,
-        str(script),
-        str(pidfile),
-    ]
+    argv = daemon_argv(home, config, [sys.executable, str(script), str(pidfile)])
     daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     out: dict[str, Any] = {}
     holder = None
@@ -166,11 +152,15 @@ def escape_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
         out["holder_mib_before_stop"] = held
         out["stop_rc"] = cli(home, "stop", "--timeout", "5").returncode
         daemon.wait(120)
-        time.sleep(3)  # the driver frees the memory after the process is gone
         out["holder_alive_after_stop"] = Path(f"/proc/{holder}").exists()
-        after = sum(
-            p.used_mib or 0 for r in sampler.sample() for p in r.processes if p.pid == holder
-        )
+        deadline = time.monotonic() + 10
+        while True:  # the driver frees the memory shortly after the process is gone (bounded)
+            after = sum(
+                p.used_mib or 0 for r in sampler.sample() for p in r.processes if p.pid == holder
+            )
+            if not after or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         out["holder_mib_after_stop"] = after
         sampler.close()
     finally:
