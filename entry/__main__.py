@@ -1,5 +1,5 @@
 """``python -m dflashd``: the same command line as ``dflashd``."""
 
-from dflashd.supervisor.cli import main
+from dflashd.supervisor.client.cli import main
 
 main(prog_name="dflashd")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -58,8 +59,10 @@ class LogSink:
         *,
         max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
         stall_s: float = DEFAULT_STALL_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.writer = writer
+        self._clock = clock  # wall time of frames (records' ``ts``); the daemon's injected clock
         self._max_queue_bytes = max_queue_bytes
         self._stall_s = stall_s
         self._cond = threading.Condition()
@@ -82,7 +85,7 @@ class LogSink:
         """Queue one frame; waits only while the writer is making progress."""
         if not len(frame):
             return
-        item = _FrameItem(run, src, frame, time.time() if wall_s is None else wall_s)
+        item = _FrameItem(run, src, frame, self._clock() if wall_s is None else wall_s)
         with self._cond:
             while self._queued_bytes >= self._max_queue_bytes and not self._closing:
                 started = self._write_started
@@ -141,12 +144,8 @@ class LogSink:
                 self._write_started = time.monotonic()
                 drops = (self._unreported_drop_records, self._unreported_drop_bytes)
                 self._unreported_drop_records = self._unreported_drop_bytes = 0
-            if drops[0]:
-                self.writer.write_event(
-                    self.writer.last_run,
-                    "log_dropped",
-                    {"records": drops[0], "bytes": drops[1], "error": "disk stalled"},
-                )
+            if drops[0]:  # said by the writer's next log_dropped record
+                self.writer.note_dropped(drops[0], drops[1], "disk stalled")
             freed = 0
             frames: list[tuple[int, str, Frame, float]] = []
             frame_bytes = 0

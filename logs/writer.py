@@ -25,17 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import orjson
-
-from dflashd.logs.compress import GZ_SUFFIX, Compressor, last_line_gz, remove_stale_tmp
+from dflashd.logs.compress import GZ_SUFFIX, Compressor, remove_stale_tmp
 from dflashd.logs.framer import Frame
 from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
+from dflashd.logs.resume import recover_tail, rotated_paths
 
 DEFAULT_BASENAME: Final = "dflashd.jsonl"
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
 DEFAULT_BACKUPS: Final = 10
 MIN_MAX_BYTES: Final = 1024  # a smaller bound would rotate on nearly every record
-_TAIL_SCAN_BYTES: Final = 64 * 1024
 _VANISH_CHECK_S: Final = 1.0
 
 
@@ -54,35 +52,6 @@ class WriterStats:
     write_errors: int
     rotations: int
     last_error: str | None
-
-
-def rotated_paths(directory: Path, basename: str, backups: int) -> list[Path]:
-    """All file names of one log set, oldest first (``base.N`` … ``base.1``, ``base``)."""
-    return [directory / f"{basename}.{i}" for i in range(backups, 0, -1)] + [directory / basename]
-
-
-def _last_complete_line(path: Path) -> tuple[bytes | None, int]:
-    """The last newline-terminated line of ``path`` and the size of the file up to its end.
-
-    Scans backwards in blocks, so a 100 MiB file costs one or two reads.
-    """
-    with open(path, "rb") as fh:
-        size = fh.seek(0, os.SEEK_END)
-        end = size
-        tail = b""
-        while end > 0:
-            start = max(0, end - _TAIL_SCAN_BYTES)
-            fh.seek(start)
-            tail = fh.read(end - start) + tail
-            end = start
-            last_nl = tail.rfind(b"\n")
-            if last_nl == -1:
-                continue
-            good_size = end + last_nl + 1
-            prev_nl = tail.rfind(b"\n", 0, last_nl)
-            if prev_nl != -1 or end == 0:
-                return tail[prev_nl + 1 : last_nl], good_size
-        return None, 0
 
 
 class RotatingLogWriter:
@@ -124,7 +93,9 @@ class RotatingLogWriter:
         self.last_run = 0
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            self.next_seq = self._recover()
+            self.next_seq, self.last_run, self.torn_bytes = recover_tail(
+                self.directory, self.basename, self.backups
+            )
             self._fd = self._open()
         except OSError as exc:
             raise LogWriterError(f"cannot open log {self.path}: {exc.strerror or exc}") from None
@@ -146,37 +117,6 @@ class RotatingLogWriter:
         self._size = st.st_size
         self._inode = (st.st_dev, st.st_ino)
         return fd
-
-    def _recover(self) -> int:
-        """The next seq after the last complete record on disk; cuts a torn tail off the live file."""
-        for path in reversed(rotated_paths(self.directory, self.basename, self.backups)):
-            if path.is_symlink():  # never read, let alone truncate, through a planted link
-                if path == self.path:
-                    raise OSError(
-                        errno.ELOOP, "a symlink is there; refusing to follow it", str(path)
-                    )
-                continue
-            packed = path.with_name(path.name + GZ_SUFFIX)
-            if not path.exists() and packed.is_file() and not packed.is_symlink():
-                line = last_line_gz(packed)  # a compressed rotated file: read to its end
-            else:
-                if not path.exists() or path.stat().st_size == 0:
-                    continue
-                line, good_size = _last_complete_line(path)
-                size = path.stat().st_size
-                if path == self.path and good_size < size:
-                    # A crash mid-write left a torn record: keep whole records only.
-                    self.torn_bytes = size - good_size
-                    os.truncate(path, good_size)
-            if line is None:
-                continue
-            try:
-                obj = orjson.loads(line)
-                self.last_run = int(obj.get("run", 0))
-                return int(obj["seq"]) + 1
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue
-        return 1
 
     # -- encoding -----------------------------------------------------------------------
 
@@ -261,6 +201,17 @@ class RotatingLogWriter:
         if self._size >= self.max_bytes:
             self._rotate()
         return True
+
+    def note_dropped(self, records: int, nbytes: int, error: str) -> None:
+        """Drops made upstream (the sink, past a stalled disk): the next ``log_dropped`` says so.
+
+        The one writer of ``log_dropped`` records is this class: its counts are the
+        writer's own drops plus these.
+        """
+        with self._lock:
+            self._unreported_records += records
+            self._unreported_bytes += nbytes
+            self._last_error = error
 
     def _report_drops(self) -> None:
         ts = utc_timestamp(self._clock())

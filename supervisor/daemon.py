@@ -14,49 +14,46 @@ so the loop tests drive this very code with a manual clock and scripted children
 
 from __future__ import annotations
 
-import math
 import os
-import selectors
 import signal
 import traceback
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
-from dflashd.supervisor.aftermath import Aftermath, Ledger
 from dflashd.supervisor.clock import Clock, SystemClock
-from dflashd.supervisor.config import MAX_SECONDS, Config
-from dflashd.supervisor.control import ControlServer, stop_handler
+from dflashd.supervisor.config import Config
+from dflashd.supervisor.control import stop_handler
 from dflashd.supervisor.daemonlog import reopen_daemon_log
 from dflashd.supervisor.diagnostics import get_logger
-from dflashd.supervisor.ending import EXIT_FATAL, Outcome
+from dflashd.supervisor.doors import Doors
+from dflashd.supervisor.endedruns import EndedRuns
+from dflashd.supervisor.ending import EXIT_FATAL
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.fdreserve import FdReserve
-from dflashd.supervisor.gpu import NvmlSampler
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
 from dflashd.supervisor.groups import HostProcesses, ProcessOps
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.inbox import GpuSampled, Inbox, RunEmptied
-from dflashd.supervisor.launch import set_child_subreaper
-from dflashd.supervisor.launching import LaunchDeferred, Launcher
-from dflashd.supervisor.lifecycle import State, transition
-from dflashd.supervisor.notify import NotifyServer, SystemdNotifier
+from dflashd.supervisor.launcher import Launcher
+from dflashd.supervisor.ledger import Ledger
+from dflashd.supervisor.lifecycle import LoopState, State
+from dflashd.supervisor.linewatch import LineMatcher, LineTap, LineWatcher
+from dflashd.supervisor.liverun import LiveRunControl
+from dflashd.supervisor.notify import SystemdNotifier
+from dflashd.supervisor.nvml import NvmlSampler
 from dflashd.supervisor.observe import RunObserver
-from dflashd.supervisor.progress import Limits, LineMatcher, LineTap, LineWatcher
-from dflashd.supervisor.recovery import boot_id
-from dflashd.supervisor.reporting import MetricsUnavailable, Reporter
+from dflashd.supervisor.progress import Limits
+from dflashd.supervisor.recovery import boot_id, restore
+from dflashd.supervisor.reporter import MetricsUnavailable, Reporter
 from dflashd.supervisor.run import Run
-from dflashd.supervisor.statefile import read_state
-from dflashd.supervisor.status import StatusView, one_line, status_view
+from dflashd.supervisor.runend import RunEnds
+from dflashd.supervisor.runs import FirstLaunch, Runs
+from dflashd.supervisor.snapshot import status_view
+from dflashd.supervisor.spawn import set_child_subreaper
+from dflashd.supervisor.statusview import StatusView, one_line, read_state
 from dflashd.supervisor.timers import Timers
-from dflashd.supervisor.verdicts import Observations
 
 _WAKE: Final = b"\x00"
 log = get_logger("dflashd")
-_DONE_STATES: Final = (State.STOPPED, State.FATAL, State.COMPLETED)
-LAUNCH_RETRY_S: Final = 1.0  # a launch deferred for want of descriptors is tried again after this
-
-
-FirstLaunch = Callable[[dict[str, Any]], None]
 
 
 class StartupError(Exception):
@@ -81,16 +78,11 @@ class Daemon:
         self.clock = clock or SystemClock()
         self.ops = ops or HostProcesses(home.id)
         self._sampler_factory = sampler_factory or (lambda _pid: NvmlSampler(config.gpus))
-        self._on_first_launch = on_first_launch
-        self.state = State.STARTING
-        self.run: Run | None = None
+        self.loop = LoopState()
         self.ledger = Ledger()
         self.timers = Timers()
-        self.exit_code = 0
         self.started_wall = self.clock.time()
         self.inbox = Inbox()
-        self._selector = selectors.DefaultSelector()
-        self._stop_requested = False
         self._systemd = SystemdNotifier.from_environ(dict(os.environ))
         self._matcher = LineMatcher(
             config.first_step_pattern, config.step_pattern, config.builtin_formats
@@ -98,8 +90,13 @@ class Daemon:
         self._limits = Limits(config.first_step_timeout_s, config.stall_timeout_s)
         self.gpu = GpuWatch(GpuSettings.from_config(config))
         self.boot_id = boot_id()
-        self.reporter = Reporter(home, config, self._systemd)
-        self.observer = RunObserver(self.reporter, self.gpu, self.ops, self.ledger)
+        self.reporter = Reporter(home, config, self._systemd, self.clock)
+        self.observer = RunObserver(
+            self.reporter, self.gpu, self.ops, self.ledger, config.alerts.on
+        )
+        self.live = LiveRunControl(
+            self.clock, self.reporter, self.observer, self._limits, self.timers
+        )
         self.launcher = Launcher(
             home,
             config,
@@ -112,15 +109,39 @@ class Daemon:
             ),
             sees_steps=self._matcher.configured,
         )
-        self.aftermath = Aftermath(
-            config, self.clock, self.ops, self.reporter, self.observer, self.ledger
+        self.ended_runs = EndedRuns(self.ops, self.reporter)
+        self.ended_runs.on_empty = lambda run_no: self.inbox.post(RunEmptied(run_no))
+        self.ends = RunEnds(
+            config,
+            self.clock,
+            self.loop,
+            self.timers,
+            self.ledger,
+            self.reporter,
+            self.ended_runs,
+            self.gpu,
+            self._publish,
         )
-        self.aftermath.on_empty = lambda run_no: self.inbox.post(RunEmptied(run_no))
-        self.control: ControlServer | None = None
-        self.notify: NotifyServer | None = None
-        self._control_check_at = 0.0
-        self._deferred_run_no: int | None = None
-        self._fd_reserve = FdReserve()
+        self.observer.apply = self.ends.apply
+        self.runs = Runs(
+            config,
+            self.clock,
+            self.loop,
+            self.timers,
+            self.ledger,
+            self.ops,
+            self.reporter,
+            self.gpu,
+            self.observer,
+            self.launcher,
+            self.live,
+            self.ended_runs,
+            self.ends,
+            self._systemd,
+        )
+        self.runs.process_inbox, self.runs.publish = self._process_inbox, self._publish
+        self.runs.on_first_launch = on_first_launch
+        self.doors: Doors | None = None
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -140,32 +161,61 @@ class Daemon:
             self._daemon_failed(exc)
         finally:
             self.close()
-        return self.exit_code
+        return self.loop.exit_code
+
+    @property
+    def state(self) -> State:
+        """The daemon's state (see :class:`LoopState`)."""
+        return self.loop.state
+
+    @property
+    def run(self) -> Run | None:
+        """The current (or last) run."""
+        return self.runs.run
+
+    def reap(self) -> None:
+        """SIGCHLD: see :meth:`Runs.reap`."""
+        self.runs.reap()
+
+    def request_stop(self, timeout_s: float) -> None:
+        """``dflashd stop``, SIGTERM, SIGINT: see :meth:`Runs.request_stop`."""
+        self.runs.request_stop(timeout_s)
+
+    @property
+    def exit_code(self) -> int:
+        """The code the daemon exits with."""
+        return self.loop.exit_code
 
     def open(self) -> None:
         """Everything before the loop: history, sockets, recovery, GPUs, metrics, the first launch."""
         self.reporter.open_history()
         stop = stop_handler(self.config.restart.stop_timeout_s, self.request_stop, lambda: self.run)
         handlers = {"status": lambda _: dict(self.status()), "stop": stop}
-        self.control = ControlServer(self.home.control_socket, handlers, self.clock.monotonic)
-        self.notify = NotifyServer(self.home.notify_socket)
-        self._selector.register(self.inbox.read_fd, selectors.EVENT_READ, "wake")
-        self._selector.register(self.notify.fileno(), selectors.EVENT_READ, "notify")
-        self._selector.register(self.control.sock, selectors.EVENT_READ, "control")
-        self.aftermath.restore(read_state(self.home.state_file) or {}, self.home, self.boot_id)
+        self.doors = Doors(self.home, self.clock, self.inbox.read_fd, handlers)
+        lost = restore(
+            read_state(self.home.state_file) or {},
+            self.ledger,
+            self.reporter,
+            self.ops.recover,
+            boot=self.boot_id,
+            stop_timeout_s=self.config.restart.stop_timeout_s,
+            now_wall=self.clock.time(),
+        )
+        if lost is not None:  # a run the dead daemon never saw end: concluded as any other
+            self.ends.conclude(None, lost)
         child_pid = lambda: self.run.pid if self.run else None  # noqa: E731
         off = self.gpu.begin(
             self.config.gpus_enabled, self._sampler_factory, child_pid, self.inbox.post_gpu
         )
         if off is not None:
-            self.reporter.event(0, off[0], **off[1])
+            self.reporter.record(0, off[0], **off[1])
         try:
             self.reporter.start_metrics()  # before the launch: a busy address refuses the start
         except MetricsUnavailable as exc:
             raise StartupError(str(exc)) from None
         if self._systemd.watchdog_interval_s:
             self.timers.watchdog_at = self.clock.monotonic()
-        self._launch()
+        self.runs.launch()
         if self.gpu.poller is not None:
             self.gpu.poller.start()  # after the launch: the first poll already sees the child
 
@@ -178,16 +228,11 @@ class Daemon:
         for message in self.inbox.messages():
             now = self.clock.monotonic()
             if isinstance(message, RunEmptied):
-                run = self.run
-                waiting = self.timers.release_check_at is not None
-                if waiting and run is not None and run.run_no == message.run_no and not run.alive:
-                    self.timers.release_check_at = None
-                    self._relaunch_when_released(now)
-                continue
-            if isinstance(message, GpuSampled):
+                self.runs.emptied(message.run_no, now)
+            elif isinstance(message, GpuSampled):
                 end = self.observer.gpu_sample(self.run, message.sample, now)
                 if end is not None and self.run is not None:
-                    self.aftermath.end_run(self.run, end)
+                    self.live.end(self.run, end)
                 self.timers.state_dirty = True
             elif self.observer.lines(self.run, message, now):
                 self.timers.state_dirty = True
@@ -195,34 +240,19 @@ class Daemon:
     # -- the loop -------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while self.state not in _DONE_STATES:
-            for key, _ in self._selector.select(self.next_timeout()):
-                if key.data == "wake":
-                    self._on_wake()
-                elif key.data == "notify" and self.notify is not None:
-                    for msg in self.notify.receive():
-                        if self.observer.notify(self.run, msg, self.clock.monotonic()):
-                            self.timers.state_dirty = True
-                elif key.data == "control" and self.control is not None:
-                    self.control.on_event(self._selector, key.fileobj)
-            if self.control is not None:
-                self.control.expire(self._selector)
-                self._check_control_socket()
+        assert self.doors is not None
+        while not self.loop.done:
+            knocks = self.doors.wait(self.next_timeout())
+            if knocks.woken:
+                self._on_wake()
+            for msg in knocks.said:
+                if self.observer.notify(self.run, msg, self.clock.monotonic()):
+                    self.timers.state_dirty = True
             self.turn()
-
-    def _check_control_socket(self) -> None:
-        """A removed control.sock is made again (looked at most once a second, on wake-ups)."""
-        now = self.clock.monotonic()
-        if self.control is None or now < self._control_check_at:
-            return
-        self._control_check_at = now + 1.0
-        if self.control.socket_missing():
-            log.warning("control_socket_rebound", path=str(self.home.control_socket))
-            self.control.rebind(self._selector)
 
     def next_timeout(self) -> float | None:
         """How long the selector may sleep: None when nothing is due (no periodic wake-ups)."""
-        expiry = self.control.next_expiry() if self.control is not None else None
+        expiry = self.doors.next_expiry() if self.doors is not None else None
         return self.timers.next_timeout(self.run, self._limits, self.clock.monotonic(), expiry)
 
     def _on_wake(self) -> None:
@@ -242,8 +272,8 @@ class Daemon:
         The control socket is bound again if its file was removed, daemon.log is re-opened
         if it was rotated away, and the status goes to daemon.log, as one record.
         """
-        if self.control is not None and self.control.socket_missing():
-            self.control.rebind(self._selector)
+        if self.doors is not None:
+            self.doors.reopen()
         reopen_daemon_log()
         log.info("status_dump", signal=why, **dict(self.status()))
 
@@ -253,136 +283,16 @@ class Daemon:
         if self.timers.watchdog_at is not None and now >= self.timers.watchdog_at:
             self._systemd.notify("WATCHDOG=1")
             self.timers.watchdog_at = now + (self._systemd.watchdog_interval_s or 1.0)
-        if run is not None and run.alive and run.pid is not None:
-            if run.watcher is not None and run.watcher.flush_if_due(now):
-                self._process_inbox()  # a step printed, then quiet: counted now
-            if run.kill_at_mono is not None and now >= run.kill_at_mono:
-                run.kill_at_mono = None
-                if run.custody is not None:
-                    run.custody.kill_all()
-            stall = None if run.ended_by_us else run.progress.stall_deadline(self._limits)
-            if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
-                self.aftermath.end_run(run, why)
-        if self.timers.stop_deadline is not None and now >= self.timers.stop_deadline:
-            self.timers.stop_deadline = None
-            if run is not None and run.alive and run.pid is not None:
-                self.reporter.event(run.run_no, Event.STOP_TIMEOUT, signal="SIGKILL")
-                if run.custody is not None:
-                    run.custody.kill_all()
+        watcher = run.watcher if run is not None and run.alive else None
+        if watcher is not None and watcher.flush_if_due(now):
+            self._process_inbox()  # a step printed, then quiet: counted now
+        self.live.check(run, now)
         for due in ("restart_at", "release_check_at"):
             if (at := getattr(self.timers, due)) is not None and now >= at:
                 setattr(self.timers, due, None)
-                self._relaunch_when_released(now)
+                self.runs.relaunch_when_released(now)
         if self.timers.state_write_due(now):
             self._publish()
-
-    # -- launch ---------------------------------------------------------------------------
-
-    def _relaunch_when_released(self, now: float) -> None:
-        if (wait := self.aftermath.end_leftovers(self.run, now)) is not None:
-            self.timers.release_check_at = wait  # nothing of the dead run lives into the next
-            return
-        check = self.gpu.release_check(self.run, self.ops, now)
-        for event, fields in check.records:
-            self.reporter.event(self.run.run_no if self.run else 0, event, **fields)
-        custody = self.run.custody if self.run is not None else None
-        for pid in check.kill:
-            if custody is not None:  # a holder proven to belong to the dead run
-                custody.signal_pid(pid, signal.SIGKILL)
-        if check.ready:
-            self._launch()
-        else:
-            self.timers.release_check_at = check.retry_at
-
-    def _launch(self) -> None:
-        if self.state is not State.STARTING:
-            self.state = transition(self.state, State.STARTING)
-        clear, self.ledger.clear_cache_next = self.ledger.clear_cache_next, False
-        run_no, self._deferred_run_no = self._deferred_run_no, None
-        try:
-            run, error = self.launcher.launch(self.run, clear_cache=clear, run_no=run_no)
-        except LaunchDeferred as deferred:
-            freed = self._fd_reserve.release()  # room for the records and the next attempt
-            self.reporter.announce(
-                deferred.run_no,
-                Event.LAUNCH_DEFERRED,
-                "warning",
-                error=deferred.error,
-                retry_in_s=LAUNCH_RETRY_S,
-                reserve_freed=freed,
-            )
-            self._deferred_run_no = deferred.run_no
-            self.ledger.clear_cache_next = clear
-            self.timers.restart_at = self.clock.monotonic() + LAUNCH_RETRY_S
-            return
-        self._fd_reserve.take()
-        self.run = run
-        if error is not None:
-            obs = Observations(spawn_error=error)
-            self._after(self.aftermath.conclude(run, obs, 0.0, (), self._stop_requested))
-            self._announce({"ok": False, "run": run.run_no, "error": f"spawn failed: {error}"})
-            return
-        self.state = transition(self.state, State.RUNNING)
-        self._publish()
-        self._announce({"ok": True, "run": run.run_no, "pid": run.pid})
-        if self._systemd.enabled:  # READY means the launch is in the log: on disk first
-            self.reporter.sink.flush(1.0)
-            self._systemd.notify(f"READY=1\nSTATUS={one_line(self.status())}")
-
-    def _announce(self, info: dict[str, Any]) -> None:
-        callback, self._on_first_launch = self._on_first_launch, None
-        if callback is not None:
-            callback({**info, "log": str(self.reporter.log_path), "daemon_pid": os.getpid()})
-
-    # -- the end of a run -----------------------------------------------------------------
-
-    def request_stop(self, timeout_s: float) -> None:
-        """Stop: SIGTERM to the child's group, SIGKILL after ``timeout_s``, then exit."""
-        if self._stop_requested or self.state in _DONE_STATES:
-            return
-        if not math.isfinite(timeout_s) or not 0 <= timeout_s <= MAX_SECONDS:
-            timeout_s = self.config.restart.stop_timeout_s
-        self._stop_requested = True
-        self.timers.restart_at = self.timers.release_check_at = None
-        if self.state is not State.STOPPING:
-            self.state = transition(self.state, State.STOPPING)
-        self._systemd.notify("STOPPING=1")
-        if self.run is not None and self.run.alive:
-            self.aftermath.stop_run(self.run, timeout_s)
-            self.timers.stop_deadline = self.clock.monotonic() + timeout_s
-        else:
-            self.state = transition(self.state, State.STOPPED)
-        self._publish()
-
-    def reap(self) -> None:
-        """SIGCHLD: reap the child if it died, then any orphaned zombies."""
-        run = self.run
-        if run is not None and run.alive and run.pid is not None:
-            try:
-                status = self.ops.wait_nohang(run.pid)
-                unknown = False
-            except ChildProcessError:  # gone, status unknown: never taken for a success
-                status, unknown = None, True
-            if status is not None or unknown:
-                self.aftermath.catch_up(run)  # the last words, framed...
-                if run.watcher is not None:
-                    run.watcher.flush()
-                self._process_inbox()  # ...and their steps counted before the verdict
-                self._after(self.aftermath.child_died(run, status, self._stop_requested))
-        keep = set(self.reporter.alerts.pids)
-        if self.run is not None and self.run.alive and self.run.pid is not None:
-            keep.add(self.run.pid)
-        self.ops.reap_orphans(keep)
-
-    def _after(self, outcome: Outcome) -> None:
-        """The loop's share of a run's end: the state machine, the restart timer, the exit code."""
-        if outcome.next_state is not self.state:
-            self.state = transition(self.state, outcome.next_state)
-        if outcome.restart_delay_s is not None:
-            self.timers.restart_at = self.clock.monotonic() + outcome.restart_delay_s
-        if outcome.daemon_exit_code is not None:
-            self.exit_code, self.timers.stop_deadline = outcome.daemon_exit_code, None
-        self._publish()
 
     # -- control and status ---------------------------------------------------------------
 
@@ -390,19 +300,29 @@ class Daemon:
         """The ``status --json`` object (docs/design.md, "Status")."""
         return status_view(self)
 
-    def _publish(self) -> None:
+    def _publish(self) -> str:
+        """state.json, metrics and systemd's STATUS= from one snapshot; returns its one line."""
         self.timers.state_dirty, self.timers.last_state_write = False, self.clock.monotonic()
-        self.reporter.publish(self.status(), one_line(self.status()))
+        view = self.status()  # built once per publish
+        summary = one_line(view)
+        self.reporter.publish(view, summary)
+        return summary
 
     # -- shutdown -------------------------------------------------------------------------
 
     def _daemon_failed(self, exc: BaseException) -> None:
         text = "".join(traceback.format_exception(exc))[-4000:]
         run_no = self.run.run_no if self.run else 0
-        self.reporter.announce(
-            run_no, Event.FATAL, "error", reason="daemon_error", error=repr(exc), traceback=text
+        self.reporter.record(
+            run_no,
+            Event.FATAL,
+            log_level="error",
+            reason="daemon_error",
+            error=repr(exc),
+            traceback=text,
         )
-        self.state, self.exit_code = State.FATAL, EXIT_FATAL
+        self.loop.state = State.FATAL  # past the table: the daemon itself failed
+        self.loop.end_with(EXIT_FATAL)
         self.ledger.fatal_reason = "daemon_error"
 
     def close(self) -> None:
@@ -413,23 +333,21 @@ class Daemon:
         """
         run = self.run
         own = isinstance(self.ops, HostProcesses)
-        self._fd_reserve.release()  # the last steps may need descriptors the job's end did not free
+        self.runs.fd_reserve.release()  # the last steps may need descriptors the job's end did not free
         steps: list[tuple[str, Callable[[], object]]] = [
             ("alerts", self.reporter.alerts.close),  # first: an alert going out is not swept
-            ("sweep", lambda: self.aftermath.sweep(run, own_descendants=own)),
+            ("sweep", lambda: self.ended_runs.sweep(run, own_descendants=own)),
             ("drains", lambda: [d.wait_eof(2.0) for d in (run.drains if run is not None else ())]),
             ("gpu", self.gpu.stop),
             (
                 "daemon_exit",
-                lambda: self.reporter.event(
+                lambda: self.reporter.record(
                     run.run_no if run else 0, Event.DAEMON_EXIT, state=self.state.value
                 ),
             ),
             ("state", self._publish),
             ("reporter", self.reporter.close),
-            ("control", lambda: self.control.close() if self.control is not None else None),
-            ("notify", lambda: self.notify.close() if self.notify is not None else None),
-            ("selector", self._selector.close),
+            ("doors", lambda: self.doors.close() if self.doors is not None else None),
             ("inbox", self.inbox.close),
             ("cgroups", self.ops.close),
         ]

@@ -1,33 +1,42 @@
-"""The end of a run as classify -> decide -> outcome: one pure function, applied by the daemon in one place.
+"""The end of a run, decided in one pure function: facts in, a list of effects out.
 
 :func:`conclude` takes everything known about a dead run (:class:`RunFacts`) and the
 counters kept between runs, and returns an :class:`Outcome`: the verdict and its reason,
-the ``exit`` record's fields, what follows (restart and when, fatal, done), the alerts to
-send, whether to clear the owned caches, and the records to write after the exit.  No
-clock, no I/O: the jitter is passed in.
+and the effects, in the order the daemon carries them out (``Daemon.apply``, the one
+applier): the ``exit`` record, the runs.sqlite row, the ledger's new counters, the alerts,
+the records that follow (``restart``, ``fatal``, ``done``), what becomes of the run's
+processes, the loop's next state, the restart timer, the daemon's exit code.
+
+:func:`resumed` decides the other end of a bad run, the ``recovered`` alert, through the
+same alert rule (``alerts.on``).  A run a killed daemon never saw end (``lost``) is
+concluded here too, through :func:`classify`.  No clock, no I/O: time and jitter come in.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from dflashd.supervisor.alerts import alert_decision
 from dflashd.supervisor.config import RestartConfig
 from dflashd.supervisor.elastic import worker_exit_code
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.history import RunHistory
+from dflashd.supervisor.ledger import Book
 from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.policy import Action, Decision, RestartHistory, decide
 from dflashd.supervisor.verdicts import (
     AlertKind,
     Classification,
+    EndedBy,
     Observations,
     Verdict,
     classify,
     signal_name,
 )
 
-EXIT_FATAL = 4  # the daemon gave up (fatal); systemd's RestartPreventExitStatus names it
+EXIT_FATAL: Final = 4  # the daemon gave up (fatal); systemd's RestartPreventExitStatus names it
+EXIT_RECORD_WAIT_S: Final = 0.1  # the exit record is waited onto disk before the bookkeeping
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +45,8 @@ class RunFacts:
 
     run_no: int
     obs: Observations
-    duration_s: float
+    duration_s: float | None
+    ended_at: float = 0.0  # wall clock
     first_step_after_s: float | None = None
     progress_s: float = 0.0
     step: int | None = None
@@ -46,38 +56,142 @@ class RunFacts:
     stop_requested: bool = False
 
 
+# -- the effects, carried out in order by the daemon's one applier -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRecord:
+    """One ``dflashd`` record; ``log_level``: also dflashd's own log; ``wait_s``: onto disk."""
+
+    event: Event
+    fields: dict[str, Any]
+    log_level: str | None = None
+    wait_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SendAlert:
+    """One alert; ``fields``: the exit's (code, signal, duration, tail) for the payload."""
+
+    kind: AlertKind
+    reason: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHistory:
+    """The run's row in runs.sqlite."""
+
+    run_no: int
+    ended_at: float
+    row: dict[str, Any]
+
+    def write(self, db: RunHistory) -> None:
+        """Write the row (the reporter calls this, degrading on a full disk)."""
+        db.ended(self.run_no, ended_at=self.ended_at, **self.row)
+
+
+@dataclass(frozen=True, slots=True)
+class SettleProcesses:
+    """What becomes of the dead run's processes: killed now (dflashd ended it), or noted
+    as leftovers and ended before the next launch."""
+
+    kill_now: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EnterState:
+    """The loop's next state."""
+
+    state: State
+
+
+@dataclass(frozen=True, slots=True)
+class RestartIn:
+    """The next launch, after ``delay_s``."""
+
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExitDaemon:
+    """The daemon ends with ``code`` (done, stopped, fatal)."""
+
+    code: int
+
+
+Effect = (
+    WriteRecord
+    | SendAlert
+    | RecordHistory
+    | Book
+    | SettleProcesses
+    | EnterState
+    | RestartIn
+    | ExitDaemon
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What the daemon does about an ended run."""
+    """The verdict, the policy's decision (None for a lost run) and the effects, in order."""
 
     result: Classification
+    decision: Decision | None
     exit_fields: dict[str, Any]
-    decision: Decision
-    next_state: State
-    alerts: tuple[tuple[AlertKind, str], ...] = ()
-    records: tuple[tuple[Event, dict[str, Any]], ...] = ()
-    daemon_exit_code: int | None = None  # set when the daemon ends (done or fatal)
-    restart_delay_s: float | None = None
-    clear_cache: bool = False
-    counts_as_restart: bool = False
-    fatal_reason: str | None = None
-    recovering_from: str | None = field(default=None)
+    effects: tuple[Effect, ...]
+
+    @property
+    def next_state(self) -> State | None:
+        """The state the loop enters (None: unchanged)."""
+        states = [e.state for e in self.effects if isinstance(e, EnterState)]
+        return states[-1] if states else None
+
+    @property
+    def alerts(self) -> tuple[tuple[AlertKind, str], ...]:
+        """The alerts sent, as (kind, reason)."""
+        return tuple((e.kind, e.reason) for e in self.effects if isinstance(e, SendAlert))
+
+    @property
+    def records(self) -> tuple[Event, ...]:
+        """The records written, in order."""
+        return tuple(e.event for e in self.effects if isinstance(e, WriteRecord))
+
+    @property
+    def daemon_exit_code(self) -> int | None:
+        """The daemon's exit code when it ends (done or fatal), else None."""
+        codes = [e.code for e in self.effects if isinstance(e, ExitDaemon)]
+        return codes[-1] if codes else None
+
+    @property
+    def restart_delay_s(self) -> float | None:
+        """The delay before the next launch, when one follows."""
+        delays = [e.delay_s for e in self.effects if isinstance(e, RestartIn)]
+        return delays[-1] if delays else None
+
+    @property
+    def book(self) -> Book:
+        """The ledger's change (every outcome has exactly one)."""
+        return next(e for e in self.effects if isinstance(e, Book))
 
 
 def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
     """The ``exit`` record of docs/design.md."""
     obs = facts.obs
+    lost = result.verdict is Verdict.LOST
     out: dict[str, Any] = {
         "exit_code": obs.exit_code,
         "signal": signal_name(obs.signal) if obs.signal is not None else None,
-        "duration_s": round(facts.duration_s, 3),
+        "duration_s": None if facts.duration_s is None else round(facts.duration_s, 3),
         "verdict": result.verdict.value,
         "reason": result.reason,
         "tail": list(facts.tail),
         "step": facts.step,
-        "output_lines": obs.output_lines,
+        "output_lines": None if lost else obs.output_lines,
     }
-    if obs.output_lines == 0 and obs.spawn_error is None:
+    if lost:
+        out["note"] = "the daemon died while this run lived: its end was not seen"
+    elif obs.output_lines == 0 and obs.spawn_error is None:
         out["note"] = "exited before writing anything"
     if facts.epoch is not None:
         out["epoch"] = facts.epoch
@@ -90,6 +204,18 @@ def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
     return out
 
 
+def history_row(fields: dict[str, Any]) -> dict[str, Any]:
+    """The runs.sqlite columns of an ``exit`` record."""
+    return {
+        "verdict": fields["verdict"],
+        "reason": fields["reason"],
+        "exit_code": fields["exit_code"],
+        "signal": fields["signal"],
+        "first_step_s": fields.get("first_step_after_s"),
+        "last_step": fields.get("step"),
+    }
+
+
 def conclude(
     facts: RunFacts,
     *,
@@ -98,12 +224,33 @@ def conclude(
     alerts_on: tuple[AlertKind, ...],
     jitter: float,
 ) -> Outcome:
-    """Classify the run, decide what follows, and say which alerts and records that means."""
+    """Classify the run, decide what follows, and list every effect that means, in order."""
     result = classify(facts.obs, policy.early_death_s)
     fields = exit_fields(facts, result)
     worker_code = worker_exit_code(facts.tail)  # a torchrun job: its first failed worker's code
     if worker_code is not None:
         fields["worker_exit_code"] = worker_code
+    verdict = result.verdict.value
+    level = "info" if result.verdict in (Verdict.COMPLETED, Verdict.STOPPED) else "error"
+    written: list[Effect] = [
+        WriteRecord(Event.EXIT, fields, level, EXIT_RECORD_WAIT_S),
+        RecordHistory(facts.run_no, facts.ended_at, history_row(fields)),
+    ]
+    last_exit = {"run": facts.run_no, "ended_at": facts.ended_at, **fields}
+    alerted = set(facts.already_alerted)
+
+    def alert(kind: AlertKind, reason: str, early_before: int) -> list[Effect]:
+        on = alert_decision(
+            kind, on=alerts_on, already_alerted=frozenset(alerted), early_deaths_before=early_before
+        )
+        alerted.add(kind)
+        return [SendAlert(kind, reason, fields)] if on else []
+
+    if result.verdict is Verdict.LOST:  # concluded at a later daemon's start, which relaunches
+        book = Book(last_exit=last_exit, counted_verdict=verdict)
+        lost = alert(AlertKind.LOST, result.reason, 0)
+        return Outcome(result, None, fields, (*written, book, *lost))
+
     decision = decide(
         result.verdict,
         exit_code=facts.obs.exit_code,
@@ -117,41 +264,46 @@ def conclude(
         worker_exit_code=worker_code,
         step=facts.step,
     )
-    alerted = set(facts.already_alerted)
-    alerts: list[tuple[AlertKind, str]] = []
-
-    def maybe_alert(kind: AlertKind, reason: str, early_before: int) -> None:
-        if alert_decision(
-            kind,
-            on=alerts_on,
-            already_alerted=frozenset(alerted),
-            early_deaths_before=early_before,
-        ):
-            alerted.add(kind)
-            alerts.append((kind, reason))
-
-    maybe_alert(AlertKind(result.verdict.value), result.reason, history.early_deaths)
-    recovering = "stalled" if result.verdict is Verdict.STALLED else None
-    verdict = result.verdict.value
+    settle = SettleProcesses(kill_now=facts.obs.ended_by is not EndedBy.CHILD)
+    verdict_alert = AlertKind(verdict)
     if facts.stop_requested:
-        return Outcome(result, fields, decision, State.STOPPED, tuple(alerts), daemon_exit_code=0)
+        book = Book(last_exit=last_exit, history=decision.history, clear_cache_next=False)
+        alerts = alert(verdict_alert, result.reason, history.early_deaths)
+        ending = (settle, EnterState(State.STOPPED), ExitDaemon(0))
+        return Outcome(result, decision, fields, (*written, book, *alerts, *ending))
     if decision.action is Action.DONE:
-        records = ((Event.DONE, {"verdict": verdict}),)
+        book = Book(last_exit=last_exit, history=decision.history, clear_cache_next=False)
+        alerts = alert(verdict_alert, result.reason, history.early_deaths)
         done = State.COMPLETED if result.verdict is Verdict.COMPLETED else State.STOPPED
-        return Outcome(result, fields, decision, done, tuple(alerts), records, daemon_exit_code=0)
+        after: tuple[Effect, ...] = (
+            WriteRecord(Event.DONE, {"verdict": verdict}, "info"),
+            settle,
+            EnterState(done),
+        )
+        return Outcome(result, decision, fields, (*written, book, *alerts, *after, ExitDaemon(0)))
     if decision.action is Action.FATAL:
-        maybe_alert(AlertKind.FATAL, decision.reason, 0)
-        records = ((Event.FATAL, {"reason": decision.reason, "verdict": verdict}),)
-        return Outcome(
-            result,
-            fields,
-            decision,
-            State.FATAL,
-            tuple(alerts),
-            records,
-            daemon_exit_code=EXIT_FATAL,
+        book = Book(
+            last_exit=last_exit,
+            history=decision.history,
+            clear_cache_next=False,
             fatal_reason=decision.reason,
         )
+        # One page for one event: the ``fatal`` alert carries the run's exit (code, tail);
+        # the verdict's own alert goes out only where ``fatal`` is not alerted.
+        alerts = alert(AlertKind.FATAL, decision.reason, 0)
+        if not alerts:
+            alerts = alert(verdict_alert, result.reason, history.early_deaths)
+        fatal = WriteRecord(Event.FATAL, {"reason": decision.reason, "verdict": verdict}, "error")
+        after = (fatal, settle, EnterState(State.FATAL), ExitDaemon(EXIT_FATAL))
+        return Outcome(result, decision, fields, (*written, book, *alerts, *after))
+    book = Book(
+        last_exit=last_exit,
+        history=decision.history,
+        counted_verdict=verdict,
+        clear_cache_next=decision.clear_cache,
+        recovering_from="stalled" if result.verdict is Verdict.STALLED else None,
+    )
+    alerts = alert(verdict_alert, result.reason, history.early_deaths)
     restart = {
         "delay_s": round(decision.delay_s, 3),
         "cache_cleared": decision.clear_cache,
@@ -159,15 +311,34 @@ def conclude(
         "early_deaths": decision.history.early_deaths,
         "runtime_crashes": decision.history.runtime_crashes,
     }
-    return Outcome(
-        result,
-        fields,
-        decision,
-        State.BACKOFF,
-        tuple(alerts),
-        ((Event.RESTART, restart),),
-        restart_delay_s=decision.delay_s,
-        clear_cache=decision.clear_cache,
-        counts_as_restart=True,
-        recovering_from=recovering,
+    after = (
+        WriteRecord(Event.RESTART, restart, "info"),
+        settle,
+        EnterState(State.BACKOFF),
+        RestartIn(decision.delay_s),
     )
+    return Outcome(result, decision, fields, (*written, book, *alerts, *after))
+
+
+def lost_facts(run_no: int, step: int | None, ended_at: float) -> RunFacts:
+    """A run the previous daemon ran when it was killed: its end was never seen."""
+    obs = Observations(ended_by=EndedBy.DAEMON_DIED, status_unknown=True)
+    return RunFacts(run_no, obs, None, ended_at=ended_at, step=step)
+
+
+def resumed(
+    recovering_from: str | None,
+    *,
+    alerts_on: tuple[AlertKind, ...],
+    already_alerted: frozenset[AlertKind],
+) -> tuple[Effect, ...]:
+    """Training reached a step after a stall or a fatal: the ``recovered`` alert, if on."""
+    if recovering_from is None:
+        return ()
+    effects: list[Effect] = []
+    if alert_decision(
+        AlertKind.RECOVERED, on=alerts_on, already_alerted=already_alerted, early_deaths_before=0
+    ):
+        effects.append(SendAlert(AlertKind.RECOVERED, recovering_from, {"tail": []}))
+    effects.append(Book(recovered=True))
+    return tuple(effects)

@@ -22,7 +22,8 @@ from typing import Any, Final
 
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.gpu import (
+from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.nvml import (
     ChildGpuUse,
     GpuPoller,
     GpuSample,
@@ -32,7 +33,6 @@ from dflashd.supervisor.gpu import (
     join_with_tree,
     reading_to_dict,
 )
-from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.run import Run
 
 RECORD_EVERY_S: Final = 60.0

@@ -17,15 +17,15 @@ from typing import Any, Protocol
 from dflashd.supervisor.cgroups import CgroupBase, cgroup_pids, own_cgroup
 from dflashd.supervisor.custody import (
     MODE_CGROUP,
-    MODE_PID,
     MODE_PIDFD,
-    PIDFD_SUPPORTED,
     HostCustody,
     end_stale_cgroup,
     open_base,
 )
-from dflashd.supervisor.launch import Launched, spawn
 from dflashd.supervisor.procfs import read_stat
+from dflashd.supervisor.proof import MODE_PID, PIDFD_SUPPORTED
+from dflashd.supervisor.recovery import recover
+from dflashd.supervisor.spawn import Launched, spawn
 
 
 class ProcessOps(Protocol):
@@ -107,7 +107,7 @@ class HostProcesses:
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
     ) -> Launched:
-        """See :func:`dflashd.supervisor.launch.spawn`; the child enters ``run-N``'s cgroup."""
+        """See :func:`dflashd.supervisor.spawn.spawn`; the child enters ``run-N``'s cgroup."""
         cgroup = self._run_cgroup(run_no)
         launched = spawn(argv, cwd=cwd, env=env, cgroup=cgroup)
         rel = self.base.run_rel(run_no) if self.base is not None else ""
@@ -187,7 +187,6 @@ class HostProcesses:
         self, previous: dict[str, Any], boot: str | None, timeout_s: float
     ) -> list[tuple[str, int, dict[str, Any]]]:
         """See :func:`dflashd.supervisor.recovery.recover`."""
-        from dflashd.supervisor.recovery import recover
 
         return recover(previous, self.base, self.home_id, boot, timeout_s)
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dflashd.supervisor.gpu import GpuSample
-from dflashd.supervisor.progress import LinesSeen
+from dflashd.supervisor.linewatch import LinesSeen
+from dflashd.supervisor.nvml import GpuSample
 
 _WAKE: Final = b"\x00"
 # Every signal whose default would end or stop the daemon silently gets a handler that does

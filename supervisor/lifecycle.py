@@ -51,3 +51,27 @@ def transition(current: State, target: State) -> State:
     if target not in TRANSITIONS[current]:
         raise IllegalTransition(f"{current.value} -> {target.value}")
     return target
+
+
+class LoopState:
+    """The daemon's state, its exit code, and whether a stop was asked: changed only by
+    :meth:`enter` (the table above) and :meth:`end_with`."""
+
+    def __init__(self) -> None:
+        self.state = State.STARTING
+        self.exit_code = 0
+        self.stop_requested = False
+
+    def enter(self, target: State) -> None:
+        """Move to ``target`` (no-op when already there); an illegal edge raises."""
+        if target is not self.state:
+            self.state = transition(self.state, target)
+
+    def end_with(self, code: int) -> None:
+        """The daemon will exit with ``code``."""
+        self.exit_code = code
+
+    @property
+    def done(self) -> bool:
+        """The loop ends: stopped, fatal or completed."""
+        return self.state in (State.STOPPED, State.FATAL, State.COMPLETED)

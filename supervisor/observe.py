@@ -2,29 +2,32 @@
 
 The :class:`RunObserver` takes each piece of evidence with ``now``, updates the run's
 :class:`~dflashd.supervisor.progress.Progress` and phase, and writes what it means
-(``first_step``, ``progress``, ``child_status``, ``gpu`` records, the ``recovered`` alert).
+(``first_step``, ``progress``, ``child_status``, ``gpu`` records).
 It never signals anything: when the evidence says the run must end (no GPU memory past
-the grace), it returns the reason and the daemon ends the run.
+the grace, a stall), it returns the reason and :mod:`liverun` ends the run.  The
+``recovered`` alert is decided by :func:`~dflashd.supervisor.ending.resumed` and carried out
+by the daemon's one applier.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from dflashd.supervisor.elastic import AgentLine, AgentSaid, ElasticState
+from dflashd.supervisor.ending import Effect, resumed
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.gpu import GpuSample
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.linewatch import LinesSeen
 from dflashd.supervisor.notify import NotifyMessage
-from dflashd.supervisor.progress import GPU, Change, LinesSeen
-from dflashd.supervisor.reporting import Reporter
+from dflashd.supervisor.nvml import GpuSample
+from dflashd.supervisor.progress import GPU, Change
+from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
-
-if TYPE_CHECKING:
-    from dflashd.supervisor.aftermath import Ledger
 
 _LAST_LINE_CHARS = 500
 CPU_ALIVE_S = 1.0  # CPU-seconds a silent run must use per stall period to count as alive
@@ -33,9 +36,18 @@ CPU_ALIVE_S = 1.0  # CPU-seconds a silent run must use per stall period to count
 class RunObserver:
     """Evidence in, progress and records out."""
 
-    def __init__(self, reporter: Reporter, gpu: GpuWatch, ops: ProcessOps, ledger: Ledger) -> None:
+    def __init__(
+        self,
+        reporter: Reporter,
+        gpu: GpuWatch,
+        ops: ProcessOps,
+        ledger: Ledger,
+        alerts_on: tuple[AlertKind, ...],
+    ) -> None:
         self.reporter, self.gpu, self.ops, self.ledger = reporter, gpu, ops, ledger
-        self.recovering_from: str | None = None  # "stalled" or "fatal": alert when training resumes
+        self.alerts_on = alerts_on
+        # The daemon's one applier: a resumed run's effects (the ``recovered`` alert) go there.
+        self.apply: Callable[[Run, tuple[Effect, ...]], None] = lambda _run, _effects: None
 
     def lines(self, run: Run | None, seen: LinesSeen, now: float) -> bool:
         """Output from the run's pipes; True when something changed."""
@@ -73,7 +85,7 @@ class RunObserver:
             self._workers_running(run, now)  # a worker speaks: the agent's rendezvous is over
         change = run.progress.on_notify(msg, now)
         if change.status is not None:
-            self.reporter.event(run.run_no, Event.CHILD_STATUS, status=change.status)
+            self.reporter.record(run.run_no, Event.CHILD_STATUS, status=change.status)
         self._progressed(run, change)
         return True
 
@@ -82,7 +94,7 @@ class RunObserver:
         update = self.gpu.on_sample(sample, run, now)
         run_no = run.run_no if run else 0
         for event, fields in update.records:
-            self.reporter.event(run_no, event, **fields)
+            self.reporter.record(run_no, event, **fields)
         if run is None or not run.alive:
             return None
         if update.busy_for_s is not None and not run.progress.reached_first_step:
@@ -137,21 +149,23 @@ class RunObserver:
         if said.said is AgentSaid.WORKER_FAILED:
             self.ledger.agent_worker_failures += 1
             fields["worker_failures"] = state.worker_failures
-            self.reporter.announce(run.run_no, Event.WORKER_FAILED, "warning", **fields)
+            self.reporter.record(run.run_no, Event.WORKER_FAILED, log_level="warning", **fields)
         elif said.said in (AgentSaid.GROUP_RESTART, AgentSaid.MEMBERSHIP_RESTART):
             self.ledger.agent_restarts += 1
             cause = "failure" if said.said is AgentSaid.GROUP_RESTART else "node_joined"
-            self.reporter.announce(
+            self.reporter.record(
                 run.run_no,
                 Event.WORKERS_RESTARTED,
-                "warning",
+                log_level="warning",
                 by="torchrun",
                 cause=cause,
                 restarts=state.group_restarts,
                 **fields,
             )
         elif said.said is AgentSaid.RENDEZVOUS_TIMEOUT:
-            self.reporter.event(run.run_no, Event.RENDEZVOUS, state="timeout", **state.job.fields())
+            self.reporter.record(
+                run.run_no, Event.RENDEZVOUS, state="timeout", **state.job.fields()
+            )
         else:
             self._rendezvous_record(run, state, fields)
         return False
@@ -169,7 +183,7 @@ class RunObserver:
         if state.rendezvous == "complete":
             fields.setdefault("group_rank", state.group_rank)
             fields.setdefault("group_world_size", state.group_world_size)
-        self.reporter.event(run.run_no, Event.RENDEZVOUS, **fields)
+        self.reporter.record(run.run_no, Event.RENDEZVOUS, **fields)
 
     def _progressed(self, run: Run, change: Change) -> None:
         progress = run.progress
@@ -180,20 +194,19 @@ class RunObserver:
         if change.first_step and progress.first_step_mono is not None:
             after = round(progress.first_step_mono - run.started_mono, 3)
             source = progress.first_step_source
-            self.reporter.announce(
+            self.reporter.record(
                 run.run_no,
                 Event.FIRST_STEP,
-                "info",
+                log_level="info",
                 after_s=after,
                 step=progress.step,
                 source=source,
             )
-            if self.recovering_from is not None:  # training resumed after a stall or a fatal
-                empty: dict[str, Any] = {"tail": []}
-                self.reporter.alert(
-                    run, AlertKind.RECOVERED, self.recovering_from, empty, list(self.gpu.last)
-                )
-                self.recovering_from = None
+            # Training resumed after a stall or a fatal: decided where every alert is.
+            recovering = self.ledger.recovering_from
+            already = frozenset(run.alerted)
+            if effects := resumed(recovering, alerts_on=self.alerts_on, already_alerted=already):
+                self.apply(run, effects)
         if change.progress_record:
             self.progress_record(run)
 
@@ -207,4 +220,4 @@ class RunObserver:
         if progress.epoch is not None:
             fields["epoch"] = progress.epoch
         progress.recorded = (progress.step, progress.epoch)
-        self.reporter.event(run.run_no, Event.PROGRESS, **fields)
+        self.reporter.record(run.run_no, Event.PROGRESS, **fields)

@@ -3,8 +3,8 @@
 Three kinds of evidence, strongest first: the child's own sd_notify messages (``READY``,
 ``STEP``, ``WATCHDOG``), its output lines (the user's patterns, then the built-in step
 formats of common trainers, then any line as liveness), and its GPUs (sustained
-utilisation on the GPUs that hold its memory, from :mod:`gpuwatch`).  :class:`LineMatcher`
-runs on the pipe threads; :class:`Progress` is one run's state, driven by the loop with
+utilisation on the GPUs that hold its memory, from :mod:`gpuwatch`).  :mod:`linewatch`
+matches lines on the pipe threads; :class:`Progress` is one run's state, driven by the loop with
 ``now`` passed in, returning what changed so the daemon writes the records.
 
 The first-step and stall rule (docs/design.md, "Progress"):
@@ -25,15 +25,11 @@ The first-step and stall rule (docs/design.md, "Progress"):
 from __future__ import annotations
 
 import re
-import threading
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final
 
-from dflashd.logs.framer import Frame
-from dflashd.supervisor.elastic import AgentLine
-from dflashd.supervisor.formats import FormatMatcher, global_step
+from dflashd.supervisor.formats import global_step
 from dflashd.supervisor.notify import NotifyMessage
 from dflashd.supervisor.verdicts import EndedBy
 
@@ -46,83 +42,11 @@ OUTPUT: Final = "output"
 
 
 @dataclass(frozen=True, slots=True)
-class LineProgress:
-    """What a frame of output said about progress."""
-
-    step: int | None
-    first: bool
-    source: str  # "pattern" or the built-in format's name
-    loss: float | None = None
-    epoch: float | None = None  # epochs done (a fraction where the line says)
-    epoch_index: int | None = None  # an epoch-structured bar: ``step`` is the batch in this epoch
-    batches: int | None = None  # ...of this many
-
-
-@dataclass(frozen=True, slots=True)
 class Limits:
     """The two timeouts of the config."""
 
     first_step_timeout_s: float
     stall_timeout_s: float
-
-
-def _to_int(value: str) -> int | None:
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
-
-class LineMatcher:
-    """The user's patterns, then the built-in formats; safe to call from any thread."""
-
-    def __init__(self, first_step_pattern: str, step_pattern: str, builtin: bool) -> None:
-        self._first_re = re.compile(first_step_pattern, re.M) if first_step_pattern else None
-        self._step_re = re.compile(step_pattern, re.M) if step_pattern else None
-        self._formats = FormatMatcher() if builtin else None
-
-    @property
-    def configured(self) -> bool:
-        """True when the user gave a pattern (then built-in formats are not consulted)."""
-        return self._first_re is not None or self._step_re is not None
-
-    def match(self, frame: Frame) -> LineProgress | None:
-        """The last step seen in a frame of lines (and whether one is a first step), or None."""
-        if self.configured:
-            return self._match_patterns(frame.lines)
-        if self._formats is None:
-            return None
-        if frame.json_lines is not None:  # ASCII fast path: search the bytes, decode nothing
-            found = self._formats.last_step_bytes(frame.json_lines)
-        else:
-            found = self._formats.last_step(frame.lines)
-        if found is None:
-            return None
-        return LineProgress(
-            found.step,
-            True,
-            found.format,
-            found.loss,
-            found.epoch,
-            found.epoch_index,
-            found.batches,
-        )
-
-    def _match_patterns(self, lines: Sequence[str]) -> LineProgress | None:
-        text = "\n".join(lines)
-        step: int | None = None
-        first = False
-        if self._step_re is not None:
-            matches = self._step_re.findall(text)
-            if matches:
-                last = matches[-1]
-                step = _to_int(last[0] if isinstance(last, tuple) else last)
-                first = step is not None
-        if self._first_re is not None and self._first_re.search(text):
-            first = True
-        if first or step is not None:
-            return LineProgress(step, first, PATTERN)
-        return None
 
 
 CADENCE_INTERVALS: Final = 20  # the step intervals the stall window looks back on
@@ -295,118 +219,3 @@ class Progress:
         if self.first_step_mono is None and self.sees_steps:
             return EndedBy.FIRST_STEP_TIMEOUT
         return EndedBy.NO_PROGRESS
-
-
-@dataclass(frozen=True, slots=True)
-class LinesSeen:
-    """From a drain thread to the loop: the run printed lines (a step among them, or liveness)."""
-
-    run_no: int
-    progress: LineProgress | None
-    last_line: str | None
-    agent: tuple[AgentLine, ...] = ()  # torchrun agent lines (elastic.py), in order
-
-
-def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:
-    """The newer step, keeping a loss or epoch only the older one carried (a loss line is
-    followed by a bar redraw, both before the next post)."""
-    if older is None or (newer.loss is not None and newer.epoch is not None):
-        return newer
-    return replace(
-        newer,
-        step=newer.step if newer.step is not None else older.step,
-        loss=newer.loss if newer.loss is not None else older.loss,
-        epoch=newer.epoch if newer.epoch is not None else older.epoch,
-        epoch_index=newer.epoch_index if newer.step is not None else older.epoch_index,
-        batches=newer.batches if newer.step is not None else older.batches,
-    )
-
-
-LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second
-STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most four times a second
-LineTap = Callable[[int, str, Frame], None]
-
-
-class LineWatcher:
-    """The drain threads' callback for one run: match every frame, post sparingly.
-
-    Matching is cheap (formats.py bounds it); waking the loop is not, so only the first step
-    goes at once; later steps are kept as ``pending`` and the latest is posted at most every
-    ``STEP_POST_S``.  :meth:`flush` hands over what is pending when the child dies, so the
-    exit record carries the last step it printed.
-    """
-
-    def __init__(
-        self,
-        run_no: int,
-        matcher: LineMatcher,
-        monotonic: Callable[[], float],
-        post: Callable[[LinesSeen], None],
-        tap: LineTap | None = None,
-    ) -> None:
-        self.run_no, self._matcher, self._monotonic, self._post, self._tap = (
-            run_no,
-            matcher,
-            monotonic,
-            post,
-            tap,
-        )
-        self._lock = threading.Lock()
-        self._last_post = float("-inf")
-        self._stepped = False
-        self._pending: LineProgress | None = None
-        self._last_frame: Frame | None = None  # decoded only when a message is posted
-        self.agent_scan: Callable[[Frame], list[AgentLine]] | None = None  # a torchrun job's
-        self._agent: list[AgentLine] = []
-
-    def __call__(self, src: str, frame: Frame) -> None:
-        if self._tap is not None:
-            self._tap(self.run_no, src, frame)
-        found = self._matcher.match(frame)
-        agent = self.agent_scan(frame) if self.agent_scan is not None else []
-        now = self._monotonic()
-        with self._lock:
-            if found is not None:
-                self._pending = _merged(self._pending, found)
-            self._last_frame = frame
-            self._agent.extend(agent)
-            # The first step, and what the agent says (rare), go at once.
-            first = (found is not None and not self._stepped) or bool(agent)
-            wait = STEP_POST_S if self._pending is not None else LIVENESS_POST_S
-            if not first and now - self._last_post < wait:
-                return
-            message = self._take(now)
-        self._post(message)
-
-    def _take(self, now: float) -> LinesSeen:
-        recent = self._last_frame.last_lines(8) if self._last_frame is not None else []
-        last = [line for line in recent if line.strip()][-1:]  # a bar's clear is not a line
-        message = LinesSeen(
-            self.run_no, self._pending, last[0] if last else None, tuple(self._agent)
-        )
-        self._agent.clear()
-        self._stepped = self._stepped or self._pending is not None
-        self._pending, self._last_post = None, now
-        return message
-
-    def due(self) -> float | None:
-        """When a pending step must be posted even if no more output comes (monotonic)."""
-        with self._lock:
-            return None if self._pending is None else self._last_post + STEP_POST_S
-
-    def flush_if_due(self, now: float) -> bool:
-        """Post a pending step whose time has come; True when something was posted."""
-        due = self.due()
-        if due is None or now < due:
-            return False
-        self.flush()
-        return True
-
-    def flush(self) -> None:
-        """Post what is pending (on the loop thread: when it is due, or once the child is dead)."""
-        with self._lock:
-            if self._pending is None and self._last_frame is None and not self._agent:
-                return
-            message = self._take(self._monotonic())
-            self._last_frame = None
-        self._post(message)

@@ -1,4 +1,4 @@
-"""After a daemon died without cleaning up: what it left, proven ours before anything is touched.
+"""Start-up after a daemon died without cleaning up: what it left, proven ours before anything is touched.
 
 state.json names the child the previous daemon ran: its pid, create time, run number and
 the boot it ran in.  A pid alone proves nothing (after a reboot or a pid wrap it belongs to
@@ -19,14 +19,18 @@ in them is killed with ``cgroup.kill`` and the cgroups removed.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from dflashd.supervisor.cgroups import CgroupBase
 from dflashd.supervisor.custody import end_proven, end_stale_cgroup
+from dflashd.supervisor.ending import RunFacts, lost_facts
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.procfs import all_stats, carries_mark, create_time, process_mark
+from dflashd.supervisor.reporter import Reporter
 
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _SAME_CREATE_TIME_S: Final = 0.05  # create times are in clock ticks (1/100 s)
@@ -161,3 +165,42 @@ def recover(
         )
         end_proven(found.proven, stop_timeout_s)
     return records
+
+
+Recover = Callable[[dict[str, Any], str | None, float], list[tuple[str, int, dict[str, Any]]]]
+
+
+def restore(
+    previous: dict[str, Any],
+    ledger: Ledger,
+    reporter: Reporter,
+    recover_leftovers: Recover,
+    *,
+    boot: str | None,
+    stop_timeout_s: float,
+    now_wall: float,
+) -> RunFacts | None:
+    """Start-up, before the first launch: carry the counters over from state.json, end what a
+    dead daemon left (proven ours), note a torn log tail.  Returns the facts of a run the
+    dead daemon never saw end, for the usual conclude -> apply (verdict ``lost``)."""
+    ledger.restarts_by_verdict = dict(previous.get("restarts_by_verdict") or {})
+    if previous.get("state") == "fatal":
+        ledger.recovering_from = "fatal"  # a run that reaches its first step sends ``recovered``
+    for event, run_no, fields in recover_leftovers(previous, boot, stop_timeout_s):
+        reporter.record(run_no, Event(event), log_level="warning", **fields)
+    writer = reporter.writer
+    if writer.torn_bytes:
+        reporter.record(writer.last_run, Event.LOG_TORN_TAIL, bytes=writer.torn_bytes)
+    return lost_run(previous, now_wall)
+
+
+def lost_run(previous: dict[str, Any], now_wall: float) -> RunFacts | None:
+    """The previous daemon was killed while its run lived: that run's facts (its end unseen)."""
+    child = previous_child(previous)
+    last_exit = previous.get("last_exit") or {}
+    if child is None or last_exit.get("run") == child.run_no:
+        return None
+    if previous.get("state") not in ("starting", "running", "stopping"):
+        return None
+    step = previous.get("step")
+    return lost_facts(child.run_no, step if isinstance(step, int) else None, now_wall)

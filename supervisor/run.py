@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dflashd.logs.drain import PipeDrain
-from dflashd.supervisor.custody import RunCustody
 from dflashd.supervisor.elastic import ElasticState
-from dflashd.supervisor.gpu import ChildGpuUse
-from dflashd.supervisor.launch import Launched
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.progress import LineWatcher, Progress
+from dflashd.supervisor.linewatch import LineWatcher
+from dflashd.supervisor.nvml import ChildGpuUse
+from dflashd.supervisor.progress import Progress
+from dflashd.supervisor.proof import RunCustody
+from dflashd.supervisor.spawn import Launched
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
 
 

@@ -78,6 +78,7 @@ class EndedBy(StrEnum):
     RENDEZVOUS_TIMEOUT = "rendezvous_timeout"  # a torchrun agent still waiting for its peers
     NO_PROGRESS = "no_progress"
     NO_GPU_MEMORY = "no_gpu_memory"
+    DAEMON_DIED = "daemon_died"  # the daemon was killed while the run lived: its end was unseen
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,8 @@ def classify(obs: Observations, early_death_s: float = DEFAULT_EARLY_DEATH_S) ->
     """
     if obs.spawn_error is not None:
         return Classification(Verdict.SPAWN_FAILED, obs.spawn_error)
+    if obs.ended_by is EndedBy.DAEMON_DIED:
+        return Classification(Verdict.LOST, "daemon_killed")
     if obs.ended_by is EndedBy.STOP:
         return Classification(Verdict.STOPPED, "stop_requested")
     if obs.ended_by in (EndedBy.FIRST_STEP_TIMEOUT, EndedBy.NO_PROGRESS):

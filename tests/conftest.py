@@ -13,9 +13,15 @@ from pathlib import Path
 import pytest
 
 from dflashd.logs import EventRecord, Record, follow, read_records
-from tests.helpers import child, dflashd_argv, run_cli, write_config  # the tests import them here
+from tests.helpers import (  # the tests import them here
+    child,
+    daemon_argv,
+    dflashd_argv,
+    run_cli,
+    write_config,
+)
 
-__all__ = ["Daemon", "child", "dflashd_argv", "run_cli", "write_config"]
+__all__ = ["Daemon", "child", "daemon_argv", "dflashd_argv", "run_cli", "write_config"]
 
 FAST_RESTART = {
     "backoff_initial_s": 0.0,
@@ -33,9 +39,7 @@ class Daemon:
     ) -> None:
         self.home = home
         if gpu_script is None:
-            argv = dflashd_argv(
-                "start", "--foreground", "--quiet", "--home", str(home), "--config", str(config)
-            )
+            argv = daemon_argv(home, config)
         else:  # the real daemon with a scripted GPU sampler injected (tests/scripted_daemon.py)
             runner = str(Path(__file__).parent / "scripted_daemon.py")
             argv = [sys.executable, runner, str(gpu_script), str(home), str(config)]

@@ -24,6 +24,29 @@ def dflashd_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "dflashd.supervisor", *args]
 
 
+def daemon_argv(
+    home: Path,
+    config: Path | None = None,
+    command: list[str] | None = None,
+    *,
+    flags: tuple[str, ...] = ("--quiet",),
+) -> list[str]:
+    """The foreground daemon on ``home``: the one place the tests build its command line.
+
+    ``flags`` default to ``--quiet`` (no echo of the job's output); ``command`` None runs
+    the configured job (the bundled trainer by default).
+    """
+    argv = dflashd_argv("start", "--foreground", *flags, "--home", str(home))
+    if config is not None:
+        argv += ["--config", str(config)]
+    return argv + (["--", *command] if command else [])
+
+
+def cli_argv(home: Path, *args: str) -> list[str]:
+    """The dflashd command ``args`` on ``home`` (``--home`` last: no ``--`` in ``args``)."""
+    return dflashd_argv(*args, "--home", str(home))
+
+
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run one dflashd command to completion."""
     return subprocess.run(

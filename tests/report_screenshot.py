@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from dflashd.logs import read_records
-from dflashd.supervisor.report import collect, render_html
+from dflashd.supervisor.client.htmlreport import collect, render_html
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.test_report import write_fixture

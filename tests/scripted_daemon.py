@@ -11,9 +11,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dflashd.supervisor.cli_start import prepare, run_foreground
-from dflashd.supervisor.gpu import ScriptedSampler
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find tests/
+
+from dflashd.supervisor.client.start import prepare, run_foreground
 from dflashd.supervisor.home import Home
+from tests.harness import ScriptedSampler
 
 
 def main() -> int:

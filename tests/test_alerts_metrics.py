@@ -180,7 +180,9 @@ def test_crash_loop_alerts_through_the_webhook(
     """A crash loop posts the first early death and the fatal: two webhook posts, with alert records."""
     hook = hook_factory("ok")
     daemon = start_daemon(
-        child("import_error.py"), restart={"early_retries": 2}, alerts={"webhook_url": hook.url}
+        child("crash_early.py"),
+        restart={"early_retries": 2, "backoff_initial_s": 0.05},
+        alerts={"webhook_url": hook.url},
     )
     assert daemon.wait(60) == 4
     assert [b["verdict"] for b in hook.bodies] == ["crash_before_first_step", "fatal"]
@@ -189,6 +191,19 @@ def test_crash_loop_alerts_through_the_webhook(
         ("webhook", True, "crash_before_first_step"),
         ("webhook", True, "fatal"),
     ]
+
+
+def test_unfixable_failure_is_one_page(
+    start_daemon: Start, hook_factory: Callable[[str], Hook]
+) -> None:
+    """An import error is fatal at once, with one alert: ``fatal``, carrying the run's tail."""
+    hook = hook_factory("ok")
+    daemon = start_daemon(child("import_error.py"), alerts={"webhook_url": hook.url})
+    assert daemon.wait(60) == 4
+    assert [(b["verdict"], b["reason"]) for b in hook.bodies] == [
+        ("fatal", "unfixable_import_error")
+    ]
+    assert any("ModuleNotFoundError" in line for line in hook.bodies[0]["tail"])
 
 
 def free_port() -> int:

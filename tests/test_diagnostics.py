@@ -12,7 +12,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from dflashd.supervisor.diagnostics import configure_logging, get_logger
-from tests.test_loop import Harness
+from tests.harness import Harness
 
 
 class _Stream(io.StringIO):

@@ -138,7 +138,7 @@ def test_the_units_run_the_documented_venv_and_tolerate_a_missing_job_dir() -> N
 
 
 def test_since_accepts_utc_and_offsets() -> None:
-    from dflashd.supervisor.cli_common import parse_since
+    from dflashd.supervisor.client.common import parse_since
 
     assert parse_since("2026-11-30T18:00:00Z") == "2026-11-30T18:00:00.000000Z"
     assert parse_since("2026-11-30T20:00:00+02:00") == "2026-11-30T18:00:00.000000Z"

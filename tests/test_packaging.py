@@ -31,9 +31,10 @@ def test_wheel_contains_every_package_folder(tmp_path: Path) -> None:
     wheel = next(tmp_path.glob("dflashd-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder in ("supervisor", "trainer", "logs"):
-        sources = {p.name for p in (ROOT / folder).glob("*.py")}
+        sources = {str(p.relative_to(ROOT / folder)) for p in (ROOT / folder).rglob("*.py")}
+        prefix = f"dflashd/{folder}/"
         packaged = {
-            Path(n).name for n in names if n.startswith(f"dflashd/{folder}/") and n.endswith(".py")
+            n.removeprefix(prefix) for n in names if n.startswith(prefix) and n.endswith(".py")
         }
         assert sources == packaged, f"{folder}: missing {sources - packaged}"
     assert not any(n.startswith(("supervisor/", "trainer/", "logs/")) for n in names)
@@ -59,7 +60,7 @@ def test_version_and_help_are_fast_and_torch_free() -> None:
     )
     assert out.stdout.strip() == "dflashd, version 0.1.0"
     probe = (
-        "import sys, dflashd.supervisor.cli, dflashd.supervisor.daemon, dflashd.supervisor.gpu; "
+        "import sys, dflashd.supervisor.client.cli, dflashd.supervisor.daemon, dflashd.supervisor.nvml; "
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(

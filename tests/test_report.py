@@ -8,7 +8,7 @@ from pathlib import Path
 from unittest import mock
 
 from dflashd.logs import RotatingLogWriter, read_records
-from dflashd.supervisor.report import VERDICT_COLORS, collect, render_html, svg_document
+from dflashd.supervisor.client.htmlreport import VERDICT_COLORS, collect, render_html, svg_document
 
 
 def write_fixture(logs: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dflashd.supervisor.formats import match_line
-from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
+from tests.conftest import Daemon, child, daemon_argv, run_cli, write_config
 
 Start = Callable[..., Daemon]
 
@@ -125,7 +125,7 @@ def test_detached_start_of_a_working_job_says_it_runs(home: Path, tmp_path: Path
 def test_foreground_shows_the_jobs_output_as_it_comes(home: Path, tmp_path: Path) -> None:
     """start --foreground prints the job's lines, prefixed by run and stream, while it runs."""
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-    argv = dflashd_argv("start", "--foreground", "--home", str(home), "--config", str(config))
+    argv = daemon_argv(home, config, flags=())
     proc = subprocess.Popen(
         [*argv, "--", *child("prints_then_waits.py")],
         stdout=subprocess.PIPE,

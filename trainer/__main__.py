@@ -1,7 +1,7 @@
 """``python -m dflashd.trainer``: the embedded default job of ``dflashd start``.
 
 The entry point lives here, above the modules it uses (``train`` holds the configuration
-and the command line, ``loop`` the training), so neither imports the other's caller.
+and the command line, ``session`` the set-up, ``loop`` the training), so neither imports the other's caller.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ def main(argv: list[str] | None = None) -> int:
     # see this job's steps, so its first-step timeout applies (a silent hang is a stall).
     Notifier().send("STATUS=starting")
     inject = args.inject
-    if inject == "import_error":
+    if inject.kind == "import_error":
         import dflashd_injected_missing_dependency  # type: ignore[import-not-found]  # noqa: F401
-    if inject == "hang_before_cuda":
+    if inject.kind == "hang_before_cuda":
         say("injected: hanging before CUDA initialisation")
         threading.Event().wait()
     stop = Stop(args.stop_grace_s)
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stack dump on demand, into the log
-    from dflashd.trainer.loop import run
+    from dflashd.trainer.session import run
 
     try:
         return run(args, stop, inject)

@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from dflashd.trainer.stopping import DEFAULT_GRACE_S
 
@@ -140,11 +140,46 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int)
     parser.add_argument(
         "--inject",
-        default="",
+        type=parse_injection,
+        default=Injection(),
         help="fault for tests and demos: import_error | crash_before_first_step | hang_before_cuda | "
         "crash_at_step:N[:WORKER] (under dflashd: first run only) | dense_fallback | oom",
     )
     return parser.parse_args(argv)
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """A fault for tests and demos (``--inject``), parsed once, on the command line."""
+
+    kind: str = ""
+    crash_step: int | None = None  # crash_at_step: the step, in this run (None: not this run)
+    crash_worker: int = 0
+
+
+INJECTIONS: Final = frozenset(
+    {"", "import_error", "crash_before_first_step", "hang_before_cuda", "dense_fallback", "oom"}
+)
+
+
+def parse_injection(text: str) -> Injection:
+    """``--inject``'s value; an unknown fault is a usage error, never silently no fault.
+
+    ``crash_at_step:N[:WORKER]`` fires in the first run under dflashd (and torchrun's first
+    attempt) only, so the relaunch can resume past it.
+    """
+    if text.startswith("crash_at_step:"):
+        parts = text.split(":")[1:]
+        if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+            raise argparse.ArgumentTypeError(f"crash_at_step:N[:WORKER] expected, not {text!r}")
+        first_run = os.environ.get("DFLASHD_RUN", "1") == "1"
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        step = int(parts[0]) if first_run and first_attempt else None
+        return Injection("crash_at_step", step, int(parts[1]) if len(parts) > 1 else 0)
+    if text not in INJECTIONS:
+        known = " | ".join(sorted(k for k in INJECTIONS if k))
+        raise argparse.ArgumentTypeError(f"unknown fault {text!r} ({known} | crash_at_step:N)")
+    return Injection(text)
 
 
 def build_config(args: argparse.Namespace, cuda_devices: int) -> TrainConfig:

@@ -20,7 +20,7 @@ import pytest
 from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.control import ControlError, request
 from dflashd.supervisor.procfs import read_stat
-from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
+from tests.conftest import Daemon, child, daemon_argv, run_cli, write_config
 
 Start = Callable[..., Daemon]
 
@@ -49,7 +49,7 @@ def test_idle_metrics_connections_never_use_up_the_daemons_descriptors(
         {"gpus": "none", "metrics_listen": f"127.0.0.1:{port}"},
         restart={"early_retries": 3, "backoff_initial_s": 0.0, "backoff_max_s": 1.0},
     )
-    argv = dflashd_argv("start", "--foreground", "--quiet", "--home", str(home))
+    argv = daemon_argv(home)
     job = child("exit_on_file.py", str(trigger))
     proc = subprocess.Popen(
         ["prlimit", "--nofile=64:64", *argv, "--config", str(config), "--", *job],
@@ -112,7 +112,7 @@ def test_a_closed_stdout_stops_the_echo_not_the_daemon(home: Path, tmp_path: Pat
     job = (
         "import time\nfor i in range(30):\n    print('step', i, flush=True)\n    time.sleep(0.02)\n"
     )
-    argv = dflashd_argv("start", "--foreground", "--home", str(home), "--config", str(config))
+    argv = daemon_argv(home, config, flags=())
     reader_r, reader_w = os.pipe()
     os.close(reader_r)  # nobody will ever read: every write to it is EPIPE
     proc = subprocess.Popen([*argv, "--", "python3", "-c", job], stdout=reader_w)
@@ -258,7 +258,7 @@ def test_a_broken_webhook_never_silences_the_command(
     marker = tmp_path / "alerts.txt"
     daemon = start_daemon(
         child("crash_early.py"),
-        restart={"early_retries": 0},
+        restart={"early_retries": 1},
         alerts=_alerts_config(tmp_path, f"http://127.0.0.1:{port}/hook", marker),
     )
     started = time.monotonic()

@@ -22,7 +22,7 @@ import pytest
 from dflashd.logs import EventRecord, LineRecord, follow, read_records
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.recovery import boot_id
-from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
+from tests.conftest import Daemon, child, daemon_argv, run_cli, write_config
 from tests.faults.conftest import fill
 
 Start = Callable[..., Daemon]
@@ -176,7 +176,7 @@ def test_4_full_disk_at_the_end_of_a_run(tmp_path: Path, small_disk: Path) -> No
         {"gpus": "none"},
         restart={"early_retries": 1, "backoff_initial_s": 0.0, "backoff_max_s": 1.0},
     )
-    argv = dflashd_argv("start", "--foreground", "--quiet", "--home", str(home))
+    argv = daemon_argv(home)
     proc = subprocess.Popen(
         [*argv, "--config", str(config), "--", sys.executable, "-c", job],
         stdout=subprocess.DEVNULL,
@@ -198,9 +198,7 @@ def test_4_full_disk_at_the_end_of_a_run(tmp_path: Path, small_disk: Path) -> No
 def test_5_idle_connections_and_a_small_fd_limit(home: Path, tmp_path: Path) -> None:
     """200 idle clients against a daemon limited to 64 fds: it stays up and still answers status."""
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-    argv = dflashd_argv(
-        "start", "--foreground", "--quiet", "--home", str(home), "--config", str(config)
-    )
+    argv = daemon_argv(home, config)
     proc = subprocess.Popen(
         ["prlimit", "--nofile=64:64", *argv, "--", *child("prints_then_waits.py")],
         stdout=subprocess.DEVNULL,

@@ -25,6 +25,9 @@ from typing import Any
 
 from dflashd.logs import EventRecord, follow, read_records
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
+from tests.helpers import daemon_argv
+
 HERE = Path(__file__).parent
 RESULTS: dict[str, Any] = {}
 
@@ -52,13 +55,6 @@ def events(home: Path, name: str) -> list[EventRecord]:
     return [
         r for r in read_records(home / "logs") if isinstance(r, EventRecord) and r.event == name
     ]
-
-
-def daemon_argv(home: Path, config: Path, command: list[str] | None = None) -> list[str]:
-    """The foreground daemon on ``home`` (``command``: None runs the bundled trainer)."""
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--quiet"]
-    argv += ["--home", str(home), "--config", str(config)]
-    return argv + (["--", *command] if command else [])
 
 
 def trainer_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
@@ -128,7 +124,7 @@ threading.Event().wait()
 
 
 def escape_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
-    from dflashd.supervisor.gpu import NvmlSampler
+    from dflashd.supervisor.nvml import NvmlSampler
 
     home = work / f"esc-{label}"
     pidfile = work / f"esc-{label}.pid"

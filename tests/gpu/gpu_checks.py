@@ -25,7 +25,10 @@ from typing import Any
 
 from dflashd.logs import EventRecord, read_records
 from dflashd.logs.records import parse_timestamp
-from dflashd.supervisor.gpu import NvmlSampler, gpu_pids_of_run, join_with_tree
+from dflashd.supervisor.nvml import NvmlSampler, gpu_pids_of_run, join_with_tree
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
+from tests.helpers import daemon_argv
 
 HERE = Path(__file__).parent
 CHILDREN = HERE.parent / "children"
@@ -114,16 +117,7 @@ def start_daemon(home: Path, command: list[str], **config: Any) -> subprocess.Po
     lines += [f"{k} = {json.dumps(v)}" for k, v in restart.items()]
     cfg = home.with_suffix(".toml")
     cfg.write_text("\n".join(lines) + "\n")
-    argv = [
-        sys.executable,
-        "-m",
-        "dflashd.supervisor",
-        "start",
-        "--foreground",
-        "--home",
-        str(home),
-    ]
-    argv += ["--config", str(cfg), "--", *command]
+    argv = daemon_argv(home, cfg, list(command), flags=())
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

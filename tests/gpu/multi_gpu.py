@@ -23,6 +23,9 @@ from typing import Any
 
 from dflashd.logs import EventRecord, LineRecord, read_records
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
+from tests.helpers import daemon_argv
+
 STEP = re.compile(r"^step (\d+)/\d+ loss ([\d.]+) acc [\d.]+ tok/s ([\d,]+)")
 RESULTS: dict[str, Any] = {}
 TRAINER = [sys.executable, "-m", "dflashd.trainer"]
@@ -71,17 +74,7 @@ def daemon(home: Path, command: list[str], **extra: Any) -> subprocess.Popen[byt
         + "\n[restart]\nbackoff_initial_s = 0.5\nruntime_retries = 2\nearly_retries = 0\n"
     )
     argv = [
-        sys.executable,
-        "-m",
-        "dflashd.supervisor",
-        "start",
-        "--foreground",
-        "--home",
-        str(home),
-        "--config",
-        str(config),
-        "--",
-        *command,
+        *daemon_argv(home, config, list(command), flags=()),
     ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.supervisor.gpu import NvmlSampler, join_with_tree
+from dflashd.supervisor.nvml import NvmlSampler, join_with_tree
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
+from tests.helpers import daemon_argv
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent
@@ -73,8 +76,7 @@ def test_silent_busy_job_is_seen_training_from_nvml(tmp_path: Path) -> None:
         "while True:\n"
         "    a = (a @ a).clamp_(-1, 1)\n"
     )
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--quiet"]
-    argv += ["--home", str(home), "--config", str(config), "--", sys.executable, "-c", job]
+    argv = daemon_argv(home, config, [sys.executable, "-c", job])
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     try:

@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from dflashd.logs import EventRecord, read_records
-from dflashd.supervisor.gpu import NvmlSampler
+from dflashd.supervisor.nvml import NvmlSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
+from tests.helpers import daemon_argv
 
 RESULTS: dict[str, Any] = {}
 
@@ -98,8 +101,7 @@ def supervise(
     cfg = work / f"{name}.toml"
     lines = [f"{k} = {json.dumps(v)}" for k, v in config.items()]
     cfg.write_text("\n".join(lines) + "\n")
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground", "--quiet"]
-    argv += ["--home", str(home), "--config", str(cfg), "--", sys.executable, str(job)]
+    argv = daemon_argv(home, cfg, [sys.executable, str(job)])
     started = time.monotonic()
     proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first: EventRecord | None = None

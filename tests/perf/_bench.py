@@ -8,33 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
 
-def daemon_argv(
-    home: Path, config: Path, command: list[str], *, flags: tuple[str, ...] = ("--quiet",)
-) -> list[str]:
-    """`dflashd start --foreground` on ``home`` with ``config``, supervising ``command``.
+from tests.helpers import cli_argv as cli
+from tests.helpers import daemon_argv
 
-    ``flags`` default to ``--quiet`` (no echo of the job's output); pass ``()`` to echo.
-    """
-    return [
-        sys.executable,
-        "-m",
-        "dflashd.supervisor",
-        "start",
-        "--foreground",
-        *flags,
-        "--home",
-        str(home),
-        "--config",
-        str(config),
-        "--",
-        *command,
-    ]
-
-
-def cli(home: Path, *args: str) -> list[str]:
-    """The dflashd command ``args`` on ``home`` (``--home`` goes last: no ``--`` in ``args``)."""
-    return [sys.executable, "-m", "dflashd.supervisor", *args, "--home", str(home)]
+__all__ = ["cli", "daemon_argv", "status"]
 
 
 def status(home: Path) -> dict[str, Any]:

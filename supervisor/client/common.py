@@ -102,7 +102,7 @@ def resolve_run(home: Home, which: str | None, *, must_exist: bool = True) -> in
     """``--run``: a number, ``current`` or ``previous``; exit 2 naming the runs there are."""
     if which is None:
         return None
-    from dflashd.supervisor.statefile import read_state
+    from dflashd.supervisor.statusview import read_state
 
     if which.isdigit():
         run_no = int(which)

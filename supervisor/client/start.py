@@ -20,9 +20,10 @@ from typing import Any, Final
 import click
 import orjson
 
-from dflashd.supervisor.cli_common import EXIT_USAGE, fail
+from dflashd.supervisor.client.common import EXIT_USAGE, fail
 from dflashd.supervisor.config import Config, ConfigError, load_config
 from dflashd.supervisor.echo import escape_controls
+from dflashd.supervisor.events import Event
 from dflashd.supervisor.home import (
     AlreadyRunning,
     Home,
@@ -78,7 +79,7 @@ def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> C
 
 def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ...]) -> None:
     """What ``dflashd restart`` repeats: the config file and the command (no secrets)."""
-    from dflashd.supervisor.statefile import write_state
+    from dflashd.supervisor.statusview import write_state
 
     data = {
         "config": str(config_path.absolute()) if config_path else None,
@@ -93,7 +94,7 @@ def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ..
 
 def load_invocation_cwd(home: Home) -> Path | None:
     """The directory the last ``start`` ran in."""
-    from dflashd.supervisor.statefile import read_state
+    from dflashd.supervisor.statusview import read_state
 
     cwd = (read_state(home.root / "invocation.json") or {}).get("cwd")
     return Path(cwd) if isinstance(cwd, str) and cwd else None
@@ -101,7 +102,7 @@ def load_invocation_cwd(home: Home) -> Path | None:
 
 def load_invocation(home: Home) -> tuple[Path | None, tuple[str, ...]]:
     """The last ``start``'s config path and command."""
-    from dflashd.supervisor.statefile import read_state
+    from dflashd.supervisor.statusview import read_state
 
     data = read_state(home.root / "invocation.json") or {}
     config = data.get("config")
@@ -145,8 +146,8 @@ def run_foreground(
         )
     printer = None
     if echo and ready_fd is None:
+        from dflashd.supervisor.client.render import use_color
         from dflashd.supervisor.echo import Echo
-        from dflashd.supervisor.render import use_color
 
         if sys.stdout is not None:
             printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout))
@@ -307,17 +308,21 @@ def _wait_for_first_step(home: Home, run_no: int, wait_s: float, after_seq: int)
                     last_line = record.line
                 elif not isinstance(record, EventRecord):
                     continue
-                elif record.event == "first_step" and exit_fields is None:
+                elif record.event == Event.FIRST_STEP and exit_fields is None:
                     live.clear()
                     after, source = record.fields.get("after_s"), record.fields.get("source")
                     click.echo(
                         f"dflashd: run {run_no} is training: first step after {after}s ({source})"
                     )
                     return 0
-                elif record.event == "exit":
+                elif record.event == Event.EXIT:
                     exit_fields = record.fields
                     deadline = time.monotonic() + _FATE_WAIT_S
-                elif exit_fields is not None and record.event in ("fatal", "restart", "done"):
+                elif exit_fields is not None and record.event in (
+                    Event.FATAL,
+                    Event.RESTART,
+                    Event.DONE,
+                ):
                     live.clear()
                     return _report_early_exit(run_no, exit_fields, record.event, record.fields)
     finally:
@@ -369,11 +374,11 @@ def _report_early_exit(
     )
     for line in (fields.get("tail") or [])[-10:]:
         click.echo(f"    | {escape_controls(str(line))}", err=True)
-    if then == "fatal":
+    if then == Event.FATAL:
         click.echo(f"dflashd: fatal: {then_fields.get('reason')}; not restarting", err=True)
         return EXIT_FATAL
-    if then == "restart":
+    if then == Event.RESTART:
         click.echo(f"dflashd: restarting in {then_fields.get('delay_s')}s", err=True)
-    if then == "done":
+    if then == Event.DONE:
         return 0 if fields.get("verdict") == "completed" else EXIT_JOB_DIED
     return EXIT_JOB_DIED

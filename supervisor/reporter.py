@@ -15,15 +15,14 @@ from typing import Any, Final
 from dflashd.logs.sink import LogSink
 from dflashd.logs.writer import RotatingLogWriter
 from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_payload
+from dflashd.supervisor.clock import Clock, SystemClock
 from dflashd.supervisor.config import Config, config_to_dict
 from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.history import RunHistory, open_history
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.notify import SystemdNotifier
-from dflashd.supervisor.run import Run
-from dflashd.supervisor.statefile import write_state
-from dflashd.supervisor.status import LogStats, StatusView
+from dflashd.supervisor.statusview import LogStats, StatusView, write_state
 from dflashd.supervisor.verdicts import AlertKind
 
 log = get_logger("dflashd")
@@ -39,13 +38,20 @@ class MetricsUnavailable(Exception):
 class Reporter:
     """The run log, alerts, history, state.json, systemd and metrics, behind one small interface."""
 
-    def __init__(self, home: Home, config: Config, systemd: SystemdNotifier) -> None:
+    def __init__(
+        self, home: Home, config: Config, systemd: SystemdNotifier, clock: Clock | None = None
+    ) -> None:
         self.home, self.config, self.systemd = home, config, systemd
         logs = config.logs
+        wall = (clock or SystemClock()).time  # records' ``ts``: the daemon's (injected) clock
         self.writer = RotatingLogWriter(
-            home.logs, max_bytes=logs.max_bytes, backups=logs.backups, compress=logs.compress
+            home.logs,
+            max_bytes=logs.max_bytes,
+            backups=logs.backups,
+            compress=logs.compress,
+            clock=wall,
         )
-        self.sink = LogSink(self.writer)
+        self.sink = LogSink(self.writer, clock=wall)
         self.alerts = AlertDispatcher(
             config.alerts.command, self._alert_done, config.alerts.webhook_url
         )
@@ -67,28 +73,28 @@ class Reporter:
 
     # -- the run log ------------------------------------------------------------------
 
-    def event(self, run_no: int, event: Event, **fields: Any) -> int:
-        """One ``dflashd`` record; returns its ticket."""
-        return self.sink.submit_event(run_no, event, fields)
-
-    def event_on_disk(
+    def record(
         self,
         run_no: int,
         event: Event,
-        fields: dict[str, Any],
-        wait_s: float,
-        level: str | None = None,
-    ) -> None:
-        """One record, waited onto disk (``spawn`` before the fork, ``exit`` before bookkeeping)."""
-        self.sink.wait_written(self.sink.submit_event(run_no, event, fields), wait_s)
-        if level is not None:
-            self._log(level, run_no, event, fields)
+        /,
+        *,
+        log_level: str | None = None,
+        wait_s: float | None = None,
+        **fields: Any,
+    ) -> int:
+        """Write one ``dflashd`` record (the one verb for it); returns its ticket.
 
-    def announce(self, run_no: int, event: Event, level: str | None, **fields: Any) -> None:
-        """One call, both outputs: the ``dflashd`` record, and (at ``level``) dflashd's own log line."""
-        self.sink.submit_event(run_no, event, fields)
-        if level is not None:
-            self._log(level, run_no, event, fields)
+        ``log_level``: also one line of dflashd's own log at that level.  ``wait_s``: wait
+        up to that long for the record to be on disk (``spawn`` before the fork, ``exit``
+        before the bookkeeping).
+        """
+        ticket = self.sink.submit_event(run_no, event, fields)
+        if wait_s is not None:
+            self.sink.wait_written(ticket, wait_s)
+        if log_level is not None:
+            self._log(log_level, run_no, event, fields)
+        return ticket
 
     @staticmethod
     def _log(level: str, run_no: int, event: Event, fields: dict[str, Any]) -> None:
@@ -110,41 +116,41 @@ class Reporter:
 
     def alert(
         self,
-        run: Run,
+        run_no: int,
+        step: int | None,
         kind: AlertKind,
         reason: str,
         fields: dict[str, Any],
         gpus: list[dict[str, Any]],
     ) -> None:
-        """Remember the alert on the run and hand it to the sinks (returns at once)."""
-        run.alerted.add(kind)
+        """Hand one alert to the sinks (returns at once; each sink has its own thread)."""
         if not self.alerts.enabled:
             return
         payload = alert_payload(
             verdict=kind.value,
             reason=reason,
-            run=run.run_no,
+            run=run_no,
             exit_code=fields.get("exit_code"),
             signal_name=fields.get("signal"),
             duration_s=fields.get("duration_s"),
             tail=list(fields.get("tail") or []),
             gpus=gpus,
             log=str(self.writer.path),
-            step=run.progress.step,
+            step=step,
         )
-        self.alerts.send(run.run_no, payload)
+        self.alerts.send(run_no, payload)
 
     def _alert_done(self, run_no: int, outcome: AlertOutcome) -> None:
         key = f"{outcome.verdict}:{'true' if outcome.ok else 'false'}"
         self._alerts_sent = {**self._alerts_sent, key: self._alerts_sent.get(key, 0.0) + 1}
-        fields = {
+        fields: dict[str, Any] = {
             "sink": outcome.sink,
             "ok": outcome.ok,
             "detail": outcome.detail,
             "verdict": outcome.verdict,
             "attempts": outcome.attempts,
         }
-        self.sink.submit_event(run_no, Event.ALERT, fields)
+        self.record(run_no, Event.ALERT, **fields)
 
     # -- history, state, systemd --------------------------------------------------------
 
@@ -196,7 +202,7 @@ class Reporter:
                 f"metrics_listen {self.config.metrics_listen}: {exc.strerror or exc}"
             ) from None
         self._metrics = server
-        self.event(0, Event.METRICS_ON, listen=f"{server.host}:{server.port}")
+        self.record(0, Event.METRICS_ON, listen=f"{server.host}:{server.port}")
 
     def close(self) -> None:
         """Let alerts finish (bounded), stop metrics, flush and close the log and history."""

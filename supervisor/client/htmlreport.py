@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dflashd.logs.records import EventRecord, Record, parse_timestamp
+from dflashd.supervisor.events import Event
 
 # One colour per verdict, used by the table, the timeline and the step and loss lines alike.
 VERDICT_COLORS: Final = {
@@ -86,18 +87,18 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
             continue
         at = parse_timestamp(rec.ts)
         fields = rec.fields
-        if rec.event == "spawn":
+        if rec.event == Event.SPAWN:
             data.runs[rec.run] = RunSpan(rec.run, at)
-        elif rec.event == "first_step" and rec.run in data.runs:
+        elif rec.event == Event.FIRST_STEP and rec.run in data.runs:
             data.runs[rec.run].first_step_at = at
             if isinstance(fields.get("step"), int):
                 data.steps.append((at, rec.run, fields["step"]))
-        elif rec.event == "progress":
+        elif rec.event == Event.PROGRESS:
             if isinstance(fields.get("step"), int):
                 data.steps.append((at, rec.run, fields["step"]))
             if isinstance(fields.get("loss"), int | float):
                 data.losses.append((at, rec.run, float(fields["loss"])))
-        elif rec.event == "exit" and rec.run in data.runs:
+        elif rec.event == Event.EXIT and rec.run in data.runs:
             span = data.runs[rec.run]
             span.end, span.verdict, span.reason = (
                 at,
@@ -107,7 +108,7 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
             if isinstance(fields.get("step"), int):
                 span.last_step = fields["step"]
                 data.steps.append((at, rec.run, fields["step"]))
-        elif rec.event in ("gpu", "gpu_snapshot"):
+        elif rec.event in (Event.GPU, Event.GPU_SNAPSHOT):
             for gpu in fields.get("gpus") or []:
                 if gpu.get("memory_used_mib") is None or not isinstance(gpu.get("index"), int):
                     continue
@@ -116,7 +117,7 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
                 )
                 if gpu.get("memory_total_mib"):
                     data.gpu_total[gpu["index"]] = float(gpu["memory_total_mib"])
-        elif rec.event == "fatal":
+        elif rec.event == Event.FATAL:
             data.fatal.append((at, rec.run, str(fields.get("reason"))))
     return data
 

@@ -25,16 +25,18 @@ from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.launch import (
+from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.linewatch import LineWatcher
+from dflashd.supervisor.progress import Progress
+from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.spawn import (
     LIVE_BARS_ENV,
     ChildEnvironment,
     child_environ,
     dflashd_env,
 )
-from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.progress import LineWatcher, Progress
-from dflashd.supervisor.reporting import Reporter
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.statusview import read_state
 
 log = get_logger("dflashd")
 
@@ -81,8 +83,6 @@ class Launcher:
 
     def next_run_no(self, current: Run | None) -> int:
         """One more than any run this home has seen: the log, runs.sqlite, state.json, memory."""
-        from dflashd.supervisor.statefile import read_state
-
         previous = read_state(self.home.state_file) or {}
         known = [self.reporter.writer.last_run, current.run_no if current else 0]
         known.append(int(previous.get("run") or 0))
@@ -124,7 +124,7 @@ class Launcher:
         }
         if job is not None:
             spawn_fields["torchrun"] = job.fields()
-        self.reporter.event_on_disk(run_no, Event.SPAWN, spawn_fields, SPAWN_ON_DISK_S)
+        self.reporter.record(run_no, Event.SPAWN, wait_s=SPAWN_ON_DISK_S, **spawn_fields)
         argv_text = " ".join(run.argv)
         try:
             launched = self.ops.spawn(
@@ -155,10 +155,10 @@ class Launcher:
         run.create_time = self.ops.create_time(launched.pid)
         bind_run(run=run_no, pid=launched.pid)
         custody = launched.custody
-        self.reporter.announce(
+        self.reporter.record(
             run_no,
             Event.LAUNCHED,
-            "info",
+            log_level="info",
             pid=launched.pid,
             pgid=launched.pid,
             custody=custody.mode if custody is not None else None,
@@ -190,4 +190,6 @@ class Launcher:
         except (OSError, ValueError) as exc:
             cleared = False
             log.warning("cache_clear_failed", error=str(exc))
-        self.reporter.event(run_no, Event.CACHE_CLEARED, path=str(self.home.cache), cleared=cleared)
+        self.reporter.record(
+            run_no, Event.CACHE_CLEARED, path=str(self.home.cache), cleared=cleared
+        )

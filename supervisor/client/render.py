@@ -6,18 +6,21 @@ import os
 import time
 from typing import Any, Final, TextIO
 
+import click
+
 from dflashd.logs.records import EventRecord, LineRecord, Record
 from dflashd.supervisor.echo import escape_controls
+from dflashd.supervisor.events import Event
 
-_COLORS: Final = {
-    "red": "31",
-    "green": "32",
-    "yellow": "33",
-    "blue": "34",
-    "magenta": "35",
-    "cyan": "36",
-    "dim": "2",
-    "bold": "1",
+_STYLES: Final[dict[str, dict[str, Any]]] = {
+    "red": {"fg": "red"},
+    "green": {"fg": "green"},
+    "yellow": {"fg": "yellow"},
+    "blue": {"fg": "blue"},
+    "magenta": {"fg": "magenta"},
+    "cyan": {"fg": "cyan"},
+    "dim": {"dim": True},
+    "bold": {"bold": True},
 }
 _STATE_COLOR: Final = {
     "running": "green",
@@ -43,7 +46,7 @@ def use_color(stream: TextIO) -> bool:
 
 
 class Painter:
-    """Wraps text in ANSI colours when enabled."""
+    """Wraps text in colours (``click.style``) when enabled."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -51,7 +54,7 @@ class Painter:
     def __call__(self, text: str, color: str | None) -> str:
         if not self.enabled or color is None:
             return text
-        return f"\x1b[{_COLORS[color]}m{text}\x1b[0m"
+        return click.style(text, **_STYLES[color])
 
 
 def duration(seconds: float | None) -> str:
@@ -197,13 +200,13 @@ def format_record(record: Record, paint: Painter, *, escape: bool = True) -> str
     )
     color = (
         "red"
-        if record.event in ("exit", "fatal")
+        if record.event in (Event.EXIT, Event.FATAL)
         and record.fields.get("verdict") not in ("completed", "stopped")
         else "cyan"
     )
     text = f"{prefix} {paint('dflashd', 'magenta')} {paint(record.event, color)} {fields}".rstrip()
     tail = record.fields.get("tail")
-    if record.event == "exit" and isinstance(tail, list) and tail:
+    if record.event == Event.EXIT and isinstance(tail, list) and tail:
         text += "\n" + "\n".join(paint("    | " + clean(str(line)), "dim") for line in tail[-10:])
     return text
 

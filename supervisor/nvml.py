@@ -8,12 +8,10 @@ or with a broken driver only loses the GPU checks, and says so once.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final, Protocol
 
 _MIB: Final = 1024 * 1024
@@ -154,49 +152,6 @@ class NvmlSampler:
             self._nvml.nvmlShutdown()
         except self._nvml.NVMLError:
             pass
-
-
-class ScriptedSampler:
-    """Replays readings from a JSON file: for tests and demos on machines without a GPU.
-
-    The file holds a list of steps; each step is a list of readings (dicts with the fields
-    of :class:`GpuReading`, ``processes`` as ``[pid_or_"child", mib]`` pairs).  The last step
-    repeats.  ``"child"`` stands for the current child's pid, given through ``child_pid``.
-    """
-
-    name = "scripted"
-
-    def __init__(self, path: Path, child_pid: Callable[[], int | None]) -> None:
-        self._steps: list[list[dict[str, Any]]] = json.loads(path.read_text())
-        self._index = 0
-        self._child_pid = child_pid
-
-    def sample(self) -> tuple[GpuReading, ...]:
-        """The next scripted step."""
-        step = self._steps[min(self._index, len(self._steps) - 1)]
-        self._index += 1
-        child = self._child_pid() or -1
-        readings = []
-        for raw in step:
-            procs = tuple(
-                GpuProcess(child if pid == "child" else int(pid), mib)
-                for pid, mib in raw.get("processes", [])
-            )
-            readings.append(
-                GpuReading(
-                    index=int(raw["index"]),
-                    memory_used_mib=raw.get("memory_used_mib"),
-                    memory_total_mib=raw.get("memory_total_mib"),
-                    utilization_pct=raw.get("utilization_pct"),
-                    processes=procs,
-                    error=raw.get("error"),
-                    xids=tuple(raw.get("xids", ())),
-                )
-            )
-        return tuple(readings)
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 # -- the pure join ---------------------------------------------------------------------

@@ -18,7 +18,8 @@ from typing import Final
 
 from dflashd.logs.drain import grow_pipe
 from dflashd.supervisor.cgroups import enter_cgroup_fd, open_procs_fd
-from dflashd.supervisor.custody import RunCustody, die_with_parent
+from dflashd.supervisor.custody import die_with_parent
+from dflashd.supervisor.proof import RunCustody
 
 PR_SET_PDEATHSIG: Final = 1
 # Variables systemd gives *us*; the child must get dflashd's NOTIFY_SOCKET, never systemd's.

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import click
 
-from dflashd.supervisor.cli_common import (
+from dflashd.supervisor.client.common import (
     EXIT_NOT_RUNNING,
     EXIT_USAGE,
     fail,
@@ -74,7 +74,7 @@ def tail(
     from dflashd.logs.reader import RecordFilter, last_records
     from dflashd.logs.reader import follow as follow_records
     from dflashd.logs.records import encode
-    from dflashd.supervisor.render import Painter, format_record, use_color
+    from dflashd.supervisor.client.render import Painter, format_record, use_color
 
     where = resolve_home(home)
     if not where.logs.is_dir():
@@ -179,7 +179,7 @@ _BAR_MIN_BYTES = 64 << 20  # below this, reading takes well under a second
 def report(home: Path | None, which_run: str | None, output: Path) -> None:
     """A picture of the recent runs: timeline by verdict, steps over time, GPU memory."""
     from dflashd.logs.reader import RecordFilter, read_records
-    from dflashd.supervisor.report import collect, render_html, summarize, svg_document
+    from dflashd.supervisor.client.htmlreport import collect, render_html, summarize, svg_document
 
     if output.suffix.lower() not in (".html", ".htm", ".svg"):
         fail(

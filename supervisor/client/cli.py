@@ -16,7 +16,7 @@ import click
 import orjson
 
 from dflashd.supervisor import __version__
-from dflashd.supervisor.cli_common import (
+from dflashd.supervisor.client.common import (
     EXIT_NOT_RUNNING,
     EXIT_USAGE,
     config_option,
@@ -25,8 +25,8 @@ from dflashd.supervisor.cli_common import (
     resolve_home,
     timeout_option,
 )
-from dflashd.supervisor.cli_logs import report, tail
-from dflashd.supervisor.cli_start import (
+from dflashd.supervisor.client.logcmds import report, tail
+from dflashd.supervisor.client.start import (
     already_running_message,
     load_invocation,
     load_invocation_cwd,
@@ -43,6 +43,7 @@ from dflashd.supervisor.home import Home, lock_is_held, read_lock_pid
 @click.option(
     "--home",
     type=click.Path(file_okay=False, path_type=Path),
+    envvar="DFLASHD_HOME",  # the command's own --home, given after it, still wins
     default=None,
     help="State directory for every command [env DFLASHD_HOME].",
 )
@@ -81,7 +82,7 @@ def ensure_standard_fds() -> None:
 
 
 # docs/design.md ships inside the package: --help names the copy this install has.
-_DESIGN = Path(__file__).with_name("design.md")
+_DESIGN = Path(__file__).parent.parent / "design.md"
 main.help = (main.help or "").replace(
     "DESIGN_PATH", str(_DESIGN) if _DESIGN.is_file() else "docs/design.md in the source tree"
 )
@@ -150,7 +151,7 @@ def status(home: Path | None, as_json: bool) -> None:
 
     Exit 0 while the daemon runs, 3 when it does not (the last known state is still shown).
     """
-    from dflashd.supervisor.render import Painter, format_status, use_color
+    from dflashd.supervisor.client.render import Painter, format_status, use_color
 
     where = resolve_home(home)
     state, running = _current_state(where)
@@ -175,8 +176,7 @@ def status(home: Path | None, as_json: bool) -> None:
 def _current_state(home: Home) -> tuple[dict[str, Any] | None, bool]:
     """The live daemon's status, else the last state.json; and whether a daemon answered."""
     from dflashd.supervisor.control import ControlError, request
-    from dflashd.supervisor.statefile import read_state
-    from dflashd.supervisor.status import parse_state
+    from dflashd.supervisor.statusview import parse_state, read_state
 
     if lock_is_held(home.lock):
         try:
@@ -224,7 +224,7 @@ def _stop_without_socket(home: Home, timeout_s: float | None, exc: Exception) ->
 
 def _stop(home: Home, timeout_s: float | None) -> None:
     from dflashd.supervisor.control import ControlError, request
-    from dflashd.supervisor.statefile import read_state
+    from dflashd.supervisor.statusview import read_state
 
     req: dict[str, Any] = {"cmd": "stop"}
     if timeout_s is not None:

@@ -1,0 +1,130 @@
+"""Ended runs whose processes outlived them: noted at death, ended before the next launch.
+
+A run's custody (its cgroup, or its pidfd-proven members) outlives its reaped child while
+anything of it lives.  :meth:`EndedRuns.settle` carries out the applier's
+``SettleProcesses`` effect; :meth:`EndedRuns.end_leftovers` ends what is left before a
+relaunch (SIGTERM, then SIGKILL after a grace); :meth:`EndedRuns.sweep` ends everything at
+shutdown.  Proven processes only: every signal goes through the run's custody.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import Final
+
+from dflashd.supervisor.custody import end_adopted
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.proof import RunCustody
+from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.run import Run
+
+LEFTOVER_GRACE_S: Final = 3.0  # a dead run's leftovers: between SIGTERM and SIGKILL
+LEFTOVER_POLL_S: Final = 0.1
+LEFTOVER_GIVE_UP_S: Final = 10.0  # SIGKILLed 7 s ago and still there: relaunch anyway
+
+
+class EndedRuns:
+    """The custody of ended runs until nothing of them is left."""
+
+    def __init__(self, ops: ProcessOps, reporter: Reporter) -> None:
+        self.ops, self.reporter = ops, reporter
+        self.ended: list[RunCustody] = []  # ended runs whose processes may outlive them
+        self._leftovers_since: float | None = None
+        self.on_empty: Callable[[int], None] | None = None  # posts RunEmptied to the loop
+
+    def settle(self, run: Run, *, kill_now: bool) -> None:
+        """At death: ended by dflashd, nothing of it lives on; else leftovers are noted."""
+        custody = run.custody
+        if custody is None:
+            return
+        if kill_now:
+            custody.kill_all()
+        elif leftovers := sorted(custody.members()):
+            self.reporter.record(run.run_no, Event.LEFTOVER_PROCESSES, pgid=run.pid, pids=leftovers)
+        # Only runs that may still have processes: a crash loop must not grow this list.
+        self._forget_empty()
+        self.ended.append(custody)
+
+    def end_leftovers(self, run: Run | None, now: float) -> float | None:
+        """Before a relaunch, end what the dead run left running; None once nothing is left.
+
+        What is left is what the run's custody proves its own: its cgroup's processes, or
+        the pidfd-proven members (its group while the child was unreaped, descendants of
+        proven members, and processes carrying this home's id and the run's number: a
+        torchrun agent's workers run in sessions of their own).  SIGTERM, then SIGKILL
+        (``cgroup.kill``) after ``LEFTOVER_GRACE_S``.  Returns when to look again meanwhile.
+        """
+        custody = run.custody if run is not None and not run.alive else None
+        pids = custody.members() if custody is not None else set()
+        if not pids or run is None or custody is None:
+            self._leftovers_since = None
+            self._forget_empty()
+            return None
+        if self._leftovers_since is None:
+            self._leftovers_since = now
+            named = {str(pid): self.ops.cmdline(pid) for pid in sorted(pids)}
+            self.reporter.record(
+                run.run_no,
+                Event.ENDING_LEFTOVERS,
+                log_level="warning",
+                pids=named,
+                signal="SIGTERM",
+                by=custody.mode,
+            )
+            custody.signal_all(signal.SIGTERM)
+            custody.signal_all(signal.SIGCONT)
+            self._watch_until_empty(custody, run.run_no)
+            return now + LEFTOVER_GRACE_S  # unless the watcher says "empty" first
+        elif now - self._leftovers_since >= LEFTOVER_GIVE_UP_S:
+            # Unkillable (stuck in the kernel, say): say so, and launch anyway.
+            self.reporter.record(run.run_no, Event.LEFTOVER_PROCESSES, pids=sorted(pids))
+            self._leftovers_since = None
+            return None
+        elif now - self._leftovers_since >= LEFTOVER_GRACE_S:
+            custody.kill_all()
+            return self._leftovers_since + LEFTOVER_GIVE_UP_S
+        return now + LEFTOVER_POLL_S
+
+    def _watch_until_empty(self, custody: RunCustody, run_no: int) -> None:
+        """A thread waits for the run to empty (``cgroup.events``, or pidfds turning readable)
+        and wakes the loop: the relaunch follows the last leftover at once, not a poll."""
+        notify = self.on_empty
+        if notify is None:
+            return
+
+        def watch() -> None:
+            if custody.wait_empty(LEFTOVER_GIVE_UP_S + 1.0):
+                notify(run_no)
+
+        threading.Thread(target=watch, name=f"dflashd-empty-{run_no}", daemon=True).start()
+
+    def _forget_empty(self) -> None:
+        """Ended runs with nothing left: close their custody (pidfds, cgroups)."""
+        keep: list[RunCustody] = []
+        for custody in self.ended:
+            if custody.empty():
+                custody.close()
+            else:
+                keep.append(custody)
+        self.ended = keep
+
+    def sweep(self, run: Run | None, *, own_descendants: bool) -> None:
+        """Shutdown: every run's processes end with us, proven ones only, until none is left."""
+        custodies = list(self.ended)
+        if run is not None and run.custody is not None and run.custody not in custodies:
+            custodies.append(run.custody)
+        for custody in custodies:
+            if not custody.empty():
+                custody.signal_all(signal.SIGTERM)
+                custody.signal_all(signal.SIGCONT)
+                if not custody.wait_empty(2.0):
+                    custody.kill_all()
+                    custody.wait_empty(5.0)
+        for custody in custodies:
+            custody.close()
+        self.ended = []
+        if own_descendants:
+            end_adopted(exclude=self.reporter.alerts.pids)

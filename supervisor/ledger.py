@@ -1,0 +1,80 @@
+"""The ledger: what outlives a run (restart budgets, restarts by verdict, the last exit).
+
+:func:`~dflashd.supervisor.ending.conclude` reads it and says how it changes (a
+:class:`~dflashd.supervisor.ending.Book` effect); :meth:`Ledger.take` writes that down.
+The status snapshot reads it.  Nothing here decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from dflashd.supervisor.policy import RestartHistory
+
+STATE_TAIL_LINES: Final = 20
+STATE_LINE_CHARS: Final = 1000  # status and state.json carry a bounded tail; the exit record all
+
+
+def capped_exit(fields: dict[str, Any]) -> dict[str, Any]:
+    """An exit's fields as status and state.json carry them: the tail bounded.
+
+    A job that dies printing 64 KiB lines of control bytes would otherwise make state.json
+    grow past what its reader accepts (each byte escaped to six), and a later daemon would
+    lose the run's record.  The ``exit`` record in the log keeps the whole tail.
+    """
+    tail = fields.get("tail")
+    if isinstance(tail, list):
+        cut = [
+            line if len(line) <= STATE_LINE_CHARS else line[:STATE_LINE_CHARS] + "…"
+            for line in (str(x) for x in tail[-STATE_TAIL_LINES:])
+        ]
+        fields = {**fields, "tail": cut}
+    return fields
+
+
+@dataclass(frozen=True, slots=True)
+class Book:
+    """How the ledger changes after a run's end (or a resumed run): an effect of ``conclude``."""
+
+    last_exit: dict[str, Any] | None = None  # None: unchanged
+    history: RestartHistory | None = None  # None: unchanged
+    counted_verdict: str | None = None  # a relaunch follows: counted under this verdict
+    clear_cache_next: bool | None = None
+    fatal_reason: str | None = None
+    recovering_from: str | None = None  # "stalled"/"fatal": alert when training resumes
+    recovered: bool = False  # the recovery was announced: nothing to wait for any more
+
+
+@dataclass
+class Ledger:
+    """The counters kept between runs (and, from state.json, between daemons)."""
+
+    history: RestartHistory = field(default_factory=RestartHistory)
+    restarts_by_verdict: dict[str, int] = field(default_factory=dict)
+    restarts_this_daemon: int = 0
+    last_exit: dict[str, Any] | None = None
+    fatal_reason: str | None = None
+    clear_cache_next: bool = False
+    recovering_from: str | None = None
+    agent_restarts: int = 0  # torchrun restarted its workers itself (this daemon's lifetime)
+    agent_worker_failures: int = 0
+
+    def take(self, book: Book) -> None:
+        """Write down one :class:`Book` effect."""
+        if book.last_exit is not None:
+            self.last_exit = capped_exit(book.last_exit)
+        if book.history is not None:
+            self.history = book.history
+        if book.counted_verdict is not None:
+            verdict = book.counted_verdict
+            self.restarts_by_verdict[verdict] = self.restarts_by_verdict.get(verdict, 0) + 1
+            self.restarts_this_daemon += 1
+        if book.clear_cache_next is not None:
+            self.clear_cache_next = book.clear_cache_next
+        if book.fatal_reason is not None:
+            self.fatal_reason = book.fatal_reason
+        if book.recovering_from is not None:
+            self.recovering_from = book.recovering_from
+        if book.recovered:
+            self.recovering_from = None

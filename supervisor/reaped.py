@@ -1,0 +1,121 @@
+"""What a reaped run leaves to conclude from: its wait status, its evidence, its CPU time.
+
+The death walk reads reap -> conclude -> apply.  This is the reap side: :func:`mark_reaped`
+says the run is over (its phase, its custody no longer trusting the pid) and measures its
+CPU; :func:`reaped_facts` turns the run and its wait status into the
+:class:`~dflashd.supervisor.ending.RunFacts` that :func:`~dflashd.supervisor.ending.conclude`
+decides from.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+from dflashd.supervisor.ending import RunFacts
+from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.verdicts import Observations
+
+CPU_LIFE_SHARE: Final = 0.1  # a run that used at least this share of a CPU over its life was alive
+
+
+def mark_reaped(run: Run, status: int | None, ops: ProcessOps) -> float | None:
+    """The child was reaped (``status`` None: gone, status unknown): the run is over.
+
+    Returns the CPU-seconds the run used: the reaped child's and its waited-for
+    descendants', or the whole run cgroup's (workers in sessions of their own included).
+    """
+    run.phase = Phase.EXITED
+    if run.launched is not None and run.launched.process is not None:
+        run.launched.process.returncode = (
+            -1 if status is None else os.waitstatus_to_exitcode(status)
+        )
+    cpu_s = ops.reaped_cpu_s(run.pid) if run.pid is not None else None
+    custody = run.custody
+    if custody is not None and custody.mode == "cgroup":
+        whole = custody.cpu_time_s()
+        cpu_s = max(cpu_s or 0.0, whole) if whole is not None else cpu_s
+    if custody is not None:
+        custody.reaped(cpu_s)  # its pid proves nothing from now on
+    return cpu_s
+
+
+def lived_s(run: Run, duration_s: float, cpu_s: float | None) -> float:
+    """From the launch to the last sign of life: output, notify or GPU activity; the whole
+    duration when the run kept a tenth of a CPU busy over it (a silent CPU-bound job)."""
+    progress = run.progress
+    last = max(
+        progress.last_alive_mono or run.started_mono,
+        progress.last_progress_mono or run.started_mono,
+    )
+    lived = max(0.0, last - run.started_mono)
+    if cpu_s is not None and duration_s > 0 and cpu_s >= CPU_LIFE_SHARE * duration_s:
+        lived = duration_s
+    return lived
+
+
+def observations(
+    run: Run,
+    status: int | None,
+    stderr_tail: tuple[str, ...],
+    duration_s: float = 0.0,
+    cpu_s: float | None = None,
+) -> Observations:
+    """What the classifier may look at, from a reaped run and its wait status (None: unknown)."""
+    return Observations(
+        exit_code=os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
+        signal=os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
+        ended_by=run.ended_by,
+        reached_first_step=run.progress.reached_first_step,
+        output_lines=sum(d.line_count for d in run.drains),
+        stderr_tail=stderr_tail,
+        gpu_xids=tuple(run.gpu_xids),
+        status_unknown=status is None,
+        oom_kills=run.custody.oom_kills() if run.custody is not None else 0,
+        lived_s=lived_s(run, duration_s, cpu_s),
+    )
+
+
+def reaped_facts(
+    run: Run,
+    status: int | None,
+    *,
+    died_mono: float,
+    ended_at: float,
+    cpu_s: float | None,
+    stopping: bool,
+) -> RunFacts:
+    """Everything :func:`~dflashd.supervisor.ending.conclude` needs about a reaped run."""
+    tails = {d.src: tuple(d.tail) for d in run.drains}
+    duration = died_mono - run.started_mono
+    obs = observations(run, status, tails.get("stderr", ()), duration, cpu_s)
+    first = run.progress.first_step_mono
+    last = run.progress.last_progress_mono or first
+    return RunFacts(
+        run.run_no,
+        obs,
+        duration,
+        ended_at=ended_at,
+        first_step_after_s=None if first is None else first - run.started_mono,
+        # no step seen: the time it was alive stands for progress (a long run resets budgets)
+        progress_s=obs.lived_s if first is None or last is None else last - first,
+        step=run.progress.step,
+        epoch=run.progress.epoch,
+        tail=tails.get("stderr") or tails.get("stdout") or (),
+        already_alerted=frozenset(run.alerted),
+        stop_requested=stopping,
+    )
+
+
+def spawn_failed_facts(run: Run, error: str, *, ended_at: float, stopping: bool) -> RunFacts:
+    """A launch whose exec failed: nothing ran."""
+    return RunFacts(
+        run.run_no,
+        Observations(spawn_error=error),
+        0.0,
+        ended_at=ended_at,
+        already_alerted=frozenset(run.alerted),
+        stop_requested=stopping,
+    )

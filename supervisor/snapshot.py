@@ -1,0 +1,117 @@
+"""The daemon's snapshot for status: built once per publish from the daemon's rooms.
+
+:func:`status_view` reads the loop's state, the run, the ledger, the GPU watch and the
+reporter's counters, and fills in the :class:`~dflashd.supervisor.statusview.StatusView`
+contract, which sits below every room.  Nothing imports this module but the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+from dflashd.supervisor import __version__
+from dflashd.supervisor.clock import Clock
+from dflashd.supervisor.config import Config
+from dflashd.supervisor.gpuwatch import GpuWatch
+from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.home import Home
+from dflashd.supervisor.ledger import Ledger
+from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.statusview import StatusView
+from dflashd.supervisor.timers import Timers
+
+
+class StatusSource(Protocol):
+    """What the status view reads from the daemon."""
+
+    clock: Clock
+    started_wall: float
+    ledger: Ledger
+    gpu: GpuWatch
+    reporter: Reporter
+    home: Home
+    config: Config
+    timers: Timers
+    boot_id: str | None
+    ops: ProcessOps
+
+    @property
+    def state(self) -> State:
+        """The daemon's state."""
+        ...
+
+    @property
+    def run(self) -> Run | None:
+        """The current (or last) run."""
+        ...
+
+
+def status_view(source: StatusSource) -> StatusView:
+    """Assemble the status object from the daemon's rooms."""
+    run, ledger = source.run, source.ledger
+    now_mono, now_wall = source.clock.monotonic(), source.clock.time()
+    alive = run is not None and run.alive
+    progress = run.progress if run is not None else None
+    age: float | None = None
+    if run is not None and progress is not None and alive:
+        ref = progress.last_progress_mono or progress.last_alive_mono or run.started_mono
+        age = round(now_mono - ref, 3)
+    restart_at = source.timers.restart_at or source.timers.release_check_at
+    view: StatusView = {
+        "state": source.state.value,
+        "phase": run.phase.value if run is not None else "launching",
+        "pid": os.getpid(),
+        "child_pid": run.pid if alive and run is not None else None,
+        "run": run.run_no if run else None,
+        "step": progress.step if progress else None,
+        "step_source": progress.step_source if progress else None,
+        "first_step_source": progress.first_step_source if progress else None,
+        "loss": progress.loss if progress else None,
+        "epoch": progress.epoch if progress else None,
+        "child_status": progress.status_text if progress and alive else None,
+        "last_line": progress.last_line if progress else None,
+        "last_progress_age_s": age,
+        "last_progress_at": None if age is None else now_wall - age,
+        "restarts": sum(ledger.restarts_by_verdict.values()),
+        "restarts_by_verdict": dict(ledger.restarts_by_verdict),
+        "restarts_this_daemon": ledger.restarts_this_daemon,
+        "last_exit": ledger.last_exit,
+        "fatal_reason": ledger.fatal_reason,
+        "gpus": list(source.gpu.last),
+        "gpu_checks": source.gpu.status,
+        "gpu_method": run.gpu_use.method if run is not None and run.gpu_use is not None else None,
+        "log": str(source.reporter.log_path),
+        "home": str(source.home.root),
+        "started_at": source.started_wall,
+        "uptime_s": round(now_wall - source.started_wall, 3),
+        "updated_at": now_wall,
+        "version": __version__,
+        "command": list(source.config.command),
+        "cwd": source.config.cwd,
+        "next_restart_in_s": None
+        if restart_at is None
+        else round(max(0.0, restart_at - now_mono), 3),
+        "log_stats": source.reporter.log_stats(),
+        "node": source.config.node_name,
+        "elastic": _elastic(run, ledger, now_mono),
+        "custody": source.ops.mode,
+    }
+    if alive and run is not None and run.pid is not None:
+        view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}
+    return view
+
+
+def _elastic(run: Run | None, ledger: Ledger, now_mono: float) -> dict[str, Any] | None:
+    """The torchrun agent's side of the run: this run's view, plus this daemon's totals."""
+    if run is None or run.elastic is None:
+        return None
+    view = run.elastic.view()
+    since = run.elastic.rendezvous_since
+    waiting = run.alive and view["rendezvous"] == "waiting" and since is not None
+    view["rendezvous_waiting_s"] = round(now_mono - since, 3) if waiting and since else None
+    view["restarts_total"] = ledger.agent_restarts
+    view["worker_failures_total"] = ledger.agent_worker_failures
+    return view

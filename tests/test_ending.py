@@ -1,0 +1,176 @@
+"""The end of a run, decided by one pure function: a table of facts -> effects, no process, no clock.
+
+Verdict x history x stop x alert config: each row says which state the loop enters, which
+alerts go out, which records follow the ``exit``, and how the ledger changes.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from dflashd.supervisor.config import RestartConfig
+from dflashd.supervisor.ending import (
+    EXIT_FATAL,
+    RecordHistory,
+    RunFacts,
+    SendAlert,
+    SettleProcesses,
+    WriteRecord,
+    conclude,
+    lost_facts,
+    resumed,
+)
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.ledger import Book, Ledger
+from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.policy import RestartHistory
+from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy, Observations
+
+POLICY = RestartConfig(early_retries=3, runtime_retries=5, backoff_initial_s=10.0)
+FATAL_ONLY = (AlertKind.FATAL,)
+IMPORT_ERROR = ("ModuleNotFoundError: No module named 'x'",)
+
+RUNTIME_CRASH = Observations(signal=signal.SIGSEGV, reached_first_step=True, output_lines=9)
+EARLY_CRASH = Observations(exit_code=1, output_lines=3, stderr_tail=("RuntimeError: boom",))
+UNFIXABLE = Observations(exit_code=1, output_lines=3, stderr_tail=IMPORT_ERROR)
+STALL = Observations(signal=9, ended_by=EndedBy.NO_PROGRESS, reached_first_step=True)
+DONE = Observations(exit_code=0, reached_first_step=True, output_lines=9)
+STOP = Observations(signal=15, ended_by=EndedBy.STOP, reached_first_step=True)
+AGAIN = RestartHistory(early_deaths=1, consecutive_failures=1)  # one early death before
+SPENT = RestartHistory(early_deaths=3, consecutive_failures=3)  # the early budget is used up
+
+
+@pytest.mark.parametrize(
+    ("obs", "history", "stop", "alerts_on", "state", "alerts", "after_exit"),
+    [
+        # a runtime crash: restart, no page by default (crashed is not in alerts.on)
+        (RUNTIME_CRASH, RestartHistory(), False, DEFAULT_ALERTS, State.BACKOFF, [], ["restart"]),
+        # the first early death pages; the second of a loop does not; the last one is fatal
+        (
+            EARLY_CRASH,
+            RestartHistory(),
+            False,
+            DEFAULT_ALERTS,
+            State.BACKOFF,
+            [("crash_before_first_step", "RuntimeError")],
+            ["restart"],
+        ),
+        (EARLY_CRASH, AGAIN, False, DEFAULT_ALERTS, State.BACKOFF, [], ["restart"]),
+        (
+            EARLY_CRASH,
+            SPENT,
+            False,
+            DEFAULT_ALERTS,
+            State.FATAL,
+            [("fatal", "early_retries_exhausted")],
+            ["fatal"],
+        ),
+        # unfixable: fatal at once, with one alert (the fatal one)
+        (
+            UNFIXABLE,
+            RestartHistory(),
+            False,
+            DEFAULT_ALERTS,
+            State.FATAL,
+            [("fatal", "unfixable_import_error")],
+            ["fatal"],
+        ),
+        # ... and where fatal is not alerted, the verdict's own alert goes out instead
+        (
+            UNFIXABLE,
+            RestartHistory(),
+            False,
+            (AlertKind.CRASH_BEFORE_FIRST_STEP,),
+            State.FATAL,
+            [("crash_before_first_step", "import_error")],
+            ["fatal"],
+        ),
+        (UNFIXABLE, RestartHistory(), False, (), State.FATAL, [], ["fatal"]),
+        # a stall pages by default, not when alerts.on names only fatal
+        (
+            STALL,
+            RestartHistory(),
+            False,
+            DEFAULT_ALERTS,
+            State.BACKOFF,
+            [("stalled", "no_progress")],
+            ["restart"],
+        ),
+        (STALL, RestartHistory(), False, FATAL_ONLY, State.BACKOFF, [], ["restart"]),
+        # completed and stopped end the daemon; a stop request wins over any verdict
+        (DONE, RestartHistory(), False, DEFAULT_ALERTS, State.COMPLETED, [], ["done"]),
+        (STOP, RestartHistory(), True, DEFAULT_ALERTS, State.STOPPED, [], []),
+        (RUNTIME_CRASH, RestartHistory(), True, DEFAULT_ALERTS, State.STOPPED, [], []),
+        (
+            EARLY_CRASH,
+            RestartHistory(),
+            True,
+            DEFAULT_ALERTS,
+            State.STOPPED,
+            [("crash_before_first_step", "RuntimeError")],
+            [],
+        ),
+    ],
+)
+def test_conclude_table(
+    obs: Observations,
+    history: RestartHistory,
+    stop: bool,
+    alerts_on: tuple[AlertKind, ...],
+    state: State,
+    alerts: list[tuple[str, str]],
+    after_exit: list[str],
+) -> None:
+    facts = RunFacts(3, obs, 42.0, ended_at=1000.0, step=None, stop_requested=stop)
+    outcome = conclude(facts, history=history, policy=POLICY, alerts_on=alerts_on, jitter=0.5)
+    assert outcome.next_state is state
+    assert [(k.value, why) for k, why in outcome.alerts] == alerts
+    assert [e.value for e in outcome.records] == ["exit", *after_exit]
+    first, second = outcome.effects[0], outcome.effects[1]
+    assert isinstance(first, WriteRecord) and first.wait_s is not None  # exit, on disk first
+    assert isinstance(second, RecordHistory) and second.ended_at == 1000.0
+    assert outcome.book.last_exit is not None and outcome.book.last_exit["run"] == 3
+    counted = outcome.book.counted_verdict
+    assert counted == (outcome.result.verdict.value if state is State.BACKOFF else None)
+    ends_daemon = state in (State.FATAL, State.STOPPED, State.COMPLETED)
+    expected_code = (EXIT_FATAL if state is State.FATAL else 0) if ends_daemon else None
+    assert outcome.daemon_exit_code == expected_code
+    assert (outcome.restart_delay_s is not None) is (state is State.BACKOFF)
+    settle = [e for e in outcome.effects if isinstance(e, SettleProcesses)]
+    assert settle == [SettleProcesses(kill_now=obs.ended_by is not EndedBy.CHILD)]
+
+
+def test_a_restart_after_a_stall_waits_for_the_recovery() -> None:
+    facts = RunFacts(1, STALL, 900.0, ended_at=1.0, step=40)
+    outcome = conclude(
+        facts, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0
+    )
+    ledger = Ledger()
+    ledger.take(outcome.book)
+    assert ledger.recovering_from == "stalled"
+    assert ledger.restarts_by_verdict == {"stalled": 1} and ledger.restarts_this_daemon == 1
+    effects = resumed(ledger.recovering_from, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset())
+    assert [e.kind.value for e in effects if isinstance(e, SendAlert)] == ["recovered"]
+    quiet = resumed(ledger.recovering_from, alerts_on=FATAL_ONLY, already_alerted=frozenset())
+    assert quiet == (Book(recovered=True),)  # the book only: nothing sent
+    ledger.take(Book(recovered=True))
+    assert ledger.recovering_from is None
+    assert resumed(None, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset()) == ()
+
+
+def test_a_lost_run_is_classified_and_counted_like_any_other() -> None:
+    outcome = conclude(
+        lost_facts(7, 120, 50.0),
+        history=RestartHistory(),
+        policy=POLICY,
+        alerts_on=(*DEFAULT_ALERTS, AlertKind.LOST),
+        jitter=0.0,
+    )
+    assert outcome.result.verdict.value == "lost" and outcome.result.reason == "daemon_killed"
+    assert outcome.exit_fields["duration_s"] is None and outcome.exit_fields["step"] == 120
+    assert outcome.book.counted_verdict == "lost"
+    assert outcome.next_state is None and outcome.restart_delay_s is None  # the start launches
+    assert [(k.value, why) for k, why in outcome.alerts] == [("lost", "daemon_killed")]
+    assert outcome.records == (Event.EXIT,)
