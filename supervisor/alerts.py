@@ -68,9 +68,11 @@ def alert_payload(
     gpus: list[dict[str, Any]],
     log: str,
     step: int | None = None,
+    stacks: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The alert JSON of docs/design.md ("Alerts")."""
-    return {
+    """The alert JSON of docs/design.md ("Alerts"); ``stacks``: the top frames of each
+    process's main thread, dumped before dflashd ended the run."""
+    payload: dict[str, Any] = {
         "verdict": verdict,
         "reason": reason,
         "run": run,
@@ -83,6 +85,9 @@ def alert_payload(
         "host": socket.gethostname(),
         "step": step,
     }
+    if stacks:
+        payload["stacks"] = stacks
+    return payload
 
 
 def summary_text(payload: dict[str, Any]) -> str:
@@ -107,6 +112,9 @@ def summary_text(payload: dict[str, Any]) -> str:
     tail = payload.get("tail") or []
     if tail:
         text += "\n```\n" + "\n".join(str(line)[:300] for line in tail[-15:]) + "\n```"
+    stacks = payload.get("stacks")
+    if stacks:
+        text += "\nWhere it hung:\n```\n" + "\n".join(str(x)[:300] for x in stacks[:17]) + "\n```"
     return text
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import traceback
 from collections.abc import Callable
 from typing import Final
 
@@ -27,7 +26,6 @@ from dflashd.supervisor.daemonlog import reopen_daemon_log
 from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.doors import Doors
 from dflashd.supervisor.endedruns import EndedRuns
-from dflashd.supervisor.ending import EXIT_FATAL
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
 from dflashd.supervisor.groups import HostProcesses, ProcessOps
@@ -49,6 +47,8 @@ from dflashd.supervisor.runend import RunEnds
 from dflashd.supervisor.runs import FirstLaunch, Runs
 from dflashd.supervisor.snapshot import status_view
 from dflashd.supervisor.spawn import set_child_subreaper
+from dflashd.supervisor.stackdumps import Dumper, StackDumps
+from dflashd.supervisor.stacks import StacksTaken
 from dflashd.supervisor.statusview import StatusView, one_line, read_state
 from dflashd.supervisor.timers import Timers
 
@@ -73,6 +73,7 @@ class Daemon:
         sampler_factory: SamplerFactory | None = None,
         on_first_launch: FirstLaunch | None = None,
         line_tap: LineTap | None = None,
+        dumps: Dumper | None = None,
     ) -> None:
         self.home, self.config = home, config
         self.clock = clock or SystemClock()
@@ -94,8 +95,9 @@ class Daemon:
         self.observer = RunObserver(
             self.reporter, self.gpu, self.ops, self.ledger, config.alerts.on
         )
+        self.dumps = dumps or StackDumps(home, self.reporter, self.inbox.post)
         self.live = LiveRunControl(
-            self.clock, self.reporter, self.observer, self._limits, self.timers
+            self.clock, self.reporter, self.observer, self._limits, self.timers, self.dumps
         )
         self.launcher = Launcher(
             home,
@@ -158,7 +160,7 @@ class Daemon:
         except StartupError:
             raise
         except Exception as exc:  # the last-resort guard: record, end the child, never vanish
-            self._daemon_failed(exc)
+            self.ends.daemon_failed(self.run, exc)
         finally:
             self.close()
         return self.loop.exit_code
@@ -190,7 +192,11 @@ class Daemon:
         """Everything before the loop: history, sockets, recovery, GPUs, metrics, the first launch."""
         self.reporter.open_history()
         stop = stop_handler(self.config.restart.stop_timeout_s, self.request_stop, lambda: self.run)
-        handlers = {"status": lambda _: dict(self.status()), "stop": stop}
+        handlers = {
+            "status": lambda _: dict(self.status()),
+            "stop": stop,
+            "stacks": lambda req: self.live.command(self.run, req),
+        }
         self.doors = Doors(self.home, self.clock, self.inbox.read_fd, handlers)
         lost = restore(
             read_state(self.home.state_file) or {},
@@ -229,6 +235,8 @@ class Daemon:
             now = self.clock.monotonic()
             if isinstance(message, RunEmptied):
                 self.runs.emptied(message.run_no, now)
+            elif isinstance(message, StacksTaken):
+                self.live.taken(self.run, message)
             elif isinstance(message, GpuSampled):
                 end = self.observer.gpu_sample(self.run, message.sample, now)
                 if end is not None and self.run is not None:
@@ -309,21 +317,6 @@ class Daemon:
         return summary
 
     # -- shutdown -------------------------------------------------------------------------
-
-    def _daemon_failed(self, exc: BaseException) -> None:
-        text = "".join(traceback.format_exception(exc))[-4000:]
-        run_no = self.run.run_no if self.run else 0
-        self.reporter.record(
-            run_no,
-            Event.FATAL,
-            log_level="error",
-            reason="daemon_error",
-            error=repr(exc),
-            traceback=text,
-        )
-        self.loop.state = State.FATAL  # past the table: the daemon itself failed
-        self.loop.end_with(EXIT_FATAL)
-        self.ledger.fatal_reason = "daemon_error"
 
     def close(self) -> None:
         """End every run's processes, wait for the pipes, close the log and the sockets.

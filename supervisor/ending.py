@@ -54,6 +54,8 @@ class RunFacts:
     tail: tuple[str, ...] = ()
     already_alerted: frozenset[AlertKind] = frozenset()
     stop_requested: bool = False
+    stacks: dict[str, Any] | None = None  # the dump taken before dflashd ended the run
+    flight_recorder: tuple[str, ...] = ()  # NCCL flight-recorder traces the ranks left
 
 
 # -- the effects, carried out in order by the daemon's one applier -------------------------
@@ -201,6 +203,10 @@ def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
         out["gpu_xids"] = list(obs.gpu_xids)
     if obs.spawn_error is not None:
         out["error"] = obs.spawn_error
+    if facts.stacks is not None:
+        out["stacks"] = facts.stacks
+    if facts.flight_recorder:
+        out["flight_recorder"] = list(facts.flight_recorder)
     return out
 
 

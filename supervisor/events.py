@@ -21,6 +21,7 @@ class Event(StrEnum):
     ENDING_RUN = "ending_run"
     STOPPING = "stopping"
     STOP_TIMEOUT = "stop_timeout"
+    STACKS = "stacks"  # a live dump of the run's stacks (dflashd stacks, or before a kill)
     EXIT = "exit"
     LEFTOVER_PROCESSES = "leftover_processes"
     ENDING_LEFTOVERS = "ending_leftovers"  # before a relaunch: what the dead run left running

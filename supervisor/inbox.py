@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from dflashd.supervisor.linewatch import LinesSeen
 from dflashd.supervisor.nvml import GpuSample
+from dflashd.supervisor.stacks import StacksTaken
 
 _WAKE: Final = b"\x00"
 # Every signal whose default would end or stop the daemon silently gets a handler that does
@@ -53,7 +54,7 @@ class RunEmptied:
     run_no: int
 
 
-Message = LinesSeen | GpuSampled | RunEmptied
+Message = LinesSeen | GpuSampled | RunEmptied | StacksTaken
 
 
 class Inbox:

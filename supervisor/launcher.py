@@ -8,6 +8,7 @@ and starts one drain per pipe.  A failed exec comes back as the run's ``spawn_er
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Callable
@@ -31,10 +32,12 @@ from dflashd.supervisor.progress import Progress
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.spawn import (
+    FLIGHT_FILE,
     LIVE_BARS_ENV,
     ChildEnvironment,
     child_environ,
     dflashd_env,
+    flight_recorder_env,
 )
 from dflashd.supervisor.statusview import read_state
 
@@ -126,18 +129,14 @@ class Launcher:
             spawn_fields["torchrun"] = job.fields()
         self.reporter.record(run_no, Event.SPAWN, wait_s=SPAWN_ON_DISK_S, **spawn_fields)
         argv_text = " ".join(run.argv)
+        defaults = dict(LIVE_BARS_ENV) if self.config.builtin_formats else {}
+        defaults.update(flight_recorder_env(self.home.logs / "flight" / f"run-{run_no}-rank"))
+        env = child_environ(os.environ, self.config.env, spec, defaults)
+        run.flight_prefix = Path(env[FLIGHT_FILE])  # ours, or where the user's setting puts them
+        with contextlib.suppress(OSError):
+            run.flight_prefix.parent.mkdir(parents=True, exist_ok=True)
         try:
-            launched = self.ops.spawn(
-                run.argv,
-                cwd=cwd,
-                env=child_environ(
-                    os.environ,
-                    self.config.env,
-                    spec,
-                    LIVE_BARS_ENV if self.config.builtin_formats else {},
-                ),
-                run_no=run_no,
-            )
+            launched = self.ops.spawn(run.argv, cwd=cwd, env=env, run_no=run_no)
         except OSError as exc:
             if exc.errno in TRANSIENT_ERRNOS and not isinstance(exc, FileNotFoundError):
                 raise LaunchDeferred(

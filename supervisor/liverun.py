@@ -2,16 +2,18 @@
 
 Three ways, each with its deadline kept here: ``dflashd stop`` (SIGTERM to the job's group,
 SIGKILL past ``stop_timeout_s``), a stall (the progress deadline passed and the evidence
-says stuck), and no GPU memory past its grace (the GPU watch's verdict).  Ending asks for a
-stack dump first (SIGABRT: ``PYTHONFAULTHANDLER=1`` prints every thread), then kills the
-whole run after ``DUMP_GRACE_S``.  The run's death then takes the usual walk (reap ->
-conclude -> apply), with ``run.ended_by`` saying who ended it.
+says stuck), and no GPU memory past its grace (the GPU watch's verdict).  Before every kill
+dflashd decides, it dumps the run's stacks with py-spy (the job keeps running meanwhile) and
+waits for the dump up to ``STACKS_BOUND_S``; where py-spy is missing or fails, it asks
+faulthandler for a dump instead (SIGABRT: ``PYTHONFAULTHANDLER=1``) and kills after
+``DUMP_GRACE_S``.  The run's death then takes the usual walk (reap -> conclude -> apply),
+with ``run.ended_by`` saying who ended it and ``run.stacks`` where the dump is.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import Final
+from typing import Any, Final
 
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.events import Event
@@ -19,14 +21,16 @@ from dflashd.supervisor.observe import RunObserver
 from dflashd.supervisor.progress import Limits
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
+from dflashd.supervisor.stackdumps import STACKS_BOUND_S, Dumper
+from dflashd.supervisor.stacks import StacksTaken, alert_lines
 from dflashd.supervisor.timers import Timers
 from dflashd.supervisor.verdicts import EndedBy
 
-DUMP_GRACE_S: Final = 3.0  # between SIGABRT (stack dump) and SIGKILL
+DUMP_GRACE_S: Final = 3.0  # between SIGABRT (faulthandler's dump) and SIGKILL
 
 
 class LiveRunControl:
-    """Stop, end and kill the live run, each at its deadline."""
+    """Stop, dump, end and kill the live run, each at its deadline."""
 
     def __init__(
         self,
@@ -35,9 +39,10 @@ class LiveRunControl:
         observer: RunObserver,
         limits: Limits,
         timers: Timers,
+        dumps: Dumper,
     ) -> None:
         self.clock, self.reporter, self.observer = clock, reporter, observer
-        self.limits, self.timers = limits, timers
+        self.limits, self.timers, self.dumps = limits, timers, dumps
 
     def stop(self, run: Run, timeout_s: float) -> None:
         """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
@@ -52,31 +57,79 @@ class LiveRunControl:
         self.timers.stop_deadline = self.clock.monotonic() + timeout_s
 
     def end(self, run: Run, why: EndedBy) -> None:
-        """dflashd ends the run (stall, no GPU memory): a stack dump, then the kill."""
-        custody = run.custody
-        if custody is None or not run.alive or run.ended_by_us:
+        """dflashd ends the run (stall, first-step timeout, no GPU memory): a dump, then the kill."""
+        if run.custody is None or not run.alive or run.ended_by_us:
             return
         run.ended_by = why
+        self._dump_then_kill(run, why.value, Event.ENDING_RUN)
+
+    def _dump_then_kill(self, run: Run, why: str, event: Event) -> None:
+        if not self.dumps.available:
+            self._faulthandler(run, why, event, self.dumps.tool())
+            return
+        run.dump_before_kill = self.dumps.start(run, why)
         self.reporter.record(
             run.run_no,
-            Event.ENDING_RUN,
+            event,
             log_level="warning",
-            why=why.value,
-            signal="SIGABRT",
+            why=why,
+            dump="py-spy",
             then="SIGKILL",
+            bound_s=STACKS_BOUND_S,
         )
-        # PYTHONFAULTHANDLER=1 makes a Python child print every thread's stack on SIGABRT;
+        run.kill_at_mono = self.clock.monotonic() + STACKS_BOUND_S  # the dump's bound
+
+    def _faulthandler(self, run: Run, why: str, event: Event, py_spy: str | None) -> None:
+        """The fallback: faulthandler prints every thread's Python stack on SIGABRT."""
+        custody = run.custody
+        if custody is None:
+            return
+        fields: dict[str, Any] = {"why": why, "dump": "faulthandler", "signal": "SIGABRT"}
+        self.reporter.record(
+            run.run_no, event, log_level="warning", then="SIGKILL", py_spy=py_spy, **fields
+        )
         # SIGCONT after it, so a stopped (SIGSTOPped) child wakes up to take it.
         custody.signal_root(signal.SIGABRT)
         custody.signal_group(signal.SIGCONT)
         run.kill_at_mono = self.clock.monotonic() + DUMP_GRACE_S
+
+    def taken(self, run: Run | None, message: StacksTaken) -> None:
+        """A dump finished: its record and file; a kill that waited for it goes ahead now."""
+        fields = self.dumps.taken(message, self.clock.time())
+        if run is None or run.run_no != message.run_no or run.dump_before_kill != message.dump_id:
+            return
+        run.dump_before_kill = None
+        kept = ("dump_id", "path", "odd_rank_out", "odd_summary", "error")
+        run.stacks = {k: fields[k] for k in kept if fields.get(k) is not None}
+        run.stacks["top"] = alert_lines(fields)
+        if not run.alive or run.custody is None:
+            return
+        if message.dump.ok:
+            run.kill_at_mono = None
+            run.custody.kill_all()
+        else:  # py-spy could not read the run (a seccomp profile, say): faulthandler's dump
+            self._faulthandler(run, message.dump.trigger, Event.ENDING_RUN, message.dump.error)
+
+    def command(self, run: Run | None, request: dict[str, Any]) -> dict[str, Any]:
+        """``dflashd stacks``: start a dump of the live run; the client waits for its record."""
+        if run is None or not run.alive:
+            return {"ok": False, "error": "no live run to dump"}
+        if not self.dumps.available:
+            return {"ok": False, "error": self.dumps.tool()}
+        dump_id = self.dumps.start(run, "command", native=bool(request.get("native")))
+        return {
+            "ok": True,
+            "run": run.run_no,
+            "dump_id": dump_id,
+            "log": str(self.reporter.log_path),
+        }
 
     def check(self, run: Run | None, now: float) -> None:
         """The deadlines: the kill after a dump, a stall, a stop past its timeout."""
         live = run is not None and run.alive and run.pid is not None
         if live and run is not None:
             if run.kill_at_mono is not None and now >= run.kill_at_mono:
-                run.kill_at_mono = None
+                run.kill_at_mono = None  # a dump past its bound is not waited for any longer
                 if run.custody is not None:
                     run.custody.kill_all()
             stall = None if run.ended_by_us else run.progress.stall_deadline(self.limits)
@@ -84,7 +137,10 @@ class LiveRunControl:
                 self.end(run, why)
         if self.timers.stop_deadline is not None and now >= self.timers.stop_deadline:
             self.timers.stop_deadline = None
-            if live and run is not None:
+            if not live or run is None or run.dump_before_kill is not None:
+                return
+            if self.dumps.available:
+                self._dump_then_kill(run, "stop_timeout", Event.STOP_TIMEOUT)
+            elif run.custody is not None:  # no py-spy: the stop's grace is over, no more waiting
                 self.reporter.record(run.run_no, Event.STOP_TIMEOUT, signal="SIGKILL")
-                if run.custody is not None:
-                    run.custody.kill_all()
+                run.custody.kill_all()

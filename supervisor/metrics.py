@@ -126,6 +126,11 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
         for ok in ("true", "false"):
             alerts.add_metric([kind.value, ok], float(sent.get(f"{kind.value}:{ok}", 0.0)))
     yield alerts
+    yield CounterMetricFamily(
+        "dflashd_stack_dumps",
+        "Stack dumps of the live run taken (dflashd stacks, and before each kill)",
+        value=extra.get("stack_dumps", 0.0),
+    )
     yield from _elastic_families(snapshot.get("elastic"))
     version = str(snapshot.get("version") or __version__)
     build = GaugeMetricFamily("dflashd_build_info", "dflashd's version", labels=["version"])

@@ -75,6 +75,22 @@ def process_mark(pid: int) -> dict[str, str]:
     return out
 
 
+def environ_values(pid: int, keys: tuple[str, ...]) -> dict[str, str]:
+    """The values of ``keys`` in ``pid``'s start environment (what is missing is left out)."""
+    wanted = {k.encode() for k in keys}
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, _, value = item.partition(b"=")
+        if key in wanted:
+            out[key.decode()] = value.decode("utf-8", "replace")
+    return out
+
+
 def carries_mark(pid: int, home_id: str, run_no: int | None) -> bool:
     """True when ``pid`` started with this home's id and (when given) this run's number."""
     mark = process_mark(pid)

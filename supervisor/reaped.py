@@ -106,7 +106,20 @@ def reaped_facts(
         tail=tails.get("stderr") or tails.get("stdout") or (),
         already_alerted=frozenset(run.alerted),
         stop_requested=stopping,
+        stacks=run.stacks,
+        flight_recorder=flight_traces(run),
     )
+
+
+def flight_traces(run: Run) -> tuple[str, ...]:
+    """The NCCL flight-recorder traces this run's ranks left (``TORCH_FR_DUMP_TEMP_FILE``)."""
+    prefix = run.flight_prefix
+    if prefix is None:
+        return ()
+    try:
+        return tuple(str(p) for p in sorted(prefix.parent.glob(prefix.name + "*")) if p.is_file())
+    except OSError:
+        return ()
 
 
 def spawn_failed_facts(run: Run, error: str, *, ended_at: float, stopping: bool) -> RunFacts:

@@ -60,7 +60,8 @@ class Reporter:
         self.state_errors = 0
         self.snapshot: dict[str, Any] = {}
         self._metrics: Any = None
-        self._alerts_sent: dict[str, float] = {}  # "kind:ok" -> deliveries (metrics)
+        self._alerts_sent: dict[str, float] = {}
+        self.stack_dumps = 0  # dumps written (metrics)  # "kind:ok" -> deliveries (metrics)
 
     @property
     def log_path(self) -> Path:
@@ -137,6 +138,7 @@ class Reporter:
             gpus=gpus,
             log=str(self.writer.path),
             step=step,
+            stacks=(fields.get("stacks") or {}).get("top"),
         )
         self.alerts.send(run_no, payload)
 
@@ -192,6 +194,7 @@ class Reporter:
                 "log_written_bytes": float(stats.writer.bytes_written),
                 "log_dropped_bytes": float(stats.writer.bytes_dropped + stats.stalled_drops_bytes),
                 "alerts_by_kind": self._alerts_sent,
+                "stack_dumps": float(self.stack_dumps),
             }
 
         server = MetricsServer(self.config.metrics_listen, lambda: self.snapshot, extra)

@@ -8,6 +8,8 @@ the two questions the rest of the daemon asks of it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor.elastic import ElasticState
@@ -43,6 +45,9 @@ class Run:
     cpu_seen_s: float | None = None  # the run cgroup's CPU time at the last look (sign of life)
     watcher: LineWatcher | None = None  # the drains' callback; flushed when the child dies
     elastic: ElasticState | None = None  # the job is a torchrun agent (a node of a larger job)
+    dump_before_kill: str | None = None  # the dump dflashd waits for before its kill
+    stacks: dict[str, Any] | None = None  # that dump: its file, the odd rank out, top frames
+    flight_prefix: Path | None = None  # where its ranks' NCCL flight-recorder traces go
 
     @property
     def pid(self) -> int | None:

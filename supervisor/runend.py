@@ -11,12 +11,15 @@ same applier.
 from __future__ import annotations
 
 import random
+import traceback
 from collections.abc import Callable
+from typing import Any
 
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.ending import (
+    EXIT_FATAL,
     Effect,
     EnterState,
     ExitDaemon,
@@ -28,9 +31,10 @@ from dflashd.supervisor.ending import (
     WriteRecord,
     conclude,
 )
+from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.ledger import Book, Ledger
-from dflashd.supervisor.lifecycle import LoopState
+from dflashd.supervisor.lifecycle import LoopState, State
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.timers import Timers
@@ -101,3 +105,13 @@ class RunEnds:
                 self.timers.stop_deadline = None
         if run is not None:
             self.publish()
+
+    def daemon_failed(self, run: Run | None, exc: BaseException) -> None:
+        """The last-resort guard: the daemon itself failed; say so, and end as fatal."""
+        text = "".join(traceback.format_exception(exc))[-4000:]
+        run_no = run.run_no if run is not None else 0
+        fields: dict[str, Any] = {"reason": "daemon_error", "error": repr(exc), "traceback": text}
+        self.reporter.record(run_no, Event.FATAL, log_level="error", **fields)
+        self.loop.state = State.FATAL  # past the table: the daemon itself failed
+        self.loop.end_with(EXIT_FATAL)
+        self.ledger.fatal_reason = "daemon_error"

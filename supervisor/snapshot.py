@@ -20,6 +20,7 @@ from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
+from dflashd.supervisor.stackdumps import Dumper
 from dflashd.supervisor.statusview import StatusView
 from dflashd.supervisor.timers import Timers
 
@@ -37,6 +38,7 @@ class StatusSource(Protocol):
     timers: Timers
     boot_id: str | None
     ops: ProcessOps
+    dumps: Dumper
 
     @property
     def state(self) -> State:
@@ -98,6 +100,7 @@ def status_view(source: StatusSource) -> StatusView:
         "node": source.config.node_name,
         "elastic": _elastic(run, ledger, now_mono),
         "custody": source.ops.mode,
+        "stacks_tool": source.dumps.tool(),
     }
     if alive and run is not None and run.pid is not None:
         view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}

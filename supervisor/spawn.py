@@ -70,6 +70,20 @@ def dflashd_env(spec: ChildEnvironment) -> dict[str, str]:
 LIVE_BARS_ENV: Final = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
 
 
+FLIGHT_FILE: Final = "TORCH_FR_DUMP_TEMP_FILE"
+
+
+def flight_recorder_env(prefix: Path) -> dict[str, str]:
+    """NCCL's flight recorder, on for every job unless the user set it: a collective timeout
+    leaves each rank's trace at ``<prefix><rank>`` (under logs/flight/), listed in the exit
+    record.  Harmless to jobs without torch.distributed."""
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        FLIGHT_FILE: str(prefix),
+    }
+
+
 def child_environ(
     base: Mapping[str, str],
     extra: Mapping[str, str],

@@ -77,6 +77,7 @@ class StatusView(TypedDict):
     node: str  # config "node", or the host name: this node's name in a larger job
     elastic: dict[str, Any] | None  # a torchrun job: its rendezvous and the restarts it handled
     custody: str  # how runs own their processes: "cgroup" or "pidfd"
+    stacks_tool: str  # "py-spy 0.4.3", or why live stack dumps are unavailable
     child: NotRequired[ChildIdentity]  # present while a child lives
 
 

@@ -23,10 +23,12 @@ from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.clock import ManualClock
 from dflashd.supervisor.config import parse_config
 from dflashd.supervisor.daemon import Daemon
+from dflashd.supervisor.events import Event
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.nvml import GpuProcess, GpuReading
 from dflashd.supervisor.spawn import Launched
+from dflashd.supervisor.stacks import StacksTaken, summary
 
 
 @dataclass
@@ -163,12 +165,44 @@ class ScriptedProcesses:
         return [pid for _, pid, sig in self.signals if sig == signum]
 
 
+class ScriptedDumps:
+    """Stack dumps with no py-spy: ``start`` is recorded, the test posts the result
+    (``StacksTaken``) itself.  Unavailable by default: the faulthandler path, as on a host
+    without py-spy."""
+
+    def __init__(self, available: bool = False) -> None:
+        self._available = available
+        self.started: list[tuple[int, str, str]] = []  # (run, trigger, dump id)
+        self.reporter: Any = None
+
+    @property
+    def available(self) -> bool:
+        return self._available
+
+    def tool(self) -> str:
+        return "scripted" if self._available else "unavailable: scripted"
+
+    def start(self, run: Any, trigger: str, *, native: bool = False) -> str:
+        dump_id = f"{run.run_no}-{len(self.started) + 1}"
+        self.started.append((run.run_no, trigger, dump_id))
+        return dump_id
+
+    def taken(self, message: StacksTaken, wall: float) -> dict[str, Any]:
+        fields = {"dump_id": message.dump_id, "path": f"/scripted/{message.dump_id}.txt"}
+        fields.update(summary(message.dump))
+        self.reporter.record(message.run_no, Event.STACKS, **fields)
+        return fields
+
+
 class Harness:
     """A daemon on a temp home, with the clock and the children in the test's hands."""
 
-    def __init__(self, home: Path, config: dict[str, Any], sampler: Any = None) -> None:
+    def __init__(
+        self, home: Path, config: dict[str, Any], sampler: Any = None, dumps: bool = False
+    ) -> None:
         self.clock = ManualClock()
         self.ops = ScriptedProcesses()
+        self.dumps = ScriptedDumps(available=dumps)
         config = {"gpus": "none", **config}
         factory = (lambda _pid: sampler) if sampler is not None else None
         Home(home).create()
@@ -178,7 +212,9 @@ class Harness:
             clock=self.clock,
             ops=self.ops,
             sampler_factory=factory,
+            dumps=self.dumps,
         )
+        self.dumps.reporter = self.daemon.reporter
         self.alerts: list[tuple[str, str]] = []  # (kind, reason) handed to the sinks, in order
         real_alert = self.daemon.reporter.alert
 

@@ -19,6 +19,14 @@ from dflashd.supervisor.inbox import GpuSampled
 from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.linewatch import LinesSeen
 from dflashd.supervisor.nvml import GpuProcess, GpuReading, GpuSample
+from dflashd.supervisor.stacks import (
+    Frame,
+    ProcessStacks,
+    Role,
+    StacksDump,
+    StacksTaken,
+    ThreadStack,
+)
 from tests.harness import Harness
 
 
@@ -26,8 +34,8 @@ from tests.harness import Harness
 def harness(tmp_path: Path) -> Iterator[Any]:
     made: list[Harness] = []
 
-    def make(config: dict[str, Any], sampler: Any = None) -> Harness:
-        h = Harness(tmp_path / "home", config, sampler)
+    def make(config: dict[str, Any], sampler: Any = None, dumps: bool = False) -> Harness:
+        h = Harness(tmp_path / "home", config, sampler, dumps)
         made.append(h)
         return h
 
@@ -448,3 +456,62 @@ def test_a_run_the_dead_daemon_never_saw_end_is_lost_and_counted(tmp_path: Path)
         assert status["run"] == 8
     finally:
         h.close()
+
+
+def _two_ranks(run_no: int, trigger: str) -> StacksDump:
+    """Rank 0 waits in all_reduce; rank 1 is somewhere else: the odd rank out."""
+
+    def proc(pid: int, rank: int, frames: list[Frame]) -> ProcessStacks:
+        thread = ThreadStack(pid, "MainThread", False, False, tuple(frames))
+        return ProcessStacks(pid, Role("worker", rank, rank), (thread,))
+
+    waiting = [Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2500)]
+    frozen = [Frame("frozen_here", "train.py", 12), Frame("main", "train.py", 30)]
+    return StacksDump(run_no, trigger, "py-spy", [proc(900, 0, waiting), proc(901, 1, frozen)])
+
+
+def test_a_stall_dumps_the_stacks_before_the_kill(harness: Any) -> None:
+    """With py-spy, a stall is dumped first (the job keeps running: no SIGABRT), killed once
+    the dump is in, and the exit record and the alert carry where each rank was."""
+    h = harness({"stall_timeout_s": 300.0}, dumps=True)
+    h.step(1)
+    h.advance(300.0)
+    assert h.dumps.started == [(1, "no_progress", "1-1")]
+    assert h.events("ending_run")[-1].fields["dump"] == "py-spy"
+    assert h.ops.sent(signal.SIGABRT) == [] and h.ops.sent(signal.SIGKILL) == []
+    h.daemon.inbox.post(StacksTaken(1, "1-1", _two_ranks(1, "no_progress")))
+    h.daemon.turn()
+    assert h.ops.sent(signal.SIGKILL) == [h.pid]
+    stacks = h.events("stacks")[-1].fields
+    assert stacks["odd_rank_out"] == [1] and "frozen_here" in stacks["odd_summary"]
+    h.die(sig=signal.SIGKILL)
+    exit_stacks = h.events("exit")[-1].fields["stacks"]
+    assert exit_stacks["path"] == "/scripted/1-1.txt" and exit_stacks["odd_rank_out"] == [1]
+    assert any("all_reduce" in line for line in exit_stacks["top"])
+    assert h.alerts == [("stalled", "no_progress")]
+
+
+def test_a_dump_past_its_bound_is_not_waited_for(harness: Any) -> None:
+    """py-spy hangs: the kill goes ahead 10 s after the stall anyway."""
+    h = harness({"stall_timeout_s": 300.0}, dumps=True)
+    h.step(1)
+    h.advance(300.0)
+    h.advance(9.9)
+    assert h.ops.sent(signal.SIGKILL) == []
+    h.advance(0.1)
+    assert h.ops.sent(signal.SIGKILL) == [h.pid]
+
+
+def test_a_failed_dump_falls_back_to_faulthandler(harness: Any) -> None:
+    """py-spy could not read the run: SIGABRT for faulthandler's dump, then the kill."""
+    h = harness({"stall_timeout_s": 300.0}, dumps=True)
+    h.step(1)
+    h.advance(300.0)
+    failed = StacksDump(1, "no_progress", "py-spy", error="Permission denied (os error 1)")
+    h.daemon.inbox.post(StacksTaken(1, "1-1", failed))
+    h.daemon.turn()
+    assert h.ops.sent(signal.SIGABRT) == [h.pid]
+    ending = h.events("ending_run")[-1].fields
+    assert ending["dump"] == "faulthandler" and "Permission denied" in ending["py_spy"]
+    h.advance(3.0)
+    assert h.ops.sent(signal.SIGKILL) == [h.pid]

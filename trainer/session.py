@@ -132,7 +132,12 @@ def _with_workers(
             target_state=target_state,
             drafter_state=drafter_state,
             inject_dense=inject.kind == "dense_fallback" and i == 0,
-            crash_at_step=inject.crash_step if i == inject.crash_worker else None,
+            crash_at_step=inject.crash_step
+            if inject.kind == "crash_at_step" and i == inject.crash_worker
+            else None,
+            hang_at_step=inject.crash_step
+            if inject.kind == "hang_at_step" and i == inject.crash_worker
+            else None,
         )
         for i, dev in enumerate(devices)
     ]

@@ -143,7 +143,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=parse_injection,
         default=Injection(),
         help="fault for tests and demos: import_error | crash_before_first_step | hang_before_cuda | "
-        "crash_at_step:N[:WORKER] (under dflashd: first run only) | dense_fallback | oom",
+        "crash_at_step:N[:WORKER] | hang_at_step:N[:WORKER] (both: under dflashd, first run only; "
+        "a hang on a GPU sits in the CUDA runtime) | dense_fallback | oom",
     )
     return parser.parse_args(argv)
 
@@ -154,7 +155,7 @@ class Injection:
 
     kind: str = ""
     crash_step: int | None = None  # crash_at_step: the step, in this run (None: not this run)
-    crash_worker: int = 0
+    crash_worker: int = 0  # crash_at_step and hang_at_step: in this worker only
 
 
 INJECTIONS: Final = frozenset(
@@ -168,17 +169,20 @@ def parse_injection(text: str) -> Injection:
     ``crash_at_step:N[:WORKER]`` fires in the first run under dflashd (and torchrun's first
     attempt) only, so the relaunch can resume past it.
     """
-    if text.startswith("crash_at_step:"):
-        parts = text.split(":")[1:]
+    kind, _, rest = text.partition(":")
+    if kind in ("crash_at_step", "hang_at_step") and rest:
+        parts = rest.split(":")
         if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-            raise argparse.ArgumentTypeError(f"crash_at_step:N[:WORKER] expected, not {text!r}")
+            raise argparse.ArgumentTypeError(f"{kind}:N[:WORKER] expected, not {text!r}")
         first_run = os.environ.get("DFLASHD_RUN", "1") == "1"
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         step = int(parts[0]) if first_run and first_attempt else None
-        return Injection("crash_at_step", step, int(parts[1]) if len(parts) > 1 else 0)
+        return Injection(kind, step, int(parts[1]) if len(parts) > 1 else 0)
     if text not in INJECTIONS:
         known = " | ".join(sorted(k for k in INJECTIONS if k))
-        raise argparse.ArgumentTypeError(f"unknown fault {text!r} ({known} | crash_at_step:N)")
+        raise argparse.ArgumentTypeError(
+            f"unknown fault {text!r} ({known} | crash_at_step:N | hang_at_step:N)"
+        )
     return Injection(text)
 
 

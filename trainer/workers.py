@@ -130,6 +130,7 @@ class Worker:
         drafter_state: dict[str, Tensor],
         inject_dense: bool = False,
         crash_at_step: int | None = None,
+        hang_at_step: int | None = None,
     ) -> None:
         self.index = index
         self.device = device
@@ -140,6 +141,7 @@ class Worker:
         self.compile_attention = compile_attention
         self.inject_dense = inject_dense
         self.crash_at_step = crash_at_step
+        self.hang_at_step = hang_at_step
         self.target = TargetModel(cfg).to(device)
         self.target.load_state_dict(target_state)
         self.target.requires_grad_(False)
@@ -251,12 +253,24 @@ class Worker:
     def _step(self, step: int, batch: Batch) -> StepResult:
         if self.crash_at_step is not None and step >= self.crash_at_step:
             raise RuntimeError(f"injected crash at step {step} in worker {self.index}")
+        if self.hang_at_step is not None and step >= self.hang_at_step:
+            self._hang_here()
         started = time.monotonic()
         before = compiled_calls()
         loss, acc = self._forward_backward(batch)
         return StepResult(
             float(loss), float(acc), compiled_calls() - before, time.monotonic() - started
         )
+
+    def _hang_here(self) -> None:
+        """Injected: this worker thread hangs; on a GPU inside the CUDA runtime (a kernel that
+        spins for a day, then a synchronize: what a rank waiting on a dead peer looks like)."""
+        if self.device.type == "cuda":
+            with torch.cuda.device(self.device):
+                torch.cuda._sleep(1 << 62)
+                torch.cuda.synchronize(self.device)
+        while True:
+            time.sleep(1.0)
 
     # -- main-thread side ---------------------------------------------------------------
 

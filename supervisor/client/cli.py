@@ -26,6 +26,7 @@ from dflashd.supervisor.client.common import (
     timeout_option,
 )
 from dflashd.supervisor.client.logcmds import report, tail
+from dflashd.supervisor.client.stackscmd import stacks
 from dflashd.supervisor.client.start import (
     already_running_message,
     load_invocation,
@@ -89,6 +90,7 @@ main.help = (main.help or "").replace(
 
 main.add_command(tail)
 main.add_command(report)
+main.add_command(stacks)
 
 
 # The command begins at "--" or at the first word that is not an option: an unknown option

@@ -61,6 +61,7 @@ class ReportData:
     gpu_total: dict[int, float] = field(default_factory=dict)
     fatal: list[tuple[float, int, str]] = field(default_factory=list)  # (time, run, reason)
     losses: list[tuple[float, int, float]] = field(default_factory=list)  # (time, run, loss)
+    dumps: list[tuple[float, int, str, str]] = field(default_factory=list)  # (time, run, why, file)
 
     def color(self, run: int) -> str:
         """A run's colour: its verdict's."""
@@ -119,6 +120,8 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
                     data.gpu_total[gpu["index"]] = float(gpu["memory_total_mib"])
         elif rec.event == Event.FATAL:
             data.fatal.append((at, rec.run, str(fields.get("reason"))))
+        elif rec.event == Event.STACKS and isinstance(fields.get("path"), str):
+            data.dumps.append((at, rec.run, str(fields.get("trigger")), fields["path"]))
     return data
 
 
@@ -186,6 +189,13 @@ def timeline_svg(data: ReportData) -> str:
         else:  # at the right edge: before the bar
             where = f'x="{x0 - 4:.1f}" fill="#333" text-anchor="end"'
         parts.append(f'<text {where} y="{y + 12}" font-size="10">{label}</text>')
+        for at, _, why, path in (d for d in data.dumps if d[1] == span.run):  # stack dumps
+            xd = _x(at, lo, hi)
+            href = html.escape("file://" + path, quote=True)
+            parts.append(
+                f'<a href="{href}"><circle cx="{xd:.1f}" cy="{y + 2}" r="4" fill="#fff" '
+                f'stroke="#222"><title>{html.escape(f"stack dump ({why})")}</title></circle></a>'
+            )
     parts.append(_axis(lo, hi, height - 22))
     parts.append("</svg>")
     return "".join(parts)
@@ -288,6 +298,12 @@ def render_html(data: ReportData, title: str) -> str:
         f"<p class='fatal'>fatal after run {run} at {_clock(at)} UTC: {html.escape(reason)}</p>"
         for at, run, reason in data.fatal
     )
+    dumps = "".join(
+        f"<li>{_clock(at)} UTC, run {run}, {html.escape(why)}: "
+        f"<a href='{html.escape('file://' + path, quote=True)}'>{html.escape(path)}</a></li>"
+        for at, run, why, path in data.dumps
+    )
+    dumps = f"<p>Stack dumps (circles on the timeline):</p><ul>{dumps}</ul>" if dumps else ""
     loss = f"<div>{loss_svg(data)}</div>" if data.losses else ""
     gpu = (
         gpu_svg(data) if data.gpu_memory else "<p>No GPU records in this log (GPU checks off).</p>"
@@ -303,6 +319,7 @@ svg{{max-width:100%;height:auto}}</style>
 {"".join(rows)}</table>
 {fatal}
 <div>{timeline_svg(data)}</div>
+{dumps}
 <div>{steps_svg(data)}</div>
 {loss}
 <div>{gpu}</div>

@@ -158,6 +158,9 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
             + (f", child memory by {status['gpu_method']}" if status.get("gpu_method") else ""),
         )
     )
+    tool = status.get("stacks_tool")
+    if isinstance(tool, str):  # live stack dumps (dflashd stacks): the tool, or why there is none
+        rows.append(("stacks", paint(tool, "yellow") if tool.startswith("unavailable") else tool))
     for gpu in gpus:
         util = gpu.get("utilization_pct")
         text = (

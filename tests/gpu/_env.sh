@@ -9,5 +9,6 @@ fi
 mkdir -p "$SITE/dflashd"
 for pkg in supervisor trainer logs; do ln -s "$PWD/$pkg" "$SITE/dflashd/$pkg"; done
 export PYTHONPATH="$SITE:$PWD"
+export PATH="$SITE/bin:$PATH"  # py-spy (a wheel in .whl/) installs its binary there
 OUT="${OUT:-$(mktemp -d)}"
 export OUT

@@ -1,0 +1,187 @@
+"""The daemon's stack dumps: of the live run on demand (``dflashd stacks``) and before every kill.
+
+:meth:`StackDumps.start` finds the run's processes through its custody, labels them (agent,
+worker rank, root), and dumps the Python ones with py-spy on a thread of its own: the loop
+never waits.  The result comes back through the inbox (:class:`StacksTaken`);
+:meth:`StackDumps.taken` writes the text to ``logs/stacks/run-N-<time>.txt`` (and the JSON
+beside it), and the ``stacks`` record with the summary: each process's top frames and the odd
+rank out.  Without py-spy (or where the host forbids reading another process's memory) the
+dump says why, and an ending run falls back to faulthandler's SIGABRT dump.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import orjson
+
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.home import Home
+from dflashd.supervisor.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
+from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.stacks import StacksDump, StacksTaken, render_text, summary
+
+STACKS_BOUND_S: Final = 10.0  # before a kill: the dump, or the kill goes ahead without it
+
+
+class Dumper(Protocol):
+    """What the live-run room needs of stack dumps (:class:`StackDumps`, or a test's double)."""
+
+    @property
+    def available(self) -> bool:
+        """Dumps can be taken."""
+        ...
+
+    def tool(self) -> str:
+        """What ``status`` says about the tool."""
+        ...
+
+    def start(self, run: Run, trigger: str, *, native: bool = False) -> str:
+        """Start a dump of ``run``; its result comes back through the inbox."""
+        ...
+
+    def taken(self, message: StacksTaken, wall: float) -> dict[str, Any]:
+        """Write a finished dump's files and record."""
+        ...
+
+
+def is_python(pid: int) -> bool:
+    """A Python process: its executable, or a library it mapped, is Python's."""
+    try:
+        if "python" in os.path.basename(os.readlink(f"/proc/{pid}/exe")):
+            return True
+        with open(f"/proc/{pid}/maps", "rb") as fh:
+            return b"libpython" in fh.read()
+    except OSError:
+        return False
+
+
+class StackDumps:
+    """Dumps of the live run, one thread each; their files and records."""
+
+    def __init__(self, home: Home, reporter: Reporter, post: Callable[[StacksTaken], None]) -> None:
+        self.home, self.reporter, self.post = home, reporter, post
+        self.binary = find_py_spy()
+        self.version = py_spy_version(self.binary) if self.binary else None
+        self.taken_count = 0
+        self.last_error: str | None = None
+        self._ids = itertools.count(1)
+
+    @property
+    def available(self) -> bool:
+        """py-spy is there and runs."""
+        return self.version is not None
+
+    def tool(self) -> str:
+        """What ``status`` says: ``py-spy 0.4.3``, or why dumps are unavailable."""
+        if self.binary is None:
+            return "unavailable: py-spy not found (pip install py-spy)"
+        if self.version is None:
+            return f"unavailable: {self.binary} does not run"
+        if self.last_error:
+            return f"{self.version} (last dump failed: {self.last_error})"
+        return self.version
+
+    def start(self, run: Run, trigger: str, *, native: bool = False) -> str:
+        """Dump the run's Python processes on a thread; returns the dump's id."""
+        dump_id = f"{run.run_no}-{next(self._ids)}"
+        custody = run.custody
+        binary = self.binary
+        method = "py-spy --native" if native else "py-spy"
+        torchrun = run.elastic is not None
+
+        def work() -> None:
+            started = time.monotonic()
+            dump = StacksDump(run.run_no, trigger, method)
+            if binary is None or self.version is None or custody is None:
+                dump.error = self.tool() if custody is not None else "no live run"
+            else:
+                pids = sorted(p for p in custody.members() if is_python(p))
+                roles = {pid: role_of(pid, run.pid, torchrun) for pid in pids}
+                resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT)  # noqa: E731
+                dump.processes = dump_processes(binary, roles, native, resume)
+                if not pids:
+                    dump.error = "no Python process in the run"
+                elif not dump.ok:
+                    dump.error = next((p.error for p in dump.processes if p.error), "no stacks")
+            dump.took_s = time.monotonic() - started
+            self.post(StacksTaken(run.run_no, dump_id, dump))
+
+        threading.Thread(target=work, name=f"dflashd-stacks-{dump_id}", daemon=True).start()
+        return dump_id
+
+    def taken(self, message: StacksTaken, wall: float) -> dict[str, Any]:
+        """Write the dump's files and its ``stacks`` record; returns the record's fields."""
+        dump = message.dump
+        fields: dict[str, Any] = {"dump_id": message.dump_id, **summary(dump)}
+        self.last_error = None if dump.ok else dump.error
+        if dump.ok:
+            stamp = datetime.fromtimestamp(wall, UTC).strftime("%Y%m%dT%H%M%S")
+            folder = self.home.logs / "stacks"
+            base = folder / f"run-{dump.run_no}-{stamp}-{message.dump_id}"
+            header = f"dflashd stacks: run {dump.run_no}, {dump.trigger}, {dump.method}, {stamp}Z"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                text_path = base.with_suffix(".txt")
+                _write(text_path, render_text(dump, header).encode())
+                _write(
+                    base.with_suffix(".json"),
+                    orjson.dumps(_as_json(dump), option=orjson.OPT_INDENT_2),
+                )
+                fields["path"] = str(text_path)
+            except OSError as exc:
+                fields["file_error"] = f"{exc.strerror or exc}"
+            self.taken_count += 1
+            self.reporter.stack_dumps += 1
+        level = "info" if dump.trigger == "command" else "warning"
+        self.reporter.record(dump.run_no, Event.STACKS, log_level=level, **fields)
+        return fields
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _as_json(dump: StacksDump) -> dict[str, Any]:
+    return {
+        "run": dump.run_no,
+        "trigger": dump.trigger,
+        "method": dump.method,
+        "took_s": round(dump.took_s, 3),
+        "processes": [
+            {
+                "pid": p.pid,
+                "role": p.role.label(),
+                "rank": p.role.rank,
+                "local_rank": p.role.local_rank,
+                "error": p.error,
+                "took_s": round(p.took_s, 3),
+                "threads": [
+                    {
+                        "tid": t.tid,
+                        "name": t.name,
+                        "active": t.active,
+                        "owns_gil": t.owns_gil,
+                        "frames": [f.text() for f in t.frames],
+                    }
+                    for t in p.threads
+                ],
+            }
+            for p in dump.processes
+        ],
+    }
