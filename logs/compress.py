@@ -1,63 +1,80 @@
-"""Rotated run-log files, gzipped in the background (never on the writer's or the child's path).
+"""Rotated run-log files, compressed by a helper process (never on the writer's, the child's
+or the daemon's path).
 
 The writer hands over each file it rotates as an open file (so a later rotation that renames
-it changes nothing: the compressor reads the inode it was given).  One thread gzips it into a
-temporary name outside the numbered set, then asks the writer, under the writer's lock, to
-put it in place: the file's current name (found by inode) gets a ``.gz`` twin and the plain
-file goes.  A file that rotated out of the set meanwhile is simply dropped.  Readers see
-``base.N`` or ``base.N.gz`` (the plain one wins while both briefly exist) and read either.
+it changes nothing: the helper reads the inode it was given, through the inherited
+descriptor).  One thread here starts the helper (logs/squeeze.py: nice 19, idle I/O class)
+for each burst of files and waits for it (a wait holds no GIL); the helper writes a temporary
+name outside the numbered set, then the thread asks the writer, under the writer's lock, to
+put it in place: the file's current name (found by inode) gets a ``.zst`` (or ``.gz``) twin
+and the plain file goes.  A file that rotated out of the set meanwhile is simply dropped.
+Readers see ``base.N`` or its packed twin (the plain one wins while both briefly exist).
 
-gzip from the standard library: no new dependency for the supervisor.  On step-line logs it
-saves ~20× for ~0.7 CPU s per 100 MiB (``tests/perf/big_log.py``).
+At exit the daemon waits at most ``EXIT_WAIT_S`` (1 s): the helper dies with it, the file
+stays plain and is read as such, and the next daemon compresses it.
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 import queue
-import shutil
+import subprocess
+import sys
 import threading
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Final
 
-GZ_SUFFIX: Final = ".gz"
+from dflashd.logs.packed import GZ_SUFFIX, ZST_SUFFIX, zstd_available
+
 TMP_PREFIX: Final = ".compressing-"
-COMPRESS_LEVEL: Final = 6
+SQUEEZE: Final = Path(__file__).with_name("squeeze.py")
+EXIT_WAIT_S: Final = 1.0
 _STOP: Final = None
 
 
 class Compressor:
-    """One background thread gzipping rotated files, in order.
+    """Rotated files compressed one at a time by a helper process, in order.
 
     ``lock`` is the writer's (renames happen under it); ``rotated`` lists the set's numbered
-    plain names as they are now.
+    plain names as they are now.  ``codec``: ``zstd`` where the binding is installed, else
+    ``gzip``.
     """
 
     def __init__(
-        self, directory: Path, lock: threading.Lock, rotated: Callable[[], list[Path]]
+        self,
+        directory: Path,
+        lock: threading.Lock,
+        rotated: Callable[[], list[Path]],
+        codec: str | None = None,
     ) -> None:
         self.directory, self._lock, self._rotated = directory, lock, rotated
+        self.codec = codec or ("zstd" if zstd_available() else "gzip")
+        self.suffix = ZST_SUFFIX if self.codec == "zstd" else GZ_SUFFIX
         self._jobs: queue.SimpleQueue[tuple[BinaryIO, tuple[int, int]] | None] = queue.SimpleQueue()
+        self._idle = threading.Condition()
+        self._pending = 0
         self._thread = threading.Thread(target=self._run, name="log-compressor", daemon=True)
         self._thread.start()
         self.compressed = 0
         self.errors = 0
+        self.helper_pid: int | None = None  # the helper at work (the daemon's reaper leaves it)
 
     def submit(self, fh: BinaryIO) -> None:
         """Compress this rotated file (opened by the caller; the compressor closes it)."""
         st = os.fstat(fh.fileno())
+        with self._idle:
+            self._pending += 1
         self._jobs.put((fh, (st.st_dev, st.st_ino)))
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Finish the queue (bounded); what is left stays plain and is read as such."""
+    def close(self, timeout_s: float = EXIT_WAIT_S) -> None:
+        """Stop taking files; wait at most ``timeout_s`` for the one in hand.  What is left
+        stays plain (read as such; the next daemon compresses it)."""
         self._jobs.put(_STOP)
         self._thread.join(timeout_s)
 
     def _place(self, tmp: Path, inode: tuple[int, int]) -> None:
-        """The ``.gz`` takes the plain file's place, wherever a rotation has moved it since."""
+        """The packed file takes the plain file's place, wherever a rotation has moved it since."""
         with self._lock:
             for path in self._rotated():
                 try:
@@ -65,46 +82,77 @@ class Compressor:
                 except FileNotFoundError:
                     continue
                 if (st.st_dev, st.st_ino) == inode:
-                    os.replace(tmp, path.with_name(path.name + GZ_SUFFIX))
+                    os.replace(tmp, path.with_name(path.name + self.suffix))
                     os.unlink(path)
                     return
             tmp.unlink(missing_ok=True)  # it rotated out of the set meanwhile
 
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every file handed over so far is done (tests, benchmarks)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
+
+    def _squeeze(self, jobs: list[tuple[BinaryIO, Path]]) -> None:
+        """One helper for a burst of files; each output appears only when whole."""
+        # The script by its path: the helper imports nothing of dflashd (a faster start).
+        argv = [
+            sys.executable,
+            "-P",
+            str(SQUEEZE),
+            self.codec,
+            str(os.getpid()),
+        ]  # -P: no logs/ on sys.path
+        argv += [f"{fh.fileno()}={tmp}" for fh, tmp in jobs]
+        helper = subprocess.Popen(
+            argv,
+            pass_fds=tuple(fh.fileno() for fh, _ in jobs),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.helper_pid = helper.pid
+        try:
+            helper.wait()  # the exit status may be the reaper's: the files say what was done
+        finally:
+            self.helper_pid = None
+
     def _run(self) -> None:
-        while (job := self._jobs.get()) is not _STOP:
-            fh, inode = job
-            tmp = self.directory / f"{TMP_PREFIX}{inode[1]}{GZ_SUFFIX}"
+        stopping = False
+        while not stopping:
+            batch = [self._jobs.get()]
+            while not self._jobs.empty():
+                batch.append(self._jobs.get())
+            stopping = _STOP in batch
+            jobs = [(fh, inode) for fh, inode in (j for j in batch if j is not _STOP)]
+            if not jobs:
+                continue
+            outputs = [
+                (fh, inode, self.directory / f"{TMP_PREFIX}{inode[1]}{self.suffix}")
+                for fh, inode in jobs
+            ]
             try:
-                with (
-                    fh,
-                    open(tmp, "wb") as raw,
-                    gzip.GzipFile(
-                        filename="", mode="wb", fileobj=raw, compresslevel=COMPRESS_LEVEL, mtime=0
-                    ) as packed,
-                ):
-                    fh.seek(0)
-                    shutil.copyfileobj(fh, packed, 1 << 20)
-                self._place(tmp, inode)
-                self.compressed += 1
+                for _, _, tmp in outputs:
+                    tmp.unlink(missing_ok=True)
+                self._squeeze([(fh, tmp) for fh, _, tmp in outputs])
             except OSError:
-                self.errors += 1
-                tmp.unlink(missing_ok=True)
-
-
-def last_line_gz(path: Path) -> bytes | None:
-    """The last complete line of a gzipped rotated file (decompressed as a stream)."""
-    last: bytes | None = None
-    try:
-        with gzip.open(path, "rb") as fh:
-            for raw in fh:
-                if raw.endswith(b"\n"):
-                    last = raw
-    except (OSError, EOFError, zlib.error):
-        return last
-    return last
+                pass
+            for fh, inode, tmp in outputs:
+                fh.close()
+                try:
+                    if tmp.exists():
+                        self._place(tmp, inode)
+                        self.compressed += 1
+                    else:
+                        self.errors += 1
+                except OSError:
+                    self.errors += 1
+                    tmp.unlink(missing_ok=True)
+            with self._idle:
+                self._pending -= len(jobs)
+                self._idle.notify_all()
 
 
 def remove_stale_tmp(directory: Path) -> None:
-    """Temporary files a killed daemon left behind."""
+    """Temporary files a killed daemon (or helper) left behind."""
     for entry in directory.glob(f"{TMP_PREFIX}*"):
         entry.unlink(missing_ok=True)

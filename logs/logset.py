@@ -1,23 +1,21 @@
 """The files of one rotating log set: their names, opening them, and reading one backwards.
 
 ``base`` is the live file; ``base.1`` … ``base.N`` the rotated ones, newest first, each
-possibly compressed (``base.N.gz``, logs/compress.py).  :class:`OpenSet` opens every file
+possibly compressed (``base.N.zst``, or ``base.N.gz`` from before; logs/packed.py).  :class:`OpenSet` opens every file
 at once, deduplicated by inode and ordered by first ``seq``, so a rotation while reading
 neither repeats nor loses a record that is still on disk (reader.py builds on it).
 """
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
-import sys
 import time
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Final, cast
+from typing import BinaryIO, Final
 
+from dflashd.logs.packed import is_packed, open_log_file, read_all, say_skipped, unpacked_name
 from dflashd.logs.records import Record, RecordError, decode
 from dflashd.logs.writer import DEFAULT_BASENAME
 
@@ -25,88 +23,15 @@ READ_BLOCK: Final = 256 * 1024
 _OPEN_RETRIES: Final = 20  # fast retries: a rotation's rename chain is usually done by then
 _HOLE_SETTLE_S: Final = 0.2  # a hole seen in the same listing after this long is real (deleted)
 _OPEN_GIVE_UP_S: Final = 5.0  # the set never settles (rotating without pause): try again later
-_GZ_ERRORS: Final = (EOFError, OSError, zlib.error)  # truncated, not gzip at all, corrupt
-
-
-def _say_on_stderr(message: str) -> None:
-    print(f"dflashd: {message}", file=sys.stderr, flush=True)
-
-
-# Readers show everything intact and say what they skipped: once per problem, on stderr.
-skipped_hook: Callable[[str], None] = _say_on_stderr
-_said: set[str] = set()
-
-
-def say_skipped(message: str) -> None:
-    """Report one unreadable part of the log set (once per process)."""
-    if message not in _said:
-        _said.add(message)
-        skipped_hook(message)
-
-
-class TolerantGzipFile(gzip.GzipFile):
-    """A rotated ``.gz`` read as far as it is intact: a truncated or foreign file ends early.
-
-    Every line before the damage is read; then reading stops and the damage is reported
-    (``say_skipped``), instead of an exception that would blind every reader of the set.
-    """
-
-    damaged: str | None = None
-
-    def _damage(self, exc: BaseException) -> bytes:
-        if self.damaged is None:
-            self.damaged = f"{type(exc).__name__}: {exc}"
-            say_skipped(f"{self.name}: damaged ({self.damaged}); read up to the damage")
-        return b""
-
-    def read(self, size: int | None = -1) -> bytes:
-        if self.damaged is not None:
-            return b""
-        try:
-            return super().read(size)
-        except _GZ_ERRORS as exc:
-            return self._damage(exc)
-
-    def read1(self, size: int = -1) -> bytes:
-        if self.damaged is not None:
-            return b""
-        try:
-            return super().read1(size)
-        except _GZ_ERRORS as exc:
-            return self._damage(exc)
-
-    def readline(self, size: int | None = -1) -> bytes:
-        if self.damaged is not None:
-            return b""
-        try:
-            return super().readline(-1 if size is None else size)
-        except _GZ_ERRORS as exc:
-            return self._damage(exc)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if offset == 0 and whence == 0:
-            self.damaged = None  # from the start again: the damage is met (and said) again
-        try:
-            return super().seek(offset, whence)
-        except _GZ_ERRORS as exc:
-            self._damage(exc)
-            return 0
-
-    def read_all(self) -> bytes:
-        """Everything up to the damage, in blocks (a single read would lose the intact part)."""
-        parts = []
-        while block := self.read(1 << 20):
-            parts.append(block)
-        return b"".join(parts)
 
 
 def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
     """The files of one set as they are named now, oldest first.
 
-    A rotated file is ``base.N`` or, once compressed, ``base.N.gz``; while the compressor
+    A rotated file is ``base.N`` or, once compressed, ``base.N.zst`` (``.gz`` before); while the compressor
     swaps one for the other both exist for a moment, and the plain one is listed.
     """
-    pattern = re.compile(re.escape(basename) + r"\.(\d+)(\.gz)?$")
+    pattern = re.compile(re.escape(basename) + r"\.(\d+)(\.gz|\.zst)?$")
     numbered: dict[int, Path] = {}
     try:
         entries = list(directory.iterdir())
@@ -137,20 +62,8 @@ def _snapshot(directory: Path, basename: str) -> list[tuple[str, int]]:
 
 
 def _number(path: Path) -> int:
-    """3 for ``base.3`` and ``base.3.gz``."""
-    name = path.name[: -len(".gz")] if path.name.endswith(".gz") else path.name
-    return int(name.rsplit(".", 1)[1])
-
-
-def open_log_file(path: Path) -> BinaryIO:
-    """A log file for reading: a compressed rotated one is decompressed as it is read."""
-    if path.name.endswith(".gz"):
-        return cast(BinaryIO, TolerantGzipFile(filename=str(path), mode="rb"))
-    return open(path, "rb")
-
-
-def is_packed(fh: BinaryIO) -> bool:
-    return isinstance(fh, gzip.GzipFile)
+    """3 for ``base.3``, ``base.3.zst`` and ``base.3.gz``."""
+    return int(unpacked_name(path.name).rsplit(".", 1)[1])
 
 
 def parse_record(raw: bytes) -> Record | None:
@@ -257,9 +170,9 @@ def reverse_lines(fh: BinaryIO) -> Iterator[bytes]:
     A compressed rotated file cannot be read backwards: it is decompressed whole (one file
     of at most ``max_bytes``, only when the newer files did not hold enough lines).
     """
-    if isinstance(fh, TolerantGzipFile):
+    if is_packed(fh):
         fh.seek(0)
-        lines = fh.read_all().split(b"\n")
+        lines = read_all(fh).split(b"\n")
         yield from reversed(lines[:-1])  # the text after the last newline is not a line
         return
     end = fh.seek(0, os.SEEK_END)

@@ -14,7 +14,7 @@ from typing import Final
 
 import orjson
 
-from dflashd.logs.compress import GZ_SUFFIX, last_line_gz
+from dflashd.logs.packed import PACKED_SUFFIXES, last_line_packed
 
 _TAIL_SCAN_BYTES: Final = 64 * 1024
 
@@ -61,9 +61,10 @@ def recover_tail(directory: Path, basename: str, backups: int) -> tuple[int, int
             if path == live:
                 raise OSError(errno.ELOOP, "a symlink is there; refusing to follow it", str(path))
             continue
-        packed = path.with_name(path.name + GZ_SUFFIX)
-        if not path.exists() and packed.is_file() and not packed.is_symlink():
-            line = last_line_gz(packed)  # a compressed rotated file: read to its end
+        twins = [path.with_name(path.name + suffix) for suffix in PACKED_SUFFIXES]
+        packed = next((t for t in twins if t.is_file() and not t.is_symlink()), None)
+        if not path.exists() and packed is not None:
+            line = last_line_packed(packed)  # a compressed rotated file: read to its end
         else:
             if not path.exists() or path.stat().st_size == 0:
                 continue

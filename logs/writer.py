@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from dflashd.logs.compress import GZ_SUFFIX, Compressor, remove_stale_tmp
+from dflashd.logs.compress import Compressor, remove_stale_tmp
 from dflashd.logs.framer import Frame
+from dflashd.logs.packed import PACKED_SUFFIXES
 from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
 from dflashd.logs.resume import recover_tail, rotated_paths
 
@@ -285,12 +286,12 @@ class RotatingLogWriter:
             if self.backups == 0:
                 os.unlink(self.path)
             else:
-                for suffix in ("", GZ_SUFFIX):  # the oldest goes, in either form
+                for suffix in ("", *PACKED_SUFFIXES):  # the oldest goes, in any form
                     (self.directory / f"{self.basename}.{self.backups}{suffix}").unlink(
                         missing_ok=True
                     )
                 for i in range(self.backups - 1, 0, -1):
-                    for suffix in ("", GZ_SUFFIX):
+                    for suffix in ("", *PACKED_SUFFIXES):
                         older = self.directory / f"{self.basename}.{i}{suffix}"
                         if older.exists():
                             os.rename(older, self.directory / f"{self.basename}.{i + 1}{suffix}")
@@ -334,8 +335,17 @@ class RotatingLogWriter:
             return
         self._compressor.submit(fh)
 
+    def drain_compression(self, timeout_s: float) -> bool:
+        """Wait until every rotated file so far is compressed (tests, benchmarks)."""
+        return self._compressor.drain(timeout_s) if self._compressor is not None else True
+
+    @property
+    def helper_pid(self) -> int | None:
+        """The compression helper at work, if any (the daemon's reaper leaves it to us)."""
+        return self._compressor.helper_pid if self._compressor is not None else None
+
     def close(self) -> None:
-        """Close the live file (idempotent); let the compressor finish its queue (bounded)."""
+        """Close the live file (idempotent); wait at most 1 s for the compression helper."""
         with self._lock:
             if self._fd >= 0:
                 os.close(self._fd)

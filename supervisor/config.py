@@ -86,7 +86,7 @@ class LogsConfig:
     max_bytes: int = _key(100 * 1024 * 1024, low=MIN_MAX_BYTES)  # the writer's minimum file
     backups: int = _key(10, low=0, high=1000)
     max_line_bytes: int = _key(65536, low=MIN_LINE_BYTES, high=16 * 1024 * 1024)  # framer
-    compress: bool = True  # rotated run-log files are gzipped in the background (.N.gz)
+    compress: bool = True  # rotated run-log files: .N.zst, by a low-priority helper process
     daemon_max_bytes: int = _key(10 * 1024 * 1024, low=MIN_MAX_BYTES)  # daemon.log, rotated too
     daemon_backups: int = _key(3, low=0, high=1000)
     history_runs: int = _key(100_000, low=100)  # runs.sqlite keeps the newest this many runs

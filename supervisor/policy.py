@@ -2,7 +2,8 @@
 
 Early deaths (a run that never reached its first step) and runtime crashes have separate
 budgets.  The early budget is reset by a run that reaches its first step; the runtime
-budget (and the backoff exponent) by ``stable_after_s`` of progress.  Backoff doubles per
+budget (and the backoff exponent) by ``stable_after_s`` of progress.  A runtime crash after
+such a stretch relaunches at once; backoff begins with the next failure, doubles per
 consecutive failure, with ±20 % jitter, and never exceeds the ceiling.
 """
 
@@ -35,6 +36,7 @@ class RestartHistory:
     consecutive_failures: int = 0
     best_step: int | None = None  # the highest step any run reached
     stuck_runs: int = 0  # runs in a row that ended without passing ``best_step``
+    free_restart: bool = False  # the chain began with a crash after stable progress (no wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +55,7 @@ def backoff_delay(failures: int, policy: RestartConfig, jitter: float) -> float:
 
     ``jitter`` is a uniform sample in [0, 1) supplied by the caller (keeps this pure).
     """
-    if policy.backoff_initial_s <= 0:
+    if policy.backoff_initial_s <= 0 or failures <= 0:
         return 0.0
     base = policy.backoff_initial_s * (2.0 ** max(0, failures - 1))
     jittered = base * (1.0 - _JITTER + 2.0 * _JITTER * jitter)
@@ -96,8 +98,9 @@ def decide(
 
     if reached_first_step:
         history = replace(history, early_deaths=0)
-    if progress_s >= policy.stable_after_s:
-        history = replace(history, runtime_crashes=0, consecutive_failures=0)
+    stable = progress_s >= policy.stable_after_s
+    if stable:
+        history = replace(history, runtime_crashes=0, consecutive_failures=0, free_restart=False)
     history = _track_best_step(history, step)
     limit = policy.no_progress_restarts
     if limit and history.stuck_runs >= limit and history.best_step is not None:
@@ -117,7 +120,13 @@ def decide(
             return Decision(Action.FATAL, 0.0, False, "runtime_retries_exhausted", history)
 
     clear = policy.clear_cache_on_early_death and verdict in EARLY_DEATHS
-    delay = backoff_delay(failures, policy, jitter)
+    if stable and reached_first_step:
+        # A runtime crash after a healthy stretch: relaunch at once (a wait buys nothing the
+        # job's own start-up does not already take); backoff begins with the next crash.
+        return Decision(
+            Action.RESTART, 0.0, clear, verdict.value, replace(history, free_restart=True)
+        )
+    delay = backoff_delay(failures - (1 if history.free_restart else 0), policy, jitter)
     return Decision(Action.RESTART, delay, clear, verdict.value, history)
 
 

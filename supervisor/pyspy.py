@@ -29,6 +29,7 @@ from dflashd.supervisor.stacks import ProcessStacks, Role, parse_pyspy
 PROCESS_BOUND_S: Final = 4.0  # one process's dump (py-spy is killed past it)
 MAX_PARALLEL: Final = 8  # 8 processes dump at once: a node's workers within the 5 s bound
 _ROLE_KEYS: Final = ("RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
+RUNNING_DUMPS: set[int] = set()  # py-spy processes at work: the daemon's orphan reaper leaves them
 
 
 def find_py_spy() -> str | None:
@@ -77,12 +78,15 @@ def dump_process(binary: str, pid: int, role: Role, native: bool) -> ProcessStac
         )
     except OSError as exc:
         return ProcessStacks(pid, role, error=f"py-spy: {exc.strerror or exc}")
+    RUNNING_DUMPS.add(proc.pid)
     try:
         out, err = proc.communicate(timeout=PROCESS_BOUND_S)
     except subprocess.TimeoutExpired:
         end_own_child_session(proc)
         proc.communicate()
         return ProcessStacks(pid, role, error=f"py-spy took more than {PROCESS_BOUND_S:.0f} s")
+    finally:
+        RUNNING_DUMPS.discard(proc.pid)
     took = time.monotonic() - started
     if proc.returncode != 0:
         lines = [ln for ln in err.decode("utf-8", "replace").splitlines() if ln.strip()]

@@ -22,6 +22,7 @@ from dflashd.supervisor.events import Event
 from dflashd.supervisor.history import RunHistory, open_history
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.notify import SystemdNotifier
+from dflashd.supervisor.pyspy import RUNNING_DUMPS
 from dflashd.supervisor.statusview import LogStats, StatusView, write_state
 from dflashd.supervisor.verdicts import AlertKind
 
@@ -62,6 +63,14 @@ class Reporter:
         self._metrics: Any = None
         self._alerts_sent: dict[str, float] = {}
         self.stack_dumps = 0  # dumps written (metrics)  # "kind:ok" -> deliveries (metrics)
+
+    def helper_pids(self) -> set[int]:
+        """Our own helpers' pids (alert commands, the compression helper, py-spy): the
+        orphan reaper leaves their exit status to the code that waits for them."""
+        pids = set(self.alerts.pids) | RUNNING_DUMPS
+        if (pid := self.writer.helper_pid) is not None:
+            pids.add(pid)
+        return pids
 
     @property
     def log_path(self) -> Path:

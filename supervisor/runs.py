@@ -173,7 +173,7 @@ class Runs:
                 status, unknown = None, True
             if status is not None or unknown:
                 self._child_died(run, status)
-        keep = set(self.reporter.alerts.pids)
+        keep = self.reporter.helper_pids()
         if self.run is not None and self.run.alive and self.run.pid is not None:
             keep.add(self.run.pid)
         self.ops.reap_orphans(keep)

@@ -161,7 +161,21 @@ def test_runtime_budget_is_separate_and_resets_after_stable_progress() -> None:
     assert _decide(Verdict.CRASHED, history, first=True, progress_s=10).action is Action.FATAL  # type: ignore[attr-defined]
     stable = _decide(Verdict.CRASHED, history, first=True, progress_s=601)
     assert stable.action is Action.RESTART  # type: ignore[attr-defined]
-    assert stable.history == RestartHistory(0, 1, 1)  # type: ignore[attr-defined]
+    assert stable.history == RestartHistory(0, 1, 1, free_restart=True)  # type: ignore[attr-defined]
+
+
+def test_a_crash_after_stable_progress_relaunches_at_once_then_backs_off() -> None:
+    """The first runtime crash after stable_after_s of progress waits for nothing; the
+    crashes that follow it back off from the initial delay, doubling."""
+    delays = []
+    history = RestartHistory()
+    for progress_s in (601, 10, 10):  # (POLICY allows three runtime retries)
+        decision = _decide(Verdict.CRASHED, history, first=True, progress_s=progress_s)
+        delays.append(round(decision.delay_s, 3))  # type: ignore[attr-defined]
+        history = decision.history  # type: ignore[attr-defined]
+    assert delays == [0.0, 1.0, 2.0]
+    early = _decide(Verdict.CRASH_BEFORE_FIRST_STEP, RestartHistory(), first=False, progress_s=601)
+    assert early.delay_s == 1.0  # type: ignore[attr-defined]  # an early death still waits
 
 
 @pytest.mark.parametrize("verdict", [Verdict.COMPLETED, Verdict.STOPPED])

@@ -110,16 +110,17 @@ def _numbered(writer: RotatingLogWriter, count: int) -> None:
         writer.write_frame(1, "stdout", Frame(lines, None, 0))
 
 
-def test_rotated_files_are_gzipped_and_read_transparently(tmp_path: Path) -> None:
-    """compress=True: rotated files become .N.gz in the background; every reader reads them."""
+def test_rotated_files_are_compressed_and_read_transparently(tmp_path: Path) -> None:
+    """compress=True: rotated files become .N.zst in a helper process; every reader reads them."""
     logs = tmp_path / "logs"
     writer = RotatingLogWriter(logs, max_bytes=16 * 1024, backups=200, compress=True)
     writer.write_event(1, "spawn", {"argv": ["job"]})
     _numbered(writer, 5000)
     writer.write_event(1, "exit", {"verdict": "crashed"})
-    writer.close()  # waits for the compressor's queue
+    assert writer.drain_compression(60.0)
+    writer.close()
     names = sorted(p.name for p in logs.iterdir())
-    packed = [n for n in names if n.endswith(".gz")]
+    packed = [n for n in names if n.endswith(".zst")]
     assert len(packed) > 10 and not [n for n in names if re.search(r"\.\d+$", n)]
     assert not [n for n in names if n.startswith(".compressing")]
     records = list(read_records(logs))
@@ -154,9 +155,73 @@ def test_follow_survives_rotation_and_compression(tmp_path: Path) -> None:
     follower = threading.Thread(target=consume)
     follower.start()
     _numbered(writer, total)
+    assert writer.drain_compression(60.0)
     done.set()
     follower.join(60)
     writer.close()
     assert not follower.is_alive()
     assert seen == list(range(1, total + 1))
-    assert any(p.name.endswith(".gz") for p in tmp_path.iterdir())
+    assert any(p.name.endswith(".zst") for p in tmp_path.iterdir())
+
+
+def test_exit_is_never_held_by_compression_and_the_next_writer_finishes(tmp_path: Path) -> None:
+    """close() waits at most 1 s for the helper; what is left plain is read as such, and
+    the next writer compresses it."""
+    import time
+
+    writer = RotatingLogWriter(tmp_path, max_bytes=64 * 1024, backups=400, compress=True)
+    _numbered(writer, 60_000)  # ~70 rotations: more than a helper does in a second here
+    started = time.monotonic()
+    writer.close()
+    assert time.monotonic() - started < 1.5
+    assert [r.seq for r in read_records(tmp_path)] == list(range(1, 60_001))
+    again = RotatingLogWriter(tmp_path, max_bytes=64 * 1024, backups=400, compress=True)
+    assert again.drain_compression(60.0)
+    again.close()
+    names = [p.name for p in tmp_path.iterdir()]
+    assert not [n for n in names if re.search(r"\.\d+$", n)]  # every rotated file packed
+    assert not [n for n in names if n.startswith(".compressing")]
+    assert [r.seq for r in read_records(tmp_path)] == list(range(1, 60_001))
+
+
+def test_old_gz_files_stay_readable_beside_new_zst(tmp_path: Path) -> None:
+    """A set rotated by an older dflashd (.gz) and then by this one (.zst) reads as one."""
+    import gzip
+
+    writer = RotatingLogWriter(tmp_path, max_bytes=16 * 1024, backups=200, compress=False)
+    _numbered(writer, 2000)
+    writer.close()
+    for path in sorted(tmp_path.glob("dflashd.jsonl.*")):
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(path.read_bytes()))
+        path.unlink()
+    writer = RotatingLogWriter(tmp_path, max_bytes=16 * 1024, backups=200, compress=True)
+    _numbered(writer, 2000)
+    assert writer.drain_compression(60.0)
+    writer.close()
+    names = [p.name for p in tmp_path.iterdir()]
+    assert any(n.endswith(".gz") for n in names) and any(n.endswith(".zst") for n in names)
+    assert [r.seq for r in read_records(tmp_path)] == list(range(1, 4001))
+
+
+def test_a_damaged_zst_is_read_up_to_the_damage(tmp_path: Path) -> None:
+    """A truncated .zst (a full disk during compression, a bad copy) blinds no reader."""
+    import zstandard
+
+    from dflashd.logs import logset, packed
+
+    writer = RotatingLogWriter(tmp_path, max_bytes=16 * 1024, backups=200, compress=False)
+    _numbered(writer, 3000)
+    writer.close()
+    victim = tmp_path / "dflashd.jsonl.3"
+    data = zstandard.ZstdCompressor(level=3).compress(victim.read_bytes())
+    victim.with_name(victim.name + ".zst").write_bytes(data[: len(data) // 2])
+    victim.unlink()
+    said: list[str] = []
+    hook, packed.skipped_hook = packed.skipped_hook, said.append
+    try:
+        seqs = [r.seq for r in read_records(tmp_path)]
+    finally:
+        packed.skipped_hook = hook
+    assert seqs == sorted(set(seqs)) and len(seqs) > 2500  # everything else, in order
+    assert said and "damaged" in said[0]
+    assert logset.log_files(tmp_path)  # the set is still listed
