@@ -100,11 +100,11 @@ class RotatingLogWriter:
             self._fd = self._open()
         except OSError as exc:
             raise LogWriterError(f"cannot open log {self.path}: {exc.strerror or exc}") from None
-        self._compressor: Compressor | None = None
+        self.compressor: Compressor | None = None  # rotated files' helper (drain: tests)
         if compress:
             remove_stale_tmp(self.directory)
             rotated = lambda: rotated_paths(self.directory, self.basename, self.backups)[:-1]  # noqa: E731
-            self._compressor = Compressor(self.directory, self._lock, rotated)
+            self.compressor = Compressor(self.directory, self._lock, rotated)
             for path in rotated_paths(self.directory, self.basename, self.backups)[:-1]:
                 self._submit(path)  # plain rotated files a previous daemon left uncompressed
 
@@ -327,22 +327,13 @@ class RotatingLogWriter:
 
     def _submit(self, path: Path) -> None:
         """Hand a rotated file to the compressor (opened now, so later renames do not matter)."""
-        if self._compressor is None or path.is_symlink():
+        if self.compressor is None or path.is_symlink():
             return
         try:
             fh = open(path, "rb")  # the compressor closes it
         except OSError:
             return
-        self._compressor.submit(fh)
-
-    def drain_compression(self, timeout_s: float) -> bool:
-        """Wait until every rotated file so far is compressed (tests, benchmarks)."""
-        return self._compressor.drain(timeout_s) if self._compressor is not None else True
-
-    @property
-    def helper_pid(self) -> int | None:
-        """The compression helper at work, if any (the daemon's reaper leaves it to us)."""
-        return self._compressor.helper_pid if self._compressor is not None else None
+        self.compressor.submit(fh)
 
     def close(self) -> None:
         """Close the live file (idempotent); wait at most 1 s for the compression helper."""
@@ -350,9 +341,9 @@ class RotatingLogWriter:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
-        if self._compressor is not None:
-            self._compressor.close()
-            self._compressor = None
+        if self.compressor is not None:
+            self.compressor.close()
+            self.compressor = None
 
     def __enter__(self) -> RotatingLogWriter:
         return self

@@ -68,8 +68,9 @@ class Reporter:
         """Our own helpers' pids (alert commands, the compression helper, py-spy): the
         orphan reaper leaves their exit status to the code that waits for them."""
         pids = set(self.alerts.pids) | RUNNING_DUMPS
-        if (pid := self.writer.helper_pid) is not None:
-            pids.add(pid)
+        compressor = self.writer.compressor
+        if compressor is not None and compressor.helper_pid is not None:
+            pids.add(compressor.helper_pid)
         return pids
 
     @property

@@ -70,7 +70,9 @@ class StackDumps:
 
     def __init__(self, home: Home, reporter: Reporter, post: Callable[[StacksTaken], None]) -> None:
         self.home, self.reporter, self.post = home, reporter, post
-        self.binary = find_py_spy()
+        # DFLASHD_STACKS=faulthandler: no py-spy (the fallback, as on a host without it)
+        forced_off = os.environ.get("DFLASHD_STACKS") == "faulthandler"
+        self.binary = None if forced_off else find_py_spy()
         self.version = py_spy_version(self.binary) if self.binary else None
         self.taken_count = 0
         self.last_error: str | None = None
@@ -83,6 +85,8 @@ class StackDumps:
 
     def tool(self) -> str:
         """What ``status`` says: ``py-spy 0.4.3``, or why dumps are unavailable."""
+        if self.binary is None and os.environ.get("DFLASHD_STACKS") == "faulthandler":
+            return "unavailable: DFLASHD_STACKS=faulthandler"
         if self.binary is None:
             return "unavailable: py-spy not found (pip install py-spy)"
         if self.version is None:

@@ -63,6 +63,13 @@ class Daemon:
         """Supervisor records with this event name."""
         return [r for r in self.records() if isinstance(r, EventRecord) and r.event == name]
 
+    def stacks_text(self) -> str:
+        """Every stack dump of the runs: the py-spy files, and faulthandler's lines on stderr."""
+        files = sorted((self.home / "logs" / "stacks").glob("*.txt"))
+        dumped = "\n".join(path.read_text() for path in files)
+        stderr = [r.line for r in self.records() if getattr(r, "src", "") == "stderr"]
+        return dumped + "\n" + "\n".join(stderr)
+
     def wait_for(self, predicate: Callable[[Record], bool], timeout: float = 30) -> Record:
         """Follow the log until a record matches (bounded by the deadline)."""
         deadline = time.monotonic() + timeout

@@ -191,6 +191,25 @@ def test_stall_dumps_stacks_then_kills(start_daemon: Start) -> None:
         exit_rec.fields["verdict"] == "stalled"
         and exit_rec.fields["reason"] == "first_step_timeout"
     )
+    assert "wait_for_a_collective_that_never_comes" in daemon.stacks_text()
+    assert daemon.events("ending_run")[0].fields["dump"] == "py-spy"
+    assert exit_rec.fields["stacks"]["path"]
+
+
+def test_without_py_spy_faulthandler_dumps_the_stack(
+    start_daemon: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback: SIGABRT, faulthandler prints every thread into stderr, then the kill."""
+    monkeypatch.setenv("DFLASHD_STACKS", "faulthandler")
+    daemon = start_daemon(
+        child("hang.py"),
+        first_step_pattern="^step ",
+        first_step_timeout_s=1.0,
+        restart={"early_retries": 0},
+    )
+    assert daemon.wait() == 4
+    ending = daemon.events("ending_run")[0].fields
+    assert ending["dump"] == "faulthandler" and "DFLASHD_STACKS" in ending["py_spy"]
     stderr = "\n".join(r.line for r in line_records(daemon, "stderr"))
     assert "wait_for_a_collective_that_never_comes" in stderr
 

@@ -95,8 +95,7 @@ def test_zero_vram_before_first_step_is_no_gpu_memory(start_daemon: Start, tmp_p
     exit_rec = daemon.events("exit")[0]
     assert exit_rec.fields["verdict"] == "no_gpu_memory"
     assert daemon.events("gpu_snapshot")
-    stderr = "\n".join(r.line for r in daemon.records() if getattr(r, "src", "") == "stderr")
-    assert "wait_for_a_collective_that_never_comes" in stderr
+    assert "wait_for_a_collective_that_never_comes" in daemon.stacks_text()
 
 
 def test_memory_held_prevents_no_gpu_memory(start_daemon: Start, tmp_path: Path) -> None:

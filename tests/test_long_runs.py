@@ -117,7 +117,7 @@ def test_rotated_files_are_compressed_and_read_transparently(tmp_path: Path) -> 
     writer.write_event(1, "spawn", {"argv": ["job"]})
     _numbered(writer, 5000)
     writer.write_event(1, "exit", {"verdict": "crashed"})
-    assert writer.drain_compression(60.0)
+    assert writer.compressor is not None and writer.compressor.drain(60.0)
     writer.close()
     names = sorted(p.name for p in logs.iterdir())
     packed = [n for n in names if n.endswith(".zst")]
@@ -155,7 +155,7 @@ def test_follow_survives_rotation_and_compression(tmp_path: Path) -> None:
     follower = threading.Thread(target=consume)
     follower.start()
     _numbered(writer, total)
-    assert writer.drain_compression(60.0)
+    assert writer.compressor is not None and writer.compressor.drain(60.0)
     done.set()
     follower.join(60)
     writer.close()
@@ -176,7 +176,7 @@ def test_exit_is_never_held_by_compression_and_the_next_writer_finishes(tmp_path
     assert time.monotonic() - started < 1.5
     assert [r.seq for r in read_records(tmp_path)] == list(range(1, 60_001))
     again = RotatingLogWriter(tmp_path, max_bytes=64 * 1024, backups=400, compress=True)
-    assert again.drain_compression(60.0)
+    assert again.compressor is not None and again.compressor.drain(60.0)
     again.close()
     names = [p.name for p in tmp_path.iterdir()]
     assert not [n for n in names if re.search(r"\.\d+$", n)]  # every rotated file packed
@@ -196,7 +196,7 @@ def test_old_gz_files_stay_readable_beside_new_zst(tmp_path: Path) -> None:
         path.unlink()
     writer = RotatingLogWriter(tmp_path, max_bytes=16 * 1024, backups=200, compress=True)
     _numbered(writer, 2000)
-    assert writer.drain_compression(60.0)
+    assert writer.compressor is not None and writer.compressor.drain(60.0)
     writer.close()
     names = [p.name for p in tmp_path.iterdir()]
     assert any(n.endswith(".gz") for n in names) and any(n.endswith(".zst") for n in names)

@@ -357,10 +357,7 @@ def test_12_sigstopped_child_still_dumps_its_stack(start_daemon: Start) -> None:
         restart={"early_retries": 0},
     )
     assert daemon.wait(30) == 4
-    stderr = "\n".join(
-        r.line for r in daemon.records() if isinstance(r, LineRecord) and r.src == "stderr"
-    )
-    assert "frozen_in_a_debugger" in stderr
+    assert "frozen_in_a_debugger" in daemon.stacks_text()  # py-spy reads a stopped process too
 
 
 # -- 13, 14. bad values refused at start ------------------------------------------------------------

@@ -1,0 +1,168 @@
+"""The log path side by side (issue 26): the job writing straight to a file, under supervisord,
+and under dflashd, in one run; MiB/s (the child's own), ratios to direct, and the launcher's own
+CPU per GiB.
+
+supervisord comes from the package registry, into this benchmark's own venv (made once under
+``--venv``).  ``--ci`` runs a short dflashd-vs-direct check and fails when a ratio is more than
+30 % worse than the one recorded in tests/perf/baseline.json (ratios only, never times).
+
+    python tests/perf/side_by_side.py [--mib 256] [--reps 3] [--modes block,line]
+    python tests/perf/side_by_side.py --ci
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _bench import daemon_argv
+
+WRITER = Path(__file__).with_name("_writer_child.py")
+BASELINE = Path(__file__).with_name("baseline.json")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+TOLERANCE = 0.30
+
+
+def cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def child(mode: str, mib: float, report: Path) -> list[str]:
+    return [sys.executable, str(WRITER), mode, str(mib), str(report)]
+
+
+def direct(mode: str, mib: float, work: Path) -> tuple[float, float]:
+    report = work / "r.json"
+    with open(work / "direct.log", "wb") as out:
+        subprocess.run(child(mode, mib, report), stdout=out, stderr=out, check=True)
+    return json.loads(report.read_text())["mib_s"], 0.0
+
+
+def watch(proc: subprocess.Popen[bytes], report: Path, stop: bool) -> float:
+    """The launcher's own CPU until it exits (``stop``: SIGTERM it once the child is done)."""
+    used = 0.0
+    while proc.poll() is None:
+        used = cpu_s(proc.pid) or used
+        if stop and report.exists():
+            time.sleep(0.5)  # supervisord writes what it still holds; no event to wait on
+            used = cpu_s(proc.pid) or used
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+            break
+        time.sleep(0.05)
+    return used
+
+
+def dflashd(mode: str, mib: float, work: Path) -> tuple[float, float]:
+    report, home = work / "r.json", work / "home"
+    subprocess.run(["rm", "-rf", str(home), str(report)], check=True)
+    config = work / "d.toml"
+    config.write_text('gpus = "none"\n[restart]\nearly_retries = 0\n[logs]\ncompress = false\n')
+    proc = subprocess.Popen(
+        daemon_argv(home, config, child(mode, mib, report)), stdout=subprocess.DEVNULL
+    )
+    used = watch(proc, report, stop=False)
+    return json.loads(report.read_text())["mib_s"], used / (mib / 1024)
+
+
+def supervisord(mode: str, mib: float, work: Path, venv: Path) -> tuple[float, float]:
+    report = work / "r.json"
+    report.unlink(missing_ok=True)
+    conf = work / "s.conf"
+    conf.write_text(
+        f"[supervisord]\nlogfile={work}/supervisord.log\npidfile={work}/s.pid\nnodaemon=true\n"
+        f"[program:job]\ncommand={' '.join(child(mode, mib, report))}\nautorestart=false\n"
+        f"startsecs=0\nstdout_logfile={work}/job.out\nstderr_logfile={work}/job.err\n"
+        "stdout_logfile_maxbytes=0\nstderr_logfile_maxbytes=0\n"
+    )
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "supervisord"), "-c", str(conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    used = watch(proc, report, stop=True)
+    return json.loads(report.read_text())["mib_s"], used / (mib / 1024)
+
+
+def ensure_supervisord(venv: Path) -> bool:
+    if (venv / "bin" / "supervisord").exists():
+        return True
+    done = subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False)
+    pip = [str(venv / "bin" / "pip"), "install", "-q", "supervisor>=4.2"]
+    return done.returncode == 0 and subprocess.run(pip, check=False).returncode == 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mib", type=float, default=256)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--modes", default="block,line")
+    parser.add_argument(
+        "--venv", type=Path, default=Path(tempfile.gettempdir()) / "dflashd-bench-venv"
+    )
+    parser.add_argument("--ci", action="store_true", help="short dflashd/direct check vs baseline")
+    parser.add_argument("--record", action="store_true", help="write the ratios as the baseline")
+    args = parser.parse_args()
+    if args.ci:
+        args.mib, args.reps, args.modes = 32, 3, "block,line"
+    launchers = ["direct", "dflashd"] if args.ci else ["direct", "supervisord", "dflashd"]
+    if "supervisord" in launchers and not ensure_supervisord(args.venv):
+        print("supervisord could not be installed; left out")
+        launchers.remove("supervisord")
+    ratios: dict[str, float] = {}
+    print(f"# side_by_side: {args.mib:g} MiB, {args.reps} reps, medians; {os.cpu_count()} CPUs")
+    with tempfile.TemporaryDirectory(prefix="dflashd-side-") as tmp:
+        work = Path(tmp)
+        for mode in args.modes.split(","):
+            got: dict[str, list[tuple[float, float]]] = {name: [] for name in launchers}
+            for _ in range(args.reps):
+                for name in launchers:
+                    if name == "direct":
+                        got[name].append(direct(mode, args.mib, work))
+                    elif name == "dflashd":
+                        got[name].append(dflashd(mode, args.mib, work))
+                    else:
+                        got[name].append(supervisord(mode, args.mib, work, args.venv))
+            base = statistics.median(m for m, _ in got["direct"])
+            print(f"\n## {mode}")
+            for name, values in got.items():
+                mib_s = statistics.median(m for m, _ in values)
+                cpu = statistics.median(c for _, c in values)
+                ratios[f"{mode}:{name}"] = mib_s / base
+                print(
+                    f"{name:12s} {mib_s:8.1f} MiB/s  {mib_s / base:5.2f}x direct  launcher CPU {cpu:5.1f} s/GiB"
+                )
+    if args.record:
+        BASELINE.write_text(
+            json.dumps({k: round(v, 4) for k, v in ratios.items()}, indent=2) + "\n"
+        )
+        print(f"recorded {BASELINE}")
+    if args.ci:
+        recorded = json.loads(BASELINE.read_text())
+        worse = {
+            key: (ratios[key], value)
+            for key, value in recorded.items()
+            if key in ratios and ratios[key] < value * (1 - TOLERANCE)
+        }
+        for key, (now, then) in worse.items():
+            print(
+                f"REGRESSION {key}: {now:.3f}x direct, recorded {then:.3f}x (more than 30 % worse)"
+            )
+        return 1 if worse else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
