@@ -300,22 +300,26 @@ class FormatMatcher:
         """The last step line; a loss or epoch from a line just before it is kept with it
         (Hugging Face logs its loss on a line of its own, then redraws the bar)."""
         best: StepLine | None = None
-        # only a frame that mentions a loss can add one: the common frame stops at its step
-        has_loss = ("loss" in text) if isinstance(text, str) else (b"loss" in text)
+        # Only a frame that mentions a loss (or an epoch) can add one from an older line: the
+        # common frame stops at its step, and a step with its loss stops there too when no
+        # line of the frame says "epoch" (every epoch format has the word).
+        if isinstance(text, str):
+            has_loss, has_epoch = "loss" in text, "poch" in text
+        else:
+            has_loss, has_epoch = b"loss" in text, b"poch" in text
         for line in _keyword_lines(text, keywords, newline):
             found = match_line(line)
             if found is None:
                 continue
             if best is None:
                 best = found
-                if not has_loss:
-                    break
             else:
                 best = replace(
                     best,
                     loss=best.loss if best.loss is not None else found.loss,
                     epoch=best.epoch if best.epoch is not None else found.epoch,
                 )
-            if best.loss is not None and best.epoch is not None:
+            loss_done = best.loss is not None or not has_loss
+            if loss_done and (best.epoch is not None or not has_epoch):
                 break
         return best

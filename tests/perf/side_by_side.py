@@ -71,7 +71,9 @@ def dflashd(mode: str, mib: float, work: Path) -> tuple[float, float]:
     config = work / "d.toml"
     config.write_text('gpus = "none"\n[restart]\nearly_retries = 0\n[logs]\ncompress = false\n')
     proc = subprocess.Popen(
-        daemon_argv(home, config, child(mode, mib, report)), stdout=subprocess.DEVNULL
+        daemon_argv(home, config, child(mode, mib, report)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     used = watch(proc, report, stop=False)
     return json.loads(report.read_text())["mib_s"], used / (mib / 1024)
