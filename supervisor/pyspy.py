@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
@@ -111,6 +110,10 @@ def dump_processes(
     """
     if not roles:
         return []
+    from concurrent.futures import (
+        ThreadPoolExecutor,
+    )  # only when dumping: the idle daemon stays small
+
     was_stopped = {pid: _stopped(pid) for pid in roles}
     # --native stops each process while its py-spy unwinds it: no more unwinds at once than
     # CPUs, or a process waits stopped for a CPU (8 at once on 2 cores: 190 ms, not 40).
