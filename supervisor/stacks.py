@@ -91,11 +91,21 @@ class ProcessStacks:
     def top(self, count: int = TOP_FRAMES) -> list[str]:
         """The main thread's innermost named frames, as text (a native frame py-spy could
         only give an address for says nothing to the person paged)."""
+        return _top(self.main, count)
+
+    def active_threads(self, limit: int = 4) -> dict[str, list[str]]:
+        """Other threads py-spy saw running (a worker thread stuck in a CUDA synchronize, say):
+        name -> top frames.  One trainer thread per GPU is where a threaded job hangs."""
         main = self.main
-        if main is None:
-            return []
-        named = [f for f in main.frames if not f.name.startswith("0x")] or list(main.frames)
-        return [f.text() for f in named[:count]]
+        busy = [t for t in self.threads if t.active and t is not main and t.frames]
+        return {t.name: _top(t, TOP_FRAMES) for t in busy[:limit]}
+
+
+def _top(thread: ThreadStack | None, count: int) -> list[str]:
+    if thread is None:
+        return []
+    named = [f for f in thread.frames if not f.name.startswith("0x")] or list(thread.frames)
+    return [f.text() for f in named[:count]]
 
 
 @dataclass
@@ -201,6 +211,7 @@ def summary(dump: StacksDump) -> dict[str, Any]:
             "rank": p.role.rank,
             "threads": len(p.threads),
             "top": p.top(),
+            **({"active_threads": active} if (active := p.active_threads()) else {}),
             **({"error": p.error} if p.error else {}),
         }
         for p in dump.processes
@@ -229,10 +240,12 @@ def alert_lines(fields: dict[str, Any], limit: int = 16) -> list[str]:
     processes = [p for p in fields.get("processes") or [] if isinstance(p, dict)]
     own = [p for p in processes if p.get("role") != "process"]
     helpers = [p for p in processes if p.get("role") == "process"]
-    lines = [
-        f"{p.get('role')} pid {p.get('pid')}: " + " <- ".join(p.get("top") or ["?"])
-        for p in (own + helpers)[:limit]
-    ]
+    lines: list[str] = []
+    for p in (own + helpers)[:limit]:
+        lines.append(f"{p.get('role')} pid {p.get('pid')}: " + " <- ".join(p.get("top") or ["?"]))
+        active = p.get("active_threads")
+        active = active if isinstance(active, dict) else {}
+        lines.extend(f"  thread {name}: " + " <- ".join(top) for name, top in active.items())
     if len(processes) > limit:
         lines.append(f"... and {len(processes) - limit} more processes (see the dump file)")
     if fields.get("odd_summary"):

@@ -19,6 +19,7 @@ from dflashd.supervisor.stacks import (
     Role,
     StacksDump,
     ThreadStack,
+    alert_lines,
     odd_ranks,
     parse_pyspy,
     summary,
@@ -80,6 +81,28 @@ def test_py_spy_json_becomes_a_labelled_dump() -> None:
     fields = summary(StacksDump(2, "command", "py-spy", [parsed]))
     assert fields["processes"][0]["role"] == "worker rank 3 (local 1)"
     assert fields["odd_rank_out"] is None
+    assert "active_threads" not in fields["processes"][0]  # the only active one is main
+
+
+def test_an_active_worker_thread_reaches_the_alert() -> None:
+    """A threaded trainer hangs in a worker thread, not in main: the alert shows that thread."""
+    sync = Frame("cudaDeviceSynchronize", "libcudart.so.13", 0)
+    hang = Frame("Worker._hang_here", "trainer/workers.py", 271)
+    main = ThreadStack(10, "MainThread", False, False, (Frame("Worker.result", "w.py", 287),))
+    worker = ThreadStack(
+        11, "worker-0", True, False, (Frame("0x7f00", "libcuda.so", 0), sync, hang)
+    )
+    idle = ThreadStack(12, "loader", False, False, (FORWARD,))
+    dump = StacksDump(
+        1, "no_progress", "py-spy --native", [ProcessStacks(10, Role("root"), (main, worker, idle))]
+    )
+    lines = alert_lines(summary(dump))
+    assert lines[0] == "root pid 10: Worker.result (w.py:287)"
+    assert lines[1] == (
+        "  thread worker-0: cudaDeviceSynchronize (libcudart.so.13) <- "
+        "Worker._hang_here (trainer/workers.py:271)"
+    )
+    assert len(lines) == 2
 
 
 def _run_states(home: Path) -> dict[int, str]:
