@@ -196,3 +196,23 @@ def test_the_report_marks_each_dump_with_a_link() -> None:
     ]
     page = render_html(collect(records), "report")
     assert "<circle" in page and "file:///h/s.txt" in page and "stack dump (no_progress)" in page
+
+
+@needs_py_spy
+def test_a_frozen_rank_of_the_bundled_trainer_is_named(start_daemon: Any, home: Path) -> None:
+    """The bundled trainer, two ranks in one gloo group under torchrun; rank 1's worker thread
+    hangs at step 5 (its main thread waits for it), rank 0 waits in the gradient all-reduce.
+    The dump before the stall's kill names rank 1."""
+    pytest.importorskip("torch")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", "dflashd.trainer", "--steps", "200", "--log-every", "1"]
+    command += ["--checkpoint-dir", str(home.parent / "ck"), "--inject", "hang_at_step:5:0:1"]
+    daemon: Daemon = start_daemon(command, stall_timeout_s=8.0, first_step_timeout_s=300.0)
+    exit_record = daemon.wait_event("exit", timeout=180)
+    stacks = daemon.events("stacks")[0]
+    ranks = {p["rank"]: p for p in stacks.fields["processes"] if p["rank"] is not None}
+    assert set(ranks) == {0, 1}
+    assert stacks.fields["odd_rank_out"] == [1]
+    assert any("all_reduce" in frame for frame in ranks[0]["top"])
+    assert exit_record.fields["verdict"] == "stalled"
+    assert "Worker._hang_here" in Path(stacks.fields["path"]).read_text()

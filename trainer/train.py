@@ -143,7 +143,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=parse_injection,
         default=Injection(),
         help="fault for tests and demos: import_error | crash_before_first_step | hang_before_cuda | "
-        "crash_at_step:N[:WORKER] | hang_at_step:N[:WORKER] (both: under dflashd, first run only; "
+        "crash_at_step:N[:WORKER[:RANK]] | hang_at_step:N[:WORKER[:RANK]] (under dflashd: first run only; "
         "a hang on a GPU sits in the CUDA runtime) | dense_fallback | oom",
     )
     return parser.parse_args(argv)
@@ -172,11 +172,13 @@ def parse_injection(text: str) -> Injection:
     kind, _, rest = text.partition(":")
     if kind in ("crash_at_step", "hang_at_step") and rest:
         parts = rest.split(":")
-        if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-            raise argparse.ArgumentTypeError(f"{kind}:N[:WORKER] expected, not {text!r}")
+        if len(parts) not in (1, 2, 3) or not all(p.isdigit() for p in parts):
+            raise argparse.ArgumentTypeError(f"{kind}:N[:WORKER[:RANK]] expected, not {text!r}")
         first_run = os.environ.get("DFLASHD_RUN", "1") == "1"
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        step = int(parts[0]) if first_run and first_attempt else None
+        # RANK: under torchrun, only that rank (the others see it as a frozen peer)
+        this_rank = len(parts) < 3 or os.environ.get("RANK", "0") == parts[2]
+        step = int(parts[0]) if first_run and first_attempt and this_rank else None
         return Injection(kind, step, int(parts[1]) if len(parts) > 1 else 0)
     if text not in INJECTIONS:
         known = " | ".join(sorted(k for k in INJECTIONS if k))
