@@ -50,7 +50,7 @@ def stacks(home: Path | None, native: bool, as_json: bool, run_no: int | None) -
 
     Each process is labelled: the torchrun agent, or a worker with its RANK and LOCAL_RANK.
     Where the ranks disagree, the first line names the odd rank out.  The dump is also kept
-    as logs/stacks/run-N-<time>.txt and a `stacks` record.  Needs py-spy (a dependency of
+    as logs/stacks/run-N-<time>-<id>.txt and a `stacks` record.  Needs py-spy (a dependency of
     dflashd): `dflashd status` says when it is unavailable, in a container whose seccomp
     profile forbids process_vm_readv, say.
     """
