@@ -62,17 +62,7 @@ def all_stats() -> dict[int, ProcStat]:
 
 def process_mark(pid: int) -> dict[str, str]:
     """``DFLASHD_HOME_ID``, ``DFLASHD_RUN`` (and ``DFLASHD_HOME``) from ``pid``'s start environment."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            raw = fh.read()
-    except OSError:
-        return {}
-    out: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, _, value = item.partition(b"=")
-        if key in (b"DFLASHD_HOME_ID", b"DFLASHD_RUN", b"DFLASHD_HOME"):
-            out[key.decode()] = value.decode("utf-8", "replace")
-    return out
+    return environ_values(pid, (MARK_HOME_ID, MARK_RUN, "DFLASHD_HOME"))
 
 
 def environ_values(pid: int, keys: tuple[str, ...]) -> dict[str, str]:

@@ -74,7 +74,6 @@ class StackDumps:
         forced_off = os.environ.get("DFLASHD_STACKS") == "faulthandler"
         self.binary = None if forced_off else find_py_spy()
         self.version = py_spy_version(self.binary) if self.binary else None
-        self.taken_count = 0
         self.last_error: str | None = None
         self._ids = itertools.count(1)
 
@@ -144,7 +143,6 @@ class StackDumps:
                 fields["path"] = str(text_path)
             except OSError as exc:
                 fields["file_error"] = f"{exc.strerror or exc}"
-            self.taken_count += 1
             self.reporter.stack_dumps += 1
         level = "info" if dump.trigger == "command" else "warning"
         self.reporter.record(dump.run_no, Event.STACKS, log_level=level, **fields)
