@@ -54,7 +54,11 @@ def hung_worker(work: Path) -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and (status(home).get("step") or 0) < 29:
             time.sleep(1)  # the daemon's status from outside: no event to wait on
-        time.sleep(5)  # step 30 is submitted: the worker thread is in the spin kernel's sync
+        still, last = time.monotonic(), status(home).get("step")
+        while time.monotonic() < deadline and time.monotonic() - still < 3:  # the hang: no step
+            time.sleep(0.5)  # the daemon's status from outside: no event to wait on
+            if (step := status(home).get("step")) != last:
+                still, last = time.monotonic(), step
         say(f"status: step {status(home).get('step')}, phase {status(home).get('phase')}")
         for mode in ([], ["--native"]):
             started = time.monotonic()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,12 @@ def status(home: Path) -> dict[str, Any]:
     )
     result: dict[str, Any] = json.loads(done.stdout)
     return result
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """A live process's own CPU seconds (user + system, from /proc), None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

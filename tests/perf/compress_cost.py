@@ -22,21 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import daemon_argv
+from _bench import daemon_argv, process_cpu_s
 
 from dflashd.logs import read_records
 from dflashd.logs.compress import SQUEEZE
 
 WRITER = Path(__file__).with_name("_writer_child.py")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def run(work: Path, mib: float, compress: bool) -> dict[str, float]:
@@ -53,7 +44,7 @@ def run(work: Path, mib: float, compress: bool) -> dict[str, float]:
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     used = 0.0
     while proc.poll() is None:
-        used = cpu_s(proc.pid) or used
+        used = process_cpu_s(proc.pid) or used
         time.sleep(0.05)
     ended = time.monotonic()
     ended_wall = time.time()

@@ -23,20 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import daemon_argv
+from _bench import daemon_argv, process_cpu_s
 
 WRITER = Path(__file__).with_name("_writer_child.py")
 BASELINE = Path(__file__).with_name("baseline.json")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 TOLERANCE = 0.30
-
-
-def cpu_s(pid: int) -> float | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def child(mode: str, mib: float, report: Path) -> list[str]:
@@ -50,14 +41,16 @@ def direct(mode: str, mib: float, work: Path) -> tuple[float, float]:
     return json.loads(report.read_text())["mib_s"], 0.0
 
 
-def watch(proc: subprocess.Popen[bytes], report: Path, stop: bool) -> float:
-    """The launcher's own CPU until it exits (``stop``: SIGTERM it once the child is done)."""
+def watch(proc: subprocess.Popen[bytes], report: Path, done: Path | None) -> float:
+    """The launcher's own CPU until it exits (``done``: its log, where it says the job
+    exited, after which it is sent SIGTERM)."""
     used = 0.0
-    while proc.poll() is None:
-        used = cpu_s(proc.pid) or used
-        if stop and report.exists():
-            time.sleep(0.5)  # supervisord writes what it still holds; no event to wait on
-            used = cpu_s(proc.pid) or used
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        used = process_cpu_s(proc.pid) or used
+        said = done.read_text() if done is not None and done.exists() else ""
+        if done is not None and report.exists() and "exited: job" in said:
+            used = process_cpu_s(proc.pid) or used
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
             break
@@ -75,7 +68,7 @@ def dflashd(mode: str, mib: float, work: Path) -> tuple[float, float]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    used = watch(proc, report, stop=False)
+    used = watch(proc, report, None)
     return json.loads(report.read_text())["mib_s"], used / (mib / 1024)
 
 
@@ -94,7 +87,7 @@ def supervisord(mode: str, mib: float, work: Path, venv: Path) -> tuple[float, f
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    used = watch(proc, report, stop=True)
+    used = watch(proc, report, work / "supervisord.log")
     return json.loads(report.read_text())["mib_s"], used / (mib / 1024)
 
 

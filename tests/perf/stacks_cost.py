@@ -85,7 +85,9 @@ def main() -> int:
             gaps = [Path(tmp) / f"gap-{count}-{i}" for i in range(count)]
             procs = [subprocess.Popen([sys.executable, "-c", TARGET, str(g)]) for g in gaps]
             try:
-                time.sleep(1.0)  # the targets start their threads
+                started = time.monotonic()  # each target's ticker writes its file once running
+                while not all(g.exists() for g in gaps) and time.monotonic() - started < 10:
+                    time.sleep(0.01)
                 roles = {p.pid: Role("worker", i) for i, p in enumerate(procs)}
                 for native in (False, True):
                     dumps, pauses, idle = [], [], []
