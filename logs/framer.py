@@ -1,8 +1,9 @@
 """Bytes in arbitrary chunks in, lines out.
 
 The framer works per chunk, not per byte: the common case (a chunk of ``\\n``-terminated
-lines, no ``\\r``, none longer than ``max_line_bytes``) is one ``decode`` and one
-``split``, both in C.  Everything else (``\\r\\n``, tqdm-style ``\\r`` redraws, overlong
+lines of printable ASCII, no ``\\r``, none longer than ``max_line_bytes``) is one
+:func:`~dflashd.logs.linecodec.scan` and no split at all; other text is one ``decode`` and
+one ``split``, both in C.  Everything else (``\\r\\n``, tqdm-style ``\\r`` redraws, overlong
 lines) takes a slower, exact path.
 
 Guarantees, for any byte stream chunked any way:
@@ -18,6 +19,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from dflashd.logs.linecodec import CODEC
+
 DEFAULT_MAX_LINE_BYTES: Final = 64 * 1024
 MIN_LINE_BYTES: Final = 4  # one UTF-8 character must fit in a piece
 _TERMINATOR = re.compile(rb"\r\n|\r|\n")
@@ -31,70 +34,52 @@ class Frame:
     ``nbytes`` is the number of input bytes this frame accounts for.
 
     For the commonest input of all (printable ASCII without quotes or backslashes) the
-    framer keeps the lines as bytes that are already valid JSON string content
-    (``json_lines``); the text is decoded only if someone asks for :attr:`lines`.
+    framer keeps the lines as they came, joined by ``\\n`` (``text``): bytes that are
+    already valid JSON string content, never split into objects on the hot path; the
+    lines are decoded only if someone asks for :attr:`lines`.
     """
 
-    __slots__ = ("_lines", "count", "flags", "json_lines", "nbytes")
+    __slots__ = ("_lines", "count", "flags", "nbytes", "text")
 
     def __init__(
         self,
         lines: list[str] | None,
         flags: list[tuple[bool, str | None]] | None,
         nbytes: int,
-        json_lines: list[bytes] | None = None,
+        text: bytes | None = None,
+        count: int | None = None,
     ) -> None:
-        if lines is None and json_lines is None:
-            raise ValueError("a frame needs lines or json_lines")
+        if lines is None and text is None:
+            raise ValueError("a frame needs lines or text")
         self._lines = lines
-        self.json_lines = json_lines
+        self.text = text
         self.flags = flags
         self.nbytes = nbytes
-        self.count = len(lines) if lines is not None else len(json_lines or ())
+        if lines is not None:
+            self.count = len(lines)
+        else:
+            self.count = count if count is not None else (text or b"").count(b"\n") + 1
 
     @property
     def lines(self) -> list[str]:
         """The lines as text (decoded on first use for a JSON-safe frame)."""
         if self._lines is None:
-            self._lines = b"\n".join(self.json_lines or ()).decode("ascii").split("\n")
+            self._lines = (self.text or b"").decode("ascii").split("\n")
         return self._lines
 
     def last_lines(self, n: int) -> list[str]:
         """The last ``n`` lines as text, without decoding the rest."""
-        if self._lines is None and self.json_lines is not None:
-            return [raw.decode("ascii") for raw in self.json_lines[-n:]] if n > 0 else []
-        return self.lines[-n:] if n > 0 else []
+        if n <= 0:
+            return []
+        if self._lines is None and self.text is not None:
+            return [raw.decode("ascii") for raw in self.text.rsplit(b"\n", n)[-n:]]
+        return self.lines[-n:]
 
     def __len__(self) -> int:
         return self.count
 
     def __repr__(self) -> str:
         return f"Frame(lines={self.lines!r}, flags={self.flags!r}, nbytes={self.nbytes})"
-
-
-# Bytes that a JSON string cannot hold verbatim (besides non-ASCII, checked with isascii()).
-# One memchr per byte value is cheaper here than one translate() pass over the chunk.
-_JSON_UNSAFE: Final = tuple(bytes([b]) for b in (0x22, 0x5C, 0x09, 0x1B, *range(0x20)))
-
-
-def _json_safe(data: bytes) -> bool:
-    """True when ``data`` (newlines aside) can be pasted into a JSON string as is."""
-    if not data.isascii():
-        return False
-    return not any(unsafe in data for unsafe in _JSON_UNSAFE if unsafe != b"\n")
-
-
-def _no_line_longer_than(data: bytes, limit: int) -> bool:
-    """True when every line of ``data`` is at most ``limit`` bytes, checked with a few memchr calls.
-
-    A line longer than ``limit`` contains a whole aligned block of ``limit // 2`` bytes, so it is
-    enough that each such block holds a newline (a False may be a false alarm: the exact path decides).
-    """
-    half = limit // 2
-    for start in range(0, len(data) - half + 1, half):
-        if data.find(b"\n", start, start + half) == -1:
-            return False
-    return True
 
 
 def _utf8_cut(data: bytes, limit: int) -> int:
@@ -145,11 +130,10 @@ class LineFramer:
                 self._pending = buf
                 return self._cut_pending() if len(buf) > limit else None
             complete = buf[:last_nl]
-            if _json_safe(complete) and (
-                len(buf) <= limit or _no_line_longer_than(complete, limit)
-            ):
+            count = CODEC.scan(complete, limit)
+            if count > 0:  # JSON-safe ASCII, no line too long: kept as it came
                 self._pending = buf[last_nl + 1 :]
-                frame = Frame(None, None, last_nl + 1, complete.split(b"\n"))
+                frame = Frame(None, None, last_nl + 1, complete, count)
                 if len(self._pending) > limit:
                     return _merge(frame, self._cut_pending())
                 return frame

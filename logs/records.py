@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from dflashd.logs.framer import Frame
+from dflashd.logs.linecodec import CODEC
 
 Source = Literal["stdout", "stderr", "dflashd"]
 SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr", "dflashd")
@@ -24,6 +25,7 @@ CHILD_SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr")
 
 # Keys that belong to the envelope of a supervisor record; an event's fields may not use them.
 ENVELOPE_KEYS: Final[frozenset[str]] = frozenset({"ts", "seq", "run", "src", "event", "line"})
+_RECORD_END: Final = b'"}\n'  # closes a line record's string and object
 
 
 class RecordError(ValueError):
@@ -162,27 +164,17 @@ def reassemble(records: list[LineRecord]) -> str:
 def encode_frame(run: int, src: str, frame: Frame, ts: str, seq0: int) -> bytes:
     """The records of one frame's lines, numbered from ``seq0``, as JSON lines."""
     count = len(frame)
-    parts: list[bytes] | None = None
-    if frame.flags is None:
-        if frame.json_lines is not None:
-            parts = frame.json_lines  # already valid JSON string content
-        else:
-            # One orjson call for the whole frame.  Inside a JSON string every '"' is
-            # escaped, so '","' only ever occurs between two array elements.
-            parts = orjson.dumps(frame.lines)[2:-2].split(b'","')
-    if parts is not None and len(parts) == count:
-        # Interleave [seq, mid, line, tail+head] per record with C-level slice assignments:
-        # no Python code runs per line.
+    if frame.flags is None and count:
         head = b'{"ts":"' + ts.encode() + b'","seq":'
         mid = b',"run":%d,"src":"%s","line":"' % (run, src.encode())
-        seqs = orjson.dumps(list(range(seq0, seq0 + count)))[1:-1].split(b",")
-        pieces: list[bytes] = [b""] * (4 * count)
-        pieces[0::4] = seqs
-        pieces[1::4] = [mid] * count
-        pieces[2::4] = parts
-        pieces[3::4] = [b'"}\n' + head] * count
-        pieces[-1] = b'"}\n'
-        return head + b"".join(pieces)
+        if frame.text is not None:  # already valid JSON string content: one pass, in C where built
+            return CODEC.encode(frame.text, count, head, seq0, mid, _RECORD_END)
+        # One orjson call for the whole frame.  Inside a JSON string every '"' is
+        # escaped, so '","' only ever occurs between two array elements.
+        escaped = orjson.dumps(frame.lines)[2:-2]
+        if escaped.count(b'","') == count - 1:
+            lines = escaped.replace(b'","', b"\n")  # an escaped line holds no raw newline
+            return CODEC.encode(lines, count, head, seq0, mid, _RECORD_END)
     flags = frame.flags if frame.flags is not None else [(False, None)] * count
     out = []
     for offset, (line, (partial, eol)) in enumerate(zip(frame.lines, flags, strict=True)):

@@ -57,12 +57,12 @@ class Echo:
         return f"\x1b[2mr{run_no}\x1b[0m \x1b[{colour}m{tag}\x1b[0m | "
 
     def _format(self, run_no: int, src: str, frame: Frame) -> bytes:
-        if frame.json_lines is not None:
+        if frame.text is not None:
             # The framer's fast path: printable ASCII with no control characters, as bytes.
             if self._raw:
-                return b"\n".join(frame.json_lines) + b"\n"
+                return frame.text + b"\n"
             head = self._prefix(run_no, src).encode()
-            return head + (b"\n" + head).join(frame.json_lines) + b"\n"
+            return head + frame.text.replace(b"\n", b"\n" + head) + b"\n"
         if self._raw:
             return ("\n".join(frame.lines) + "\n").encode("utf-8", "replace")
         prefix = self._prefix(run_no, src)

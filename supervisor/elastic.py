@@ -214,11 +214,10 @@ def worker_exit_code(tail: Sequence[str]) -> int | None:
 
 def scan_frame(frame: Frame) -> list[AgentLine]:
     """The agent lines of one frame: one search of the joined text, then only keyword lines."""
-    if frame.json_lines is not None:
-        raw = frame.json_lines
-        joined_b = b"\n".join(raw)
-        if not any(k in joined_b for k in _AGENT_KEYWORDS_B):
+    if frame.text is not None:
+        if not any(k in frame.text for k in _AGENT_KEYWORDS_B):
             return []
+        raw = frame.text.split(b"\n")
         texts = [r.decode("ascii") for r in raw if any(k in r for k in _AGENT_KEYWORDS_B)]
     else:
         lines = frame.lines

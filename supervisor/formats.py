@@ -284,6 +284,16 @@ def _tail(lines: Sequence[_T]) -> Sequence[_T]:
     return lines[-_TAIL_LINES:]
 
 
+def _tail_text(text: bytes) -> bytes:
+    """The last ``_TAIL_LINES`` lines of newline-joined text, without splitting it."""
+    start = len(text)
+    for _ in range(_TAIL_LINES):
+        start = text.rfind(b"\n", 0, start)
+        if start < 0:
+            return text
+    return text[start + 1 :]
+
+
 class FormatMatcher:
     """Finds the last recognised step in a frame of lines."""
 
@@ -291,9 +301,9 @@ class FormatMatcher:
         """The last step line among ``lines``, or None (only the frame's tail is joined)."""
         return self._search("\n".join(_tail(lines)), _KEYWORDS, "\n")
 
-    def last_step_bytes(self, lines: Sequence[bytes]) -> StepLine | None:
-        """The same over the framer's JSON-safe ASCII lines (only the frame's tail is joined)."""
-        return self._search(b"\n".join(_tail(lines)), _KEYWORDS_B, b"\n")
+    def last_step_text(self, text: bytes) -> StepLine | None:
+        """The same over the framer's JSON-safe ASCII lines, joined as they came (``Frame.text``)."""
+        return self._search(_tail_text(text), _KEYWORDS_B, b"\n")
 
     @staticmethod
     def _search(text: _T, keywords: Sequence[_T], newline: _T) -> StepLine | None:

@@ -62,8 +62,8 @@ class LineMatcher:
             return self._match_patterns(frame.lines)
         if self._formats is None:
             return None
-        if frame.json_lines is not None:  # ASCII fast path: search the bytes, decode nothing
-            found = self._formats.last_step_bytes(frame.json_lines)
+        if frame.text is not None:  # ASCII fast path: search the bytes, decode nothing
+            found = self._formats.last_step_text(frame.text)
         else:
             found = self._formats.last_step(frame.lines)
         if found is None:

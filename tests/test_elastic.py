@@ -105,7 +105,7 @@ def test_scan_frame_finds_agent_lines_among_many() -> None:
     lines.insert(
         500, P + "944] [default] Worker group FAILED. 1/3 attempts left; will restart worker group"
     )
-    as_bytes = Frame(None, None, 0, [line.encode() for line in lines])
+    as_bytes = Frame(None, None, 0, "\n".join(lines).encode())
     as_text = Frame(lines, None, 0)
     for frame in (as_bytes, as_text):
         found = scan_frame(frame)

@@ -1,0 +1,109 @@
+"""The log path's two inner loops: scanning a chunk's complete lines, encoding their records.
+
+    scan(data, max_line)                      -> lines in ``data``, or -1
+    encode(data, count, head, seq0, mid, tail) -> bytes
+
+``data`` is complete lines joined by ``\\n`` (no trailing one).  :func:`scan` counts them when
+every byte is printable ASCII that a JSON string holds verbatim (0x20 to 0x7f except ``"``
+and ``\\``) and no line is longer than ``max_line`` bytes, else -1: the framer's fast path.
+:func:`encode` writes ``head + seq + mid + line + tail`` per line, ``seq`` counting up
+from ``seq0``: the records of such a frame.
+
+Both exist twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,
+run without the GIL on large inputs) and here in Python (the reference, and the fallback).
+:data:`CODEC` holds the pair in use (``CODEC.implementation``: ``"c"`` or ``"python"``);
+``DFLASHD_PURE_PYTHON=1`` forces Python.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Final
+
+import orjson
+
+# Bytes a JSON string cannot hold verbatim (besides non-ASCII, checked with isascii()).
+_UNSAFE: Final = bytes([0x22, 0x5C, *(b for b in range(0x20) if b != 0x0A)])
+
+
+def scan_python(data: bytes, max_line: int) -> int:
+    """The reference :func:`scan`."""
+    if not data.isascii() or len(data.translate(None, _UNSAFE)) != len(data):
+        return -1
+    if len(data) > max_line and not _no_line_longer_than(data, max_line):
+        return -1
+    return data.count(b"\n") + 1
+
+
+def _no_line_longer_than(data: bytes, limit: int) -> bool:
+    """Every line of ``data`` is at most ``limit`` bytes (a few memchr calls, then exact)."""
+    half = max(limit // 2, 1)
+    # A line longer than ``limit`` holds a whole aligned block of ``limit // 2`` bytes.
+    for start in range(0, len(data) - half + 1, half):
+        if data.find(b"\n", start, start + half) == -1:
+            return max(map(len, data.split(b"\n"))) <= limit  # maybe a false alarm: be exact
+    return True
+
+
+def encode_python(
+    data: bytes, count: int, head: bytes, seq0: int, mid: bytes, tail: bytes
+) -> bytes:
+    """The reference :func:`encode`: C-level slice assignments, no Python code per line."""
+    parts = data.split(b"\n")
+    if len(parts) != count or count < 1:
+        raise ValueError("data does not hold count lines")
+    seqs = orjson.dumps(list(range(seq0, seq0 + count)))[1:-1].split(b",")
+    pieces: list[bytes] = [b""] * (4 * count)
+    pieces[0::4] = seqs
+    pieces[1::4] = [mid] * count
+    pieces[2::4] = parts
+    pieces[3::4] = [tail + head] * count
+    pieces[-1] = tail
+    return head + b"".join(pieces)
+
+
+Scan = Callable[[bytes, int], int]
+Encode = Callable[[bytes, int, bytes, int, bytes, bytes], bytes]
+
+
+@dataclass(slots=True)
+class Codec:
+    """The pair in use (``CODEC``); a test may :func:`use` the other one."""
+
+    implementation: str  # "c" or "python"
+    scan: Scan
+    encode: Encode
+
+
+def _built() -> ModuleType | None:
+    try:
+        return importlib.import_module("dflashd.logs._lines")
+    except ImportError:
+        return None
+
+
+def use(implementation: str) -> Codec:
+    """Switch the pair in use to ``"c"`` or ``"python"``; returns the one it replaces."""
+    built = _built()
+    previous = Codec(CODEC.implementation, CODEC.scan, CODEC.encode)
+    if implementation == "c":
+        if built is None:
+            raise RuntimeError("the C inner loops were not built here")
+        CODEC.implementation, CODEC.scan, CODEC.encode = "c", built.scan, built.encode
+    else:
+        CODEC.implementation, CODEC.scan, CODEC.encode = "python", scan_python, encode_python
+    return previous
+
+
+def _default() -> Codec:
+    built = _built() if os.environ.get("DFLASHD_PURE_PYTHON") != "1" else None
+    if built is None:
+        return Codec("python", scan_python, encode_python)
+    return Codec("c", built.scan, built.encode)
+
+
+CODEC: Final = _default()

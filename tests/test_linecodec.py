@@ -1,0 +1,162 @@
+"""The log path's inner loops: the C build and the Python reference agree, byte for byte.
+
+Where the C module was not built (no compiler at install time) the comparisons are skipped,
+visibly; CI sets ``DFLASHD_REQUIRE_C_LINES=1`` so a silent fallback there fails instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dflashd.logs import linecodec
+from dflashd.logs.framer import LineFramer
+from dflashd.logs.records import LineRecord, decode, encode_frame, reassemble
+
+try:
+    _lines = importlib.import_module("dflashd.logs._lines")
+except ImportError:  # the build had no compiler
+    _lines = None
+
+needs_c = pytest.mark.skipif(_lines is None, reason="the C inner loops were not built here")
+
+# Mostly the bytes a log is made of, with every troublesome one in reach.
+LOG_BYTES = st.binary(max_size=400) | st.text(
+    alphabet=st.sampled_from([*"abc xyz019=:,.", "\n", '"', "\\", "\t", "\x1b", "\x7f", "é"]),
+    max_size=400,
+).map(str.encode)
+
+
+def test_ci_runs_the_c_loops_when_it_says_so() -> None:
+    if os.environ.get("DFLASHD_REQUIRE_C_LINES") == "1":
+        assert linecodec.CODEC.implementation == "c"
+    else:
+        assert linecodec.CODEC.implementation in {"c", "python"}
+
+
+def test_pure_python_is_chosen_when_asked() -> None:
+    env = {**os.environ, "DFLASHD_PURE_PYTHON": "1"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from dflashd.logs.linecodec import CODEC; print(CODEC.implementation)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "python"
+
+
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(data=LOG_BYTES, max_line=st.integers(0, 64))
+def test_scan_agrees(data: bytes, max_line: int) -> None:
+    assert _lines.scan(data, max_line) == linecodec.scan_python(data, max_line)
+
+
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(
+    data=LOG_BYTES,
+    head=st.binary(max_size=40),
+    mid=st.binary(max_size=40),
+    tail=st.binary(max_size=8),
+    seq0=st.integers(0, 2**63 - 2**20),
+)
+def test_encode_agrees(data: bytes, head: bytes, mid: bytes, tail: bytes, seq0: int) -> None:
+    count = data.count(b"\n") + 1
+    assert _lines.encode(data, count, head, seq0, mid, tail) == linecodec.encode_python(
+        data, count, head, seq0, mid, tail
+    )
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [
+        pytest.param(linecodec.encode_python, id="python"),
+        pytest.param(getattr(_lines, "encode", None), id="c", marks=needs_c),
+    ],
+)
+def test_encode_refuses_a_wrong_count(encode: linecodec.Encode) -> None:
+    for count in (0, 1, 3):
+        with pytest.raises(ValueError):
+            encode(b"one\ntwo", count, b"", 1, b"", b"")
+
+
+def test_scan_counts_only_json_safe_lines_within_the_bound() -> None:
+    assert linecodec.CODEC.scan(b"step 1\nstep 2", 6) == 2
+    assert linecodec.CODEC.scan(b"", 6) == 1  # one empty line
+    assert linecodec.CODEC.scan(b"step 10\nstep 2", 6) == -1  # a line longer than the bound
+    for unsafe in (b'"', b"\\", b"\t", b"\x1b", b"\r", "é".encode()):
+        assert linecodec.CODEC.scan(b"step " + unsafe, 64) == -1
+
+
+@pytest.fixture(params=["c", "python"])
+def codec(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the framer and the encoder with one implementation, then put the default back."""
+    if request.param == "c" and _lines is None:
+        pytest.skip("the C inner loops were not built here")
+    previous = linecodec.use(request.param)
+    yield request.param
+    linecodec.use(previous.implementation)
+
+
+def _records(chunks: list[bytes], max_line: int) -> list[LineRecord]:
+    framer = LineFramer(max_line)
+    frames = [framer.feed(chunk) for chunk in chunks] + [framer.flush()]
+    out: list[LineRecord] = []
+    seq = 1
+    for frame in frames:
+        if frame is None or not len(frame):
+            continue
+        for raw in encode_frame(
+            3, "stderr", frame, "2026-12-01T00:00:00.000000Z", seq
+        ).splitlines():
+            record = decode(raw)
+            assert isinstance(record, LineRecord)
+            out.append(record)
+        seq += len(frame)
+    assert [r.seq for r in out] == list(range(1, len(out) + 1))
+    return out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "step 1 loss 2.5\nstep 2 loss 2.4\n",  # the fast path
+        'metrics {"loss": 2.5, "path": "C:\\\\x"}\n\ttabbed\n',  # escapes: the orjson path
+        "Epoch 1: 50%|#####     | 5/10\rEpoch 1: 60%|######    | 6/10\r\n",  # redraws
+        "naïve ünïcode ✓\n" * 3 + "no end",
+    ],
+)
+def test_records_round_trip_with_either_implementation(codec: str, text: str) -> None:
+    data = text.encode()
+    for size in (1, 7, len(data) or 1):
+        chunks = [data[i : i + size] for i in range(0, len(data), size)]
+        assert reassemble(_records(chunks, 64)) == text
+
+
+def test_a_frame_kept_as_text_encodes_as_orjson_would(codec: str) -> None:
+    framer = LineFramer()
+    frame = framer.feed(b"step 1 loss 2.5\nstep 2 loss 2.4\n")
+    assert frame is not None and frame.text is not None  # the fast path took it
+    encoded = encode_frame(1, "stdout", frame, "t", 41)
+    expected = b"".join(
+        orjson.dumps(
+            {"ts": "t", "seq": 41 + i, "run": 1, "src": "stdout", "line": line},
+            option=orjson.OPT_APPEND_NEWLINE,
+        )
+        for i, line in enumerate(["step 1 loss 2.5", "step 2 loss 2.4"])
+    )
+    assert encoded == expected
