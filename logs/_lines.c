@@ -18,7 +18,7 @@
 #include <Python.h>
 #include <string.h>
 
-#define GIL_FREE_BYTES 16384 /* below this, releasing the GIL costs more than it gives */
+#define GIL_FREE_BYTES (256 * 1024) /* smaller: the hand-off of the GIL costs more than it gives */
 
 /* Nonzero when a byte of p[0..n) is outside printable ASCII ('\n' aside) or is '"' or '\\'.
    No branch per byte: the compiler turns each block into a few vector compares. */

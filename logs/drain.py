@@ -119,11 +119,13 @@ class PipeDrain:
         try:
             while True:
                 try:
-                    self._poll.poll()
                     with self._read_lock:
                         chunk = os.read(self.fd, READ_BYTES)
                         self.read_bytes += len(chunk)
-                except (InterruptedError, BlockingIOError):
+                except BlockingIOError:  # nothing yet: wait (a flood never gets here)
+                    self._wait_readable()
+                    continue
+                except InterruptedError:
                     continue
                 except OSError as exc:
                     self.error = exc.strerror
@@ -142,6 +144,12 @@ class PipeDrain:
             with self._cond:
                 self.eof = True
                 self._cond.notify_all()
+
+    def _wait_readable(self) -> None:
+        try:
+            self._poll.poll()
+        except InterruptedError:
+            pass
 
     def catch_up(self, timeout_s: float) -> bool:
         """Wait until everything in the pipe right now is framed (or EOF); then cut a pending partial.
