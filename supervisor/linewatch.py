@@ -2,9 +2,10 @@
 built-in formats, posted to the loop sparingly.
 
 :class:`LineMatcher` finds the last step in a frame of lines; :class:`LineWatcher` is one
-run's callback on its drain threads: it matches every frame and posts a :class:`LinesSeen`
-message to the loop's inbox (the first step at once, later ones at most four times a
-second, bare output as liveness at most once a second).  The loop turns those messages
+run's callback on its drain threads: it matches frames (every one until the first step, then
+at most 50 a second and the newest before each post) and posts a :class:`LinesSeen` message
+to the loop's inbox (the first step at once, later ones at most four times a second, bare
+output as liveness at most once a second).  The loop turns those messages
 into :class:`~dflashd.supervisor.progress.Progress` (:mod:`observe`).
 """
 
@@ -122,16 +123,21 @@ def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:
 
 LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second
 STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most four times a second
+MATCH_EVERY_S: Final = 0.02  # after the first step, frames are matched at most 50 times a second
+MATCH_BACK: Final = 8  # waiting frames matched, newest first, before a post
 LineTap = Callable[[int, str, Frame], None]
 
 
 class LineWatcher:
-    """The drain threads' callback for one run: match every frame, post sparingly.
+    """The drain threads' callback for one run: match sparingly, post sparingly.
 
-    Matching is cheap (formats.py bounds it); waking the loop is not, so only the first step
-    goes at once; later steps are kept as ``pending`` and the latest is posted at most every
-    ``STEP_POST_S``.  :meth:`flush` hands over what is pending when the child dies, so the
-    exit record carries the last step it printed.
+    Waking the loop is dear, so only the first step goes at once; later steps are kept as
+    ``pending`` and the latest is posted at most every ``STEP_POST_S``.  Matching costs tens
+    of microseconds a frame, so once the first step is posted a frame is matched at most
+    every ``MATCH_EVERY_S``; the frames in between wait, unmatched, and before anything is
+    posted the newest of them are matched, newest first, until one holds a step: a message
+    still carries the latest step printed.  :meth:`flush` hands over what is pending when
+    the child dies, so the exit record carries the last step it printed.
     """
 
     def __init__(
@@ -151,8 +157,10 @@ class LineWatcher:
         )
         self._lock = threading.Lock()
         self._last_post = float("-inf")
+        self._last_match = float("-inf")
         self._stepped = False
         self._pending: LineProgress | None = None
+        self._unmatched: list[Frame] = []  # since the last match, oldest first
         self._last_frame: Frame | None = None  # decoded only when a message is posted
         self.agent_scan: Callable[[Frame], list[AgentLine]] | None = None  # a torchrun job's
         self._agent: list[AgentLine] = []
@@ -160,21 +168,38 @@ class LineWatcher:
     def __call__(self, src: str, frame: Frame) -> None:
         if self._tap is not None:
             self._tap(self.run_no, src, frame)
-        found = self._matcher.match(frame)
         agent = self.agent_scan(frame) if self.agent_scan is not None else []
         now = self._monotonic()
         with self._lock:
-            if found is not None:
-                self._pending = _merged(self._pending, found)
             self._last_frame = frame
             self._agent.extend(agent)
+            self._unmatched.append(frame)
+            if not self._stepped or now - self._last_match >= MATCH_EVERY_S:
+                self._match_unmatched(now)
             # The first step, and what the agent says (rare), go at once.
-            first = (found is not None and not self._stepped) or bool(agent)
-            wait = STEP_POST_S if self._pending is not None else LIVENESS_POST_S
-            if not first and now - self._last_post < wait:
+            first = (self._pending is not None and not self._stepped) or bool(agent)
+            waiting = self._pending is not None or self._unmatched
+            if not first and now - self._last_post < (STEP_POST_S if waiting else LIVENESS_POST_S):
                 return
+            self._match_unmatched(now)
             message = self._take(now)
         self._post(message)
+
+    def _match_unmatched(self, now: float) -> None:
+        """Match the waiting frames newest first, up to the first that holds a step."""
+        if not self._unmatched:
+            return
+        found: list[LineProgress] = []
+        for frame in reversed(self._unmatched[-MATCH_BACK:]):
+            progress = self._matcher.match(frame)
+            if progress is not None:
+                found.append(progress)
+                if progress.step is not None:
+                    break
+        for progress in reversed(found):  # oldest first: the newer wins in _merged
+            self._pending = _merged(self._pending, progress)
+        self._unmatched.clear()
+        self._last_match = now
 
     def _take(self, now: float) -> LinesSeen:
         recent = self._last_frame.last_lines(8) if self._last_frame is not None else []
@@ -190,7 +215,9 @@ class LineWatcher:
     def due(self) -> float | None:
         """When a pending step must be posted even if no more output comes (monotonic)."""
         with self._lock:
-            return None if self._pending is None else self._last_post + STEP_POST_S
+            if self._pending is None and not self._unmatched:
+                return None
+            return self._last_post + STEP_POST_S
 
     def flush_if_due(self, now: float) -> bool:
         """Post a pending step whose time has come; True when something was posted."""
@@ -205,6 +232,8 @@ class LineWatcher:
         with self._lock:
             if self._pending is None and self._last_frame is None and not self._agent:
                 return
-            message = self._take(self._monotonic())
+            now = self._monotonic()
+            self._match_unmatched(now)
+            message = self._take(now)
             self._last_frame = None
         self._post(message)

@@ -1,0 +1,102 @@
+"""The drain threads' watcher: the first step at once, matching sparingly after it, and every
+message (and the exit's flush) still carrying the latest step printed."""
+
+from __future__ import annotations
+
+from dflashd.logs.framer import Frame, LineFramer
+from dflashd.supervisor.linewatch import (
+    MATCH_EVERY_S,
+    STEP_POST_S,
+    LineMatcher,
+    LineProgress,
+    LinesSeen,
+    LineWatcher,
+)
+
+
+class CountingMatcher(LineMatcher):
+    """The built-in formats, counting the frames they were asked about."""
+
+    def __init__(self) -> None:
+        super().__init__("", "", True)
+        self.calls = 0
+
+    def match(self, frame: Frame) -> LineProgress | None:
+        self.calls += 1
+        return super().match(frame)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def frame(text: str) -> Frame:
+    out = LineFramer().feed(text.encode())
+    assert out is not None
+    return out
+
+
+def make() -> tuple[LineWatcher, CountingMatcher, Clock, list[LinesSeen]]:
+    matcher, clock, posted = CountingMatcher(), Clock(), []
+    return LineWatcher(1, matcher, clock, posted.append), matcher, clock, posted
+
+
+def test_every_frame_is_matched_until_the_first_step_which_goes_at_once() -> None:
+    watcher, matcher, _clock, posted = make()
+    for i in range(5):
+        watcher("stdout", frame(f"loading shard {i}\n"))
+    assert matcher.calls == 5
+    watcher("stdout", frame("step 1 loss 9.5\n"))
+    assert [m.progress.step for m in posted if m.progress] == [1]
+    assert posted[-1].progress is not None and posted[-1].progress.loss == 9.5
+
+
+def test_a_flood_after_the_first_step_is_matched_sparingly_and_posts_the_latest_step() -> None:
+    watcher, matcher, clock, posted = make()
+    watcher("stdout", frame("step 1 loss 9.5\n"))
+    matcher.calls = 0
+    # 1,000 frames in 0.2 s: within one post interval, one match every MATCH_EVERY_S at most.
+    for i in range(2, 1002):
+        clock.now += 0.0002
+        watcher("stdout", frame(f"step {i} loss 2.0\n"))
+    assert matcher.calls <= 0.2 / MATCH_EVERY_S + 1
+    assert len(posted) == 1  # nothing was due yet
+    # The newest frames hold no step; a frame before them, never matched, held the latest.
+    clock.now += 0.001
+    watcher("stdout", frame("step 1002 loss 1.5\n"))
+    for _ in range(3):
+        watcher("stdout", frame("saving checkpoint\n"))
+    clock.now += STEP_POST_S
+    watcher("stdout", frame("checkpoint saved\n"))
+    assert posted[-1].progress is not None
+    assert (posted[-1].progress.step, posted[-1].progress.loss) == (1002, 1.5)
+    assert posted[-1].last_line == "checkpoint saved"
+
+
+def test_the_exit_flush_carries_the_last_step_even_unmatched() -> None:
+    watcher, _matcher, clock, posted = make()
+    watcher("stdout", frame("step 1 loss 9.5\n"))
+    clock.now += 0.001
+    watcher("stdout", frame("step 2 loss 9.0\n"))  # within MATCH_EVERY_S: waits unmatched
+    watcher("stderr", frame("Traceback (most recent call last):\n"))
+    assert watcher.due() is not None  # a step may be waiting in an unmatched frame
+    watcher.flush()
+    assert posted[-1].progress is not None and posted[-1].progress.step == 2
+    assert posted[-1].last_line == "Traceback (most recent call last):"
+
+
+def test_a_waiting_frame_is_posted_when_due_with_no_more_output() -> None:
+    watcher, _matcher, clock, posted = make()
+    watcher("stdout", frame("step 1 loss 9.5\n"))
+    clock.now += 0.001
+    watcher("stdout", frame("step 2 loss 9.0\n"))
+    due = watcher.due()
+    assert due is not None and due == 100.0 + STEP_POST_S
+    assert not watcher.flush_if_due(due - 0.01)
+    assert watcher.flush_if_due(due)
+    assert posted[-1].progress is not None and posted[-1].progress.step == 2
+    assert watcher.due() is None
