@@ -1,7 +1,7 @@
 """daemon.log, bounded: the detached daemon's own log rotates by size and count, like the run log.
 
 The detached daemon's stdout and stderr are ``daemon.log`` (so a traceback from a C library
-or a stray ``print`` lands there too).  :class:`DaemonLog` is the stream structlog writes to:
+or a stray ``print`` lands there too).  :class:`DaemonLog` is the stream dflashd's own log writes to:
 after each write it looks at the file's size (one ``fstat``) and, past ``max_bytes``, renames
 ``daemon.log`` → ``.1`` → … → ``.N`` (the oldest dropped), opens a fresh ``daemon.log`` and
 ``dup2``\\ s it onto fds 1 and 2, so stray writes follow.  At most ``backups + 1`` files of

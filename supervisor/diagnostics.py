@@ -1,44 +1,82 @@
-"""dflashd's own log (not the run log): structlog, rendered for where it goes.
+"""dflashd's own log (not the run log): events as snake_case facts with key-value fields,
+rendered for where they go.
 
-- a terminal: structlog's console renderer, colours only on a TTY and never with NO_COLOR;
+- a terminal: ``time [level] event key=value``, colours only on a TTY and never with NO_COLOR;
 - the journal (``JOURNAL_STREAM`` set: systemd connected our stderr to journald): one
   ``key=value`` line per event behind an sd-daemon priority prefix (``<3>`` error, ``<4>``
   warning, ``<6>`` info, ``<7>`` debug), so ``journalctl -p err -u dflashd`` finds the crashes;
   journald adds the time;
 - anything else (daemon.log for the detached daemon, a pipe): one JSON object per line.
 
-Context is bound per run (``run``, ``pid``) with structlog's contextvars.  The run log keeps its
-own schema on its fast path; this log is for dflashd's events and diagnostics.
+Context is bound once per run (``run``, ``pid``) through a context variable.  The run log keeps
+its own schema on its fast path; this log is for dflashd's events and diagnostics.
+
+It is dflashd's own, some 150 lines, where it used structlog before: structlog's import
+brought asyncio (and rich, where installed) into a daemon that must stay small, about 7 MiB
+of resident memory and 0.1 s of start-up for three renderers and a context variable.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as _dt
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
-from typing import Any, Final, Protocol, TextIO, cast
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from typing import Any, Final, Protocol
 
 import orjson
-import structlog
 
 _LEVELS: Final = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 # sd-daemon(3): <3> SD_ERR, <4> SD_WARNING, <6> SD_INFO, <7> SD_DEBUG.
 JOURNAL_PRIORITY: Final = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+_LEVEL_COLOURS: Final = {
+    "debug": "\x1b[34m",
+    "info": "\x1b[32m",
+    "warning": "\x1b[33m",
+    "error": "\x1b[31;1m",
+    "critical": "\x1b[31;1m",
+}
+_context: ContextVar[dict[str, Any]] = ContextVar("dflashd_log_context")
+
+Renderer = Callable[[str, str, dict[str, Any]], str]  # (level, event, fields) -> one line
 
 
-def _json(obj: Any, **_kw: Any) -> str:
-    return orjson.dumps(obj, default=str).decode()
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class JournalRenderer:
-    """``<6>event key=value …``: the priority prefix journald reads, then logfmt-like text."""
+def render_journal(level: str, event: str, fields: dict[str, Any]) -> str:
+    """``<6>event='launched' run=4 pid=99``: the priority prefix journald reads, then key=repr."""
+    pairs = " ".join(f"{key}={value!r}" for key, value in fields.items())
+    return f"<{JOURNAL_PRIORITY.get(level, 6)}>event={event!r}" + (f" {pairs}" if pairs else "")
 
-    def __init__(self) -> None:
-        self._kv = structlog.processors.KeyValueRenderer(key_order=["event"], drop_missing=True)
 
-    def __call__(self, logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> str:
-        level = str(event_dict.pop("level", "info"))
-        return f"<{JOURNAL_PRIORITY.get(level, 6)}>{self._kv(logger, name, event_dict)}"
+def render_json(level: str, event: str, fields: dict[str, Any]) -> str:
+    """One JSON object: the fields, then ``event``, ``level`` and a UTC ``timestamp``."""
+    record = {**fields, "event": event, "level": level, "timestamp": _utc_now()}
+    return orjson.dumps(record, default=str).decode()
+
+
+def console_renderer(colours: bool) -> Renderer:
+    """``2026-12-01T12:00:00.000000Z [error    ] exit  run=3 verdict=crashed``."""
+    dim, bright, key_colour, reset = (
+        ("\x1b[2m", "\x1b[1m", "\x1b[36m", "\x1b[0m") if colours else ("", "", "", "")
+    )
+
+    def render(level: str, event: str, fields: dict[str, Any]) -> str:
+        shade = _LEVEL_COLOURS.get(level, "") if colours else ""
+        pairs = " ".join(
+            f"{key_colour}{key}{reset}={value if isinstance(value, str) else repr(value)}"
+            for key, value in fields.items()
+        )
+        return (
+            f"{dim}{_utc_now()}{reset} [{shade}{level:<9}{reset}] {bright}{event:<24}{reset} {pairs}"
+        ).rstrip()
+
+    return render
 
 
 class LogStream(Protocol):
@@ -80,43 +118,95 @@ class SurvivingStream:
             return False
 
 
-def renderer_for(stream: LogStream, environ: Mapping[str, str]) -> Any:
-    """The last processor: journal, console or JSON (see the module doc)."""
+def renderer_for(stream: LogStream, environ: Mapping[str, str]) -> Renderer:
+    """The renderer for ``stream``: journal, console or JSON (see the module doc)."""
     if environ.get("JOURNAL_STREAM"):
-        return JournalRenderer()
+        return render_journal
     if stream.isatty():
-        return structlog.dev.ConsoleRenderer(colors="NO_COLOR" not in environ)
-    return structlog.processors.JSONRenderer(serializer=_json)
+        return console_renderer(colours="NO_COLOR" not in environ)
+    return render_json
+
+
+class _Sink:
+    """Where events go now: a stream and its renderer, above a level (or a capture list)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stream: LogStream = SurvivingStream(sys.stderr)
+        self.render: Renderer = renderer_for(self.stream, os.environ)
+        self.min_level = _LEVELS["info"]
+        self.captured: list[dict[str, Any]] | None = None
+
+    def emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        merged = {**_context.get({}), **fields}
+        with self.lock:
+            if self.captured is not None:
+                self.captured.append({**merged, "event": event, "log_level": level})
+                return
+            if _LEVELS[level] < self.min_level:
+                return
+            self.stream.write(self.render(level, event, merged) + "\n")
+            self.stream.flush()
+
+
+_SINK: Final = _Sink()
 
 
 def configure_logging(
     level: str = "info", stream: LogStream | None = None, environ: Mapping[str, str] | None = None
 ) -> None:
     """Route dflashd's own log to ``stream`` (stderr by default), rendered for it."""
-    stream = SurvivingStream(stream or sys.stderr)
-    environ = os.environ if environ is None else environ
-    renderer = renderer_for(stream, environ)
-    processors: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-    ]
-    if not isinstance(renderer, JournalRenderer):
-        processors.append(structlog.processors.TimeStamper(fmt="iso", utc=True))
-    processors.append(renderer)
-    structlog.configure(
-        processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        # PrintLogger needs only write() and flush(): any LogStream will do.
-        logger_factory=structlog.PrintLoggerFactory(file=cast("TextIO", stream)),
-        cache_logger_on_first_use=False,  # structlog.testing.capture_logs must see every call
-    )
+    surviving = SurvivingStream(stream or sys.stderr)
+    renderer = renderer_for(surviving, os.environ if environ is None else environ)
+    with _SINK.lock:
+        _SINK.stream, _SINK.render, _SINK.min_level = surviving, renderer, _LEVELS[level]
 
 
-def get_logger(name: str = "dflashd") -> Any:
-    """A structlog logger: ``log.info("event", key=value)``."""
-    return structlog.get_logger(name)
+class Logger:
+    """``log.info("event", key=value)``: one event, its fields, the bound context."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def debug(self, event: str, **fields: Any) -> None:
+        """An event at debug level."""
+        _SINK.emit("debug", event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        """An event at info level."""
+        _SINK.emit("info", event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        """An event at warning level."""
+        _SINK.emit("warning", event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        """An event at error level."""
+        _SINK.emit("error", event, fields)
+
+    def critical(self, event: str, **fields: Any) -> None:
+        """An event at critical level."""
+        _SINK.emit("critical", event, fields)
+
+
+def get_logger(name: str = "dflashd") -> Logger:
+    """A logger: ``log.info("event", key=value)``."""
+    return Logger(name)
 
 
 def bind_run(**context: Any) -> None:
-    """Bind ``run``/``pid`` to every later event of this thread (the loop)."""
-    structlog.contextvars.bind_contextvars(**context)
+    """Bind ``run``/``pid`` to every later event of this context (the loop's thread)."""
+    _context.set({**_context.get({}), **context})
+
+
+@contextlib.contextmanager
+def capture_logs() -> Iterator[list[dict[str, Any]]]:
+    """Every event inside the block as a dict (``log_level`` added), none written: for tests."""
+    captured: list[dict[str, Any]] = []
+    with _SINK.lock:
+        previous, _SINK.captured = _SINK.captured, captured
+    try:
+        yield captured
+    finally:
+        with _SINK.lock:
+            _SINK.captured = previous

@@ -1,4 +1,4 @@
-"""dflashd's own log through structlog: captured in tests, rendered for the journal, JSON, console."""
+"""dflashd's own log: captured in tests, rendered for the journal, JSON, console."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import structlog
-from structlog.testing import capture_logs
-
-from dflashd.supervisor.diagnostics import configure_logging, get_logger
+from dflashd.supervisor.diagnostics import capture_logs, configure_logging, get_logger
 from tests.harness import Harness
 
 
@@ -31,7 +28,7 @@ def _render(environ: dict[str, str], tty: bool) -> str:
         get_logger().error("exit", run=3, verdict="crashed")
         get_logger().info("launched", run=4, pid=99)
     finally:
-        structlog.reset_defaults()
+        configure_logging()  # back to stderr
     return stream.getvalue()
 
 
@@ -52,7 +49,33 @@ def test_daemon_log_is_one_json_object_per_line() -> None:
 def test_console_has_colours_only_without_no_color() -> None:
     """A terminal gets colours, unless NO_COLOR is set."""
     assert "\x1b[" in _render({}, tty=True)
-    assert "\x1b[" not in _render({"NO_COLOR": "1"}, tty=True)
+    plain = _render({"NO_COLOR": "1"}, tty=True).splitlines()
+    assert "\x1b[" not in "".join(plain)
+    assert "[error    ] exit" in plain[0] and plain[0].endswith("run=3 verdict=crashed")
+    assert plain[1].endswith("launched                 run=4 pid=99")
+
+
+def test_context_is_bound_once_and_debug_is_filtered() -> None:
+    """bind_run's fields go with every later event of the thread; below the level, nothing."""
+    import contextvars
+
+    from dflashd.supervisor.diagnostics import bind_run
+
+    def logged() -> str:
+        stream = _Stream(False)
+        configure_logging("info", stream=stream, environ={})
+        try:
+            bind_run(run=7, pid=70)
+            get_logger().debug("not_shown")
+            get_logger().warning("shown", extra=1)
+        finally:
+            configure_logging()
+        return stream.getvalue()
+
+    lines = contextvars.copy_context().run(logged).splitlines()
+    assert len(lines) == 1
+    record = json.loads(lines[0])
+    assert (record["run"], record["pid"], record["extra"], record["level"]) == (7, 70, 1, "warning")
 
 
 def test_one_call_writes_the_record_and_the_log_line(tmp_path: Path) -> None:
