@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
+from dflashd.logs.linecodec import CODEC
 from dflashd.supervisor import __version__
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
@@ -101,6 +102,7 @@ def status_view(source: StatusSource) -> StatusView:
         "elastic": _elastic(run, ledger, now_mono),
         "custody": source.ops.mode,
         "stacks_tool": source.dumps.tool(),
+        "log_codec": CODEC.implementation,
     }
     if alive and run is not None and run.pid is not None:
         view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}

@@ -78,6 +78,7 @@ class StatusView(TypedDict):
     elastic: dict[str, Any] | None  # a torchrun job: its rendezvous and the restarts it handled
     custody: str  # how runs own their processes: "cgroup" or "pidfd"
     stacks_tool: str  # "py-spy 0.4.3", or why live stack dumps are unavailable
+    log_codec: str  # the log path's inner loops: "c", or "python" where the C build is missing
     child: NotRequired[ChildIdentity]  # present while a child lives
 
 

@@ -161,6 +161,10 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
     tool = status.get("stacks_tool")
     if isinstance(tool, str):  # live stack dumps (dflashd stacks): the tool, or why there is none
         rows.append(("stacks", paint(tool, "yellow") if tool.startswith("unavailable") else tool))
+    if status.get("log_codec") == "python":  # the C inner loops were not built: a slower log path
+        rows.append(
+            ("log codec", paint("python (no C build: about half the log throughput)", "yellow"))
+        )
     for gpu in gpus:
         util = gpu.get("utilization_pct")
         text = (
