@@ -3,7 +3,7 @@ or the daemon's path).
 
 The writer hands over each file it rotates as an open file (so a later rotation that renames
 it changes nothing: the helper reads the inode it was given, through the inherited
-descriptor).  One thread here starts the helper (logs/squeeze.py: nice 19, idle I/O class)
+descriptor).  One thread here starts the helper (logs/squeeze.py; it sets it to nice 19, idle I/O class)
 for each burst of files and waits for it (a wait holds no GIL); the helper writes a temporary
 name outside the numbered set, then the thread asks the writer, under the writer's lock, to
 put it in place: the file's current name (found by inode) gets a ``.zst`` (or ``.gz``) twin
@@ -16,6 +16,7 @@ stays plain and is read as such, and the next daemon compresses it.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import queue
 import subprocess
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Final
 
-from dflashd.logs.packed import GZ_SUFFIX, ZST_SUFFIX, zstd_available
+from dflashd.logs.packed import GZ_SUFFIX, ZST_SUFFIX, zstd_home
 
 TMP_PREFIX: Final = ".compressing-"
 SQUEEZE: Final = Path(__file__).with_name("squeeze.py")
@@ -49,7 +50,8 @@ class Compressor:
         codec: str | None = None,
     ) -> None:
         self.directory, self._lock, self._rotated = directory, lock, rotated
-        self.codec = codec or ("zstd" if zstd_available() else "gzip")
+        self._zstd_home = zstd_home()
+        self.codec = codec or ("zstd" if self._zstd_home is not None else "gzip")
         self.suffix = ZST_SUFFIX if self.codec == "zstd" else GZ_SUFFIX
         self._jobs: queue.SimpleQueue[tuple[BinaryIO, tuple[int, int]] | None] = queue.SimpleQueue()
         self._idle = threading.Condition()
@@ -94,14 +96,9 @@ class Compressor:
 
     def _squeeze(self, jobs: list[tuple[BinaryIO, Path]]) -> None:
         """One helper for a burst of files; each output appears only when whole."""
-        # The script by its path: the helper imports nothing of dflashd (a faster start).
-        argv = [
-            sys.executable,
-            "-P",
-            str(SQUEEZE),
-            self.codec,
-            str(os.getpid()),
-        ]  # -P: no logs/ on sys.path
+        # The script by its path, isolated and without site: it imports nothing of dflashd and
+        # finds zstandard where the daemon says (a start of ~25 ms instead of ~50).
+        argv = [sys.executable, "-I", "-S", str(SQUEEZE), self.codec, str(os.getpid())]
         argv += [f"{fh.fileno()}={tmp}" for fh, tmp in jobs]
         helper = subprocess.Popen(
             argv,
@@ -109,8 +106,10 @@ class Compressor:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env={"DFLASHD_ZSTD_HOME": self._zstd_home} if self._zstd_home else {},
         )
         self.helper_pid = helper.pid
+        lowest_priority(helper.pid)
         try:
             helper.wait()  # the exit status may be the reaper's: the files say what was done
         finally:
@@ -150,6 +149,22 @@ class Compressor:
             with self._idle:
                 self._pending -= len(jobs)
                 self._idle.notify_all()
+
+
+_IOPRIO_WHO_PROCESS: Final = 1
+_IOPRIO_CLASS_IDLE: Final = 3
+_SYS_IOPRIO_SET: Final = {"x86_64": 251, "aarch64": 30}.get(os.uname().machine)
+
+
+def lowest_priority(pid: int) -> None:
+    """Nice 19 and the idle I/O class for ``pid`` (our unreaped helper: its pid is ours)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+    except OSError:
+        return  # already gone
+    if _SYS_IOPRIO_SET is not None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, pid, _IOPRIO_CLASS_IDLE << 13)
 
 
 def remove_stale_tmp(directory: Path) -> None:

@@ -10,6 +10,7 @@ exception that would blind every reader of the set.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import sys
 import zlib
 from collections.abc import Callable, Iterator
@@ -23,13 +24,16 @@ PACKED_SUFFIXES: Final = (ZST_SUFFIX, GZ_SUFFIX)
 _GZ_ERRORS: Final = (EOFError, OSError, zlib.error)  # truncated, not gzip at all, corrupt
 
 
-def zstd_available() -> bool:
-    """The ``zstandard`` binding imports (the compressor then writes ``.zst``)."""
+def zstd_home() -> str | None:
+    """The folder holding the ``zstandard`` binding, found without importing it (the daemon
+    stays small; the compression helper loads it), or None where it is not installed."""
     try:
-        import zstandard  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        spec = importlib.util.find_spec("zstandard")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    return str(Path(spec.origin).parent.parent)
 
 
 def packed_suffix(name: str) -> str:

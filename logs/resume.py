@@ -24,6 +24,49 @@ def rotated_paths(directory: Path, basename: str, backups: int) -> list[Path]:
     return [directory / f"{basename}.{i}" for i in range(backups, 0, -1)] + [directory / basename]
 
 
+def numbered_files(directory: Path, basename: str) -> dict[int, list[str]]:
+    """The set's rotated files present now, by number: ``{3: ["base.3.zst"], 1: ["base.1"]}``.
+
+    One directory scan, whatever ``backups`` is (a rotation used to stat every possible name).
+    """
+    prefix = basename + "."
+    found: dict[int, list[str]] = {}
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return found
+    for name in entries:
+        if not name.startswith(prefix):
+            continue
+        number, dot, _suffix = name[len(prefix) :].partition(".")
+        if number.isdigit() and number[0] != "0" and (not dot or name.endswith(PACKED_SUFFIXES)):
+            found.setdefault(int(number), []).append(name)
+    return found
+
+
+def shift_rotated(directory: Path, basename: str, backups: int) -> None:
+    """Make room for a new ``base.1``: ``base.N`` (in any form) becomes ``base.N+1``, and
+    ``base.<backups>`` goes.  Numbers above ``backups`` (a larger bound before) stay as they are."""
+    present = numbered_files(directory, basename)
+    for number in sorted((n for n in present if n <= backups), reverse=True):
+        for name in present[number]:
+            if number == backups:  # the oldest goes, in any form
+                (directory / name).unlink(missing_ok=True)
+                continue
+            suffix = name[len(f"{basename}.{number}") :]
+            os.rename(directory / name, directory / f"{basename}.{number + 1}{suffix}")
+
+
+def plain_rotated(directory: Path, basename: str, backups: int) -> list[Path]:
+    """The set's rotated files not yet compressed, oldest first, as named now."""
+    present = numbered_files(directory, basename)
+    return [
+        directory / f"{basename}.{number}"
+        for number in sorted((n for n in present if n <= backups), reverse=True)
+        if f"{basename}.{number}" in present[number]
+    ]
+
+
 def _last_complete_line(path: Path) -> tuple[bytes | None, int]:
     """The last newline-terminated line of ``path`` and the size of the file up to its end.
 

@@ -27,9 +27,8 @@ from typing import Any, Final
 
 from dflashd.logs.compress import Compressor, remove_stale_tmp
 from dflashd.logs.framer import Frame
-from dflashd.logs.packed import PACKED_SUFFIXES
 from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
-from dflashd.logs.resume import recover_tail, rotated_paths
+from dflashd.logs.resume import plain_rotated, recover_tail, shift_rotated
 
 DEFAULT_BASENAME: Final = "dflashd.jsonl"
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
@@ -103,10 +102,9 @@ class RotatingLogWriter:
         self.compressor: Compressor | None = None  # rotated files' helper (drain: tests)
         if compress:
             remove_stale_tmp(self.directory)
-            rotated = lambda: rotated_paths(self.directory, self.basename, self.backups)[:-1]  # noqa: E731
-            self.compressor = Compressor(self.directory, self._lock, rotated)
-            for path in rotated_paths(self.directory, self.basename, self.backups)[:-1]:
-                self._submit(path)  # plain rotated files a previous daemon left uncompressed
+            self.compressor = Compressor(self.directory, self._lock, self._plain_rotated)
+            for path in self._plain_rotated():  # what a previous daemon left plain, oldest first
+                self._submit(path)
 
     # -- opening and recovery ---------------------------------------------------------
 
@@ -286,15 +284,7 @@ class RotatingLogWriter:
             if self.backups == 0:
                 os.unlink(self.path)
             else:
-                for suffix in ("", *PACKED_SUFFIXES):  # the oldest goes, in any form
-                    (self.directory / f"{self.basename}.{self.backups}{suffix}").unlink(
-                        missing_ok=True
-                    )
-                for i in range(self.backups - 1, 0, -1):
-                    for suffix in ("", *PACKED_SUFFIXES):
-                        older = self.directory / f"{self.basename}.{i}{suffix}"
-                        if older.exists():
-                            os.rename(older, self.directory / f"{self.basename}.{i + 1}{suffix}")
+                shift_rotated(self.directory, self.basename, self.backups)
                 newest = self.directory / f"{self.basename}.1"
                 os.rename(self.path, newest)
                 self._submit(newest)
@@ -324,6 +314,9 @@ class RotatingLogWriter:
                 rotations=self._rotations,
                 last_error=self._last_error,
             )
+
+    def _plain_rotated(self) -> list[Path]:
+        return plain_rotated(self.directory, self.basename, self.backups)
 
     def _submit(self, path: Path) -> None:
         """Hand a rotated file to the compressor (opened now, so later renames do not matter)."""

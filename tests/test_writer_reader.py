@@ -211,3 +211,34 @@ def test_sink_writes_in_submission_order_and_flushes(tmp_path: Path) -> None:
     kinds = [r.event if isinstance(r, EventRecord) else r.line for r in read_records(tmp_path)]
     assert kinds == ["spawn", "one", "two", "exit"]
     sink.close()
+
+
+def test_a_rotation_shifts_only_the_files_present_in_any_form(tmp_path: Path) -> None:
+    """One directory scan: base.N (plain, .zst or .gz) moves up one; base.<backups> goes; a
+    number above the bound (an older, larger setting) and foreign names stay."""
+    from dflashd.logs.resume import numbered_files, plain_rotated, shift_rotated
+
+    for name in (
+        "run.jsonl.1",
+        "run.jsonl.2.zst",
+        "run.jsonl.3.gz",
+        "run.jsonl.5",
+        "run.jsonl.2.zst.part",
+        "other.1",
+    ):
+        (tmp_path / name).write_text(name)
+    assert plain_rotated(tmp_path, "run.jsonl", 3) == [tmp_path / "run.jsonl.1"]
+    shift_rotated(tmp_path, "run.jsonl", 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "other.1",
+        "run.jsonl.2",
+        "run.jsonl.2.zst.part",
+        "run.jsonl.3.zst",
+        "run.jsonl.5",
+    ]
+    assert (tmp_path / "run.jsonl.3.zst").read_text() == "run.jsonl.2.zst"
+    assert numbered_files(tmp_path, "run.jsonl") == {
+        2: ["run.jsonl.2"],
+        3: ["run.jsonl.3.zst"],
+        5: ["run.jsonl.5"],
+    }

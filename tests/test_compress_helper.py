@@ -1,0 +1,90 @@
+"""The compression helper (logs/squeeze.py) as the daemon starts it: isolated, without site,
+zstandard's backend loaded from its file, its priority set from outside, and giving up when
+the daemon that wanted the work is gone."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import zstandard
+
+from dflashd.logs.compress import SQUEEZE, lowest_priority
+from dflashd.logs.packed import zstd_home
+
+_SYS_IOPRIO_GET = 252  # x86_64
+_IOPRIO_WHO_PROCESS = 1
+
+
+def _helper(args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
+    home = zstd_home()
+    assert home is not None
+    return subprocess.run(
+        [sys.executable, "-I", "-S", str(SQUEEZE), *args],
+        env={"DFLASHD_ZSTD_HOME": home},
+        pass_fds=pass_fds,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_the_helper_loads_zstandards_backend_without_its_package_imports() -> None:
+    home = zstd_home()
+    assert home is not None
+    code = (
+        f"import sys; sys.path.insert(0, {str(SQUEEZE.parent)!r}); import squeeze;"
+        "m = squeeze.zstd_backend(); print(m.__name__, 'platform' in sys.modules,"
+        " 'typing' in sys.modules, 'ctypes' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code],
+        env={"DFLASHD_ZSTD_HOME": home},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["zstandard.backend_c", "False", "False", "False"]
+
+
+def test_the_helper_writes_a_whole_zst_that_decompresses_to_the_file(tmp_path: Path) -> None:
+    plain = tmp_path / "dflashd.jsonl.1"
+    data = b"".join(b'{"seq":%d,"line":"step %d"}\n' % (i, i) for i in range(200_000))
+    plain.write_bytes(data)
+    out = tmp_path / "out.zst"
+    with open(plain, "rb") as fh:
+        done = _helper(["zstd", str(os.getpid()), f"{fh.fileno()}={out}"], (fh.fileno(),))
+    assert done.returncode == 0, done.stderr
+    assert not Path(f"{out}.part").exists()
+    packed = out.read_bytes()
+    assert len(packed) * 10 < len(data)
+    assert zstandard.ZstdDecompressor().decompress(packed) == data  # content size in the header
+
+
+def test_the_helper_gives_up_when_its_daemon_is_gone(tmp_path: Path) -> None:
+    """Its parent is not the daemon it was started for (that daemon died): no output at all."""
+    plain = tmp_path / "dflashd.jsonl.1"
+    plain.write_bytes(b"x" * (3 << 20))
+    out = tmp_path / "out.zst"
+    with open(plain, "rb") as fh:
+        not_my_parent = os.getpid() + 1_000_000
+        done = _helper(["zstd", str(not_my_parent), f"{fh.fileno()}={out}"], (fh.fileno(),))
+    assert done.returncode == 1
+    assert not out.exists()  # a .part at most, which the next daemon removes
+
+
+def test_lowest_priority_is_nice_19_and_the_idle_io_class() -> None:
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        lowest_priority(sleeper.pid)
+        assert os.getpriority(os.PRIO_PROCESS, sleeper.pid) == 19
+        if os.uname().machine == "x86_64":
+            libc = ctypes.CDLL(None, use_errno=True)
+            ioprio = libc.syscall(_SYS_IOPRIO_GET, _IOPRIO_WHO_PROCESS, sleeper.pid)
+            assert ioprio >> 13 == 3  # IOPRIO_CLASS_IDLE
+    finally:
+        sleeper.kill()
+        sleeper.wait()
