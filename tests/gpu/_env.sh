@@ -9,6 +9,13 @@ fi
 mkdir -p "$SITE/dflashd"
 for pkg in supervisor trainer logs; do ln -s "$PWD/$pkg" "$SITE/dflashd/$pkg"; done
 export PYTHONPATH="$SITE:$PWD"
+# The log path's C loops: logs/_lines.cpython-312-*.so when it was built elsewhere and carried,
+# else built here where a compiler is; without either, the Python ones (status: log_codec).
+if ! compgen -G "logs/_lines.cpython-3*.so" >/dev/null; then
+    python3 setup.py -q build_ext --inplace --build-temp "$(mktemp -d)" >/dev/null 2>&1 || true
+fi
+python3 -c 'from dflashd.logs.linecodec import CODEC; print("log codec:", CODEC.implementation)'
+
 export PATH="$SITE/bin:$PATH"  # py-spy (a wheel in .whl/) installs its binary there
 OUT="${OUT:-$(mktemp -d)}"
 export OUT

@@ -57,6 +57,7 @@ with open(report, "w") as fh:
             "lines": count,
             "last_write": time.time(),
             "elapsed_s": elapsed,
+            "cpu_s": time.process_time(),  # the child's own CPU, all of it
         },
         fh,
     )

@@ -4,8 +4,9 @@ by side, and the helper's own CPU per GiB for zstd and gzip.
 A block flood of ``--mib`` MiB of step lines through the foreground daemon, 16 MiB files,
 nothing deleted.  Per run: the child's MiB/s, end to end (launch to the daemon's exit), the
 exit's hold (the child's last write to the daemon's exit), and the daemon's own CPU per GiB
-(sampled from /proc until it exits; the helper is a process of its own).  Then the helper
-alone on the same files: CPU per GiB and the ratio for zstd -3 and gzip -6.
+(sampled from /proc until it exits; the helper is a process of its own), and the helpers' CPU
+in the run, per GiB of log (every rotation's helper start included).  Then the helper alone on
+the same files (one start): CPU per GiB of log and the ratio for zstd -1 and gzip -6.
 
     python tests/perf/compress_cost.py [--mib 256] [--reps 3]
 """
@@ -26,6 +27,7 @@ from _bench import daemon_argv, process_cpu_s
 
 from dflashd.logs import read_records
 from dflashd.logs.compress import SQUEEZE
+from dflashd.logs.packed import zstd_home
 
 WRITER = Path(__file__).with_name("_writer_child.py")
 
@@ -41,18 +43,24 @@ def run(work: Path, mib: float, compress: bool) -> dict[str, float]:
     report = work / "report.json"
     argv = daemon_argv(home, config, [sys.executable, str(WRITER), "block", str(mib), str(report)])
     started = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     used = 0.0
     while proc.poll() is None:
         used = process_cpu_s(proc.pid) or used
         time.sleep(0.05)
     ended = time.monotonic()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The daemon, its job and every helper it reaped, minus the daemon and the job: the helpers.
+    family = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     ended_wall = time.time()
     import json
 
     rep = json.loads(report.read_text())
     files = list((home / "logs").iterdir())
     packed = [p for p in files if p.name.endswith((".zst", ".gz"))]
+    log_gib = sum(p.stat().st_size for p in files if not p.name.endswith((".zst", ".gz")))
+    log_gib = (log_gib + packed_input_bytes(packed)) / 2**30
     return {
         "child_mib_s": rep["mib_s"],
         "e2e_mib_s": mib / (ended - started),
@@ -60,7 +68,26 @@ def run(work: Path, mib: float, compress: bool) -> dict[str, float]:
         "daemon_cpu_s_per_gib": used / (mib / 1024),
         "packed_files": float(len(packed)),
         "log_mib_on_disk": sum(p.stat().st_size for p in files) / 2**20,
+        # Helpers' CPU (compression, and what else the daemon starts) per GiB of log written;
+        # "off" shows this estimate's own error (the daemon's last 50 ms are not sampled).
+        "helpers_cpu_s_per_log_gib": max(0.0, family - used - rep["cpu_s"]) / log_gib,
     }
+
+
+def packed_input_bytes(packed: list[Path]) -> int:
+    """What the packed files hold, uncompressed."""
+    total = 0
+    for path in packed:
+        with open(path, "rb") as fh:
+            if path.name.endswith(".zst"):
+                import zstandard
+
+                total += sum(len(c) for c in zstandard.ZstdDecompressor().read_to_iter(fh))
+            else:
+                import gzip
+
+                total += len(gzip.decompress(fh.read()))
+    return total
 
 
 def helper_cost(files: list[Path], codec: str, work: Path) -> tuple[float, float]:
@@ -75,8 +102,9 @@ def helper_cost(files: list[Path], codec: str, work: Path) -> tuple[float, float
         jobs.append(f"{fh.fileno()}={out}")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(
-        [sys.executable, str(SQUEEZE), codec, str(os.getpid()), *jobs],
+        [sys.executable, "-I", "-S", str(SQUEEZE), codec, str(os.getpid()), *jobs],
         pass_fds=tuple(f.fileno() for f in fds),
+        env={"DFLASHD_ZSTD_HOME": zstd_home() or ""},
         check=True,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -91,11 +91,14 @@ def supervisord(mode: str, mib: float, work: Path, venv: Path) -> tuple[float, f
     return json.loads(report.read_text())["mib_s"], used / (mib / 1024)
 
 
-def ensure_supervisord(venv: Path) -> bool:
+def ensure_supervisord(venv: Path, wheels: Path | None) -> bool:
     if (venv / "bin" / "supervisord").exists():
         return True
     done = subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False)
-    pip = [str(venv / "bin" / "pip"), "install", "-q", "supervisor>=4.2"]
+    offline = (
+        ["--no-index", "--find-links", str(wheels)] if wheels else []
+    )  # a host with no registry
+    pip = [str(venv / "bin" / "pip"), "install", "-q", *offline, "supervisor>=4.2"]
     return done.returncode == 0 and subprocess.run(pip, check=False).returncode == 0
 
 
@@ -107,13 +110,14 @@ def main() -> int:
     parser.add_argument(
         "--venv", type=Path, default=Path(tempfile.gettempdir()) / "dflashd-bench-venv"
     )
+    parser.add_argument("--wheels", type=Path, help="install supervisor from this folder, offline")
     parser.add_argument("--ci", action="store_true", help="short dflashd/direct check vs baseline")
     parser.add_argument("--record", action="store_true", help="write the ratios as the baseline")
     args = parser.parse_args()
     if args.ci:
         args.mib, args.reps, args.modes = 32, 3, "block,line"
     launchers = ["direct", "dflashd"] if args.ci else ["direct", "supervisord", "dflashd"]
-    if "supervisord" in launchers and not ensure_supervisord(args.venv):
+    if "supervisord" in launchers and not ensure_supervisord(args.venv, args.wheels):
         print("supervisord could not be installed; left out")
         launchers.remove("supervisord")
     ratios: dict[str, float] = {}
