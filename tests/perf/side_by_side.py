@@ -21,7 +21,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from _bench import daemon_argv, process_cpu_s
 
@@ -34,16 +36,29 @@ def child(mode: str, mib: float, report: Path) -> list[str]:
     return [sys.executable, str(WRITER), mode, str(mib), str(report)]
 
 
-def direct(mode: str, mib: float, work: Path) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Result:
+    mib_s: float  # the child's own, while it writes
+    e2e_mib_s: float  # from its first write to the launcher's exit (or its "exited" line)
+    cpu_s_per_gib: float  # the launcher's own CPU
+
+
+def result(mib: float, report: Path, ended_wall: float, cpu_s: float) -> Result:
+    rep = json.loads(report.read_text())
+    first_write = rep["last_write"] - rep["elapsed_s"]
+    return Result(rep["mib_s"], mib / (ended_wall - first_write), cpu_s / (mib / 1024))
+
+
+def direct(mode: str, mib: float, work: Path) -> Result:
     report = work / "r.json"
     with open(work / "direct.log", "wb") as out:
         subprocess.run(child(mode, mib, report), stdout=out, stderr=out, check=True)
-    return json.loads(report.read_text())["mib_s"], 0.0
+    return result(mib, report, time.time(), 0.0)
 
 
-def watch(proc: subprocess.Popen[bytes], report: Path, done: Path | None) -> float:
+def watch(proc: subprocess.Popen[bytes], report: Path, done: Path | None) -> tuple[float, float]:
     """The launcher's own CPU until it exits (``done``: its log, where it says the job
-    exited, after which it is sent SIGTERM)."""
+    exited, after which it is sent SIGTERM), and the wall time it exited or said so."""
     used = 0.0
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
@@ -51,28 +66,41 @@ def watch(proc: subprocess.Popen[bytes], report: Path, done: Path | None) -> flo
         said = done.read_text() if done is not None and done.exists() else ""
         if done is not None and report.exists() and "exited: job" in said:
             used = process_cpu_s(proc.pid) or used
+            ended = time.time()
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
-            break
-        time.sleep(0.05)
-    return used
+            return used, ended
+        time.sleep(0.01)
+    return used, time.time()
 
 
-def dflashd(mode: str, mib: float, work: Path) -> tuple[float, float]:
+# The daemon as a user runs it (zstd on), with compression off, and quiet with compression off.
+DFLASHD_VARIANTS: Final = {
+    "dflashd": ("true", ()),
+    "dflashd-plain": ("false", ()),
+    "dflashd-quiet": ("false", ("--quiet",)),
+}
+
+
+def dflashd(mode: str, mib: float, work: Path, variant: str) -> Result:
+    compress, flags = DFLASHD_VARIANTS[variant]
     report, home = work / "r.json", work / "home"
     subprocess.run(["rm", "-rf", str(home), str(report)], check=True)
     config = work / "d.toml"
-    config.write_text('gpus = "none"\n[restart]\nearly_retries = 0\n[logs]\ncompress = false\n')
-    proc = subprocess.Popen(
-        daemon_argv(home, config, child(mode, mib, report)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    config.write_text(
+        f'gpus = "none"\n[restart]\nearly_retries = 0\n[logs]\ncompress = {compress}\n'
     )
-    used = watch(proc, report, None)
-    return json.loads(report.read_text())["mib_s"], used / (mib / 1024)
+    with open(work / "echo.txt", "wb") as echo:  # the echo goes to a file, as under nohup
+        proc = subprocess.Popen(
+            daemon_argv(home, config, child(mode, mib, report), flags=flags),
+            stdout=echo,
+            stderr=subprocess.DEVNULL,
+        )
+        used, ended = watch(proc, report, None)
+    return result(mib, report, ended, used)
 
 
-def supervisord(mode: str, mib: float, work: Path, venv: Path) -> tuple[float, float]:
+def supervisord(mode: str, mib: float, work: Path, venv: Path) -> Result:
     report = work / "r.json"
     report.unlink(missing_ok=True)
     conf = work / "s.conf"
@@ -87,17 +115,16 @@ def supervisord(mode: str, mib: float, work: Path, venv: Path) -> tuple[float, f
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    used = watch(proc, report, work / "supervisord.log")
-    return json.loads(report.read_text())["mib_s"], used / (mib / 1024)
+    used, ended = watch(proc, report, work / "supervisord.log")
+    return result(mib, report, ended, used)
 
 
 def ensure_supervisord(venv: Path, wheels: Path | None) -> bool:
     if (venv / "bin" / "supervisord").exists():
         return True
     done = subprocess.run([sys.executable, "-m", "venv", str(venv)], check=False)
-    offline = (
-        ["--no-index", "--find-links", str(wheels)] if wheels else []
-    )  # a host with no registry
+    # --wheels: a host with no registry (the GPU machine) installs from a folder of wheels
+    offline = ["--no-index", "--find-links", str(wheels)] if wheels else []
     pip = [str(venv / "bin" / "pip"), "install", "-q", *offline, "supervisor>=4.2"]
     return done.returncode == 0 and subprocess.run(pip, check=False).returncode == 0
 
@@ -116,32 +143,42 @@ def main() -> int:
     args = parser.parse_args()
     if args.ci:
         args.mib, args.reps, args.modes = 32, 3, "block,line"
-    launchers = ["direct", "dflashd"] if args.ci else ["direct", "supervisord", "dflashd"]
+    launchers = (
+        ["direct", "dflashd-plain"] if args.ci else ["direct", "supervisord", *DFLASHD_VARIANTS]
+    )
     if "supervisord" in launchers and not ensure_supervisord(args.venv, args.wheels):
         print("supervisord could not be installed; left out")
         launchers.remove("supervisord")
     ratios: dict[str, float] = {}
     print(f"# side_by_side: {args.mib:g} MiB, {args.reps} reps, medians; {os.cpu_count()} CPUs")
+    print(
+        "# dflashd: zstd on (the default); -plain: compress = false; -quiet: --quiet, no compression"
+    )
     with tempfile.TemporaryDirectory(prefix="dflashd-side-") as tmp:
         work = Path(tmp)
         for mode in args.modes.split(","):
-            got: dict[str, list[tuple[float, float]]] = {name: [] for name in launchers}
+            got: dict[str, list[Result]] = {name: [] for name in launchers}
             for _ in range(args.reps):
                 for name in launchers:
                     if name == "direct":
                         got[name].append(direct(mode, args.mib, work))
-                    elif name == "dflashd":
-                        got[name].append(dflashd(mode, args.mib, work))
-                    else:
+                    elif name == "supervisord":
                         got[name].append(supervisord(mode, args.mib, work, args.venv))
-            base = statistics.median(m for m, _ in got["direct"])
-            print(f"\n## {mode}")
+                    else:
+                        got[name].append(dflashd(mode, args.mib, work, name))
+            base = statistics.median(r.mib_s for r in got["direct"])
+            e2e_base = statistics.median(r.e2e_mib_s for r in got["direct"])
+            print(
+                f"\n## {mode}   (MiB/s while the child writes; end to end: to the launcher's exit)"
+            )
             for name, values in got.items():
-                mib_s = statistics.median(m for m, _ in values)
-                cpu = statistics.median(c for _, c in values)
+                mib_s = statistics.median(r.mib_s for r in values)
+                e2e = statistics.median(r.e2e_mib_s for r in values)
+                cpu = statistics.median(r.cpu_s_per_gib for r in values)
                 ratios[f"{mode}:{name}"] = mib_s / base
                 print(
-                    f"{name:12s} {mib_s:8.1f} MiB/s  {mib_s / base:5.2f}x direct  launcher CPU {cpu:5.1f} s/GiB"
+                    f"{name:14s} {mib_s:8.1f} MiB/s {mib_s / base:5.2f}x   end to end"
+                    f" {e2e:8.1f} MiB/s {e2e / e2e_base:5.2f}x   launcher CPU {cpu:5.1f} s/GiB"
                 )
     if args.record:
         BASELINE.write_text(
