@@ -110,12 +110,19 @@ def supervisord(mode: str, mib: float, work: Path, venv: Path) -> Result:
         f"startsecs=0\nstdout_logfile={work}/job.out\nstderr_logfile={work}/job.err\n"
         "stdout_logfile_maxbytes=0\nstderr_logfile_maxbytes=0\n"
     )
+    # Without PYTHONPATH: a checkout on it (the GPU scripts put one there) has a folder named
+    # supervisor/ that would shadow supervisord's own package.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.Popen(
         [str(venv / "bin" / "supervisord"), "-c", str(conf)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
     )
     used, ended = watch(proc, report, work / "supervisord.log")
+    if not report.exists():
+        said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        raise SystemExit(f"supervisord did not run the job: {said.strip()[-500:]}")
     return result(mib, report, ended, used)
 
 
