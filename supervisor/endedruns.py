@@ -22,8 +22,16 @@ from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
 
 LEFTOVER_GRACE_S: Final = 3.0  # a dead run's leftovers: between SIGTERM and SIGKILL
+# Leftovers that hold no state of the job's, so no grace: SIGKILL at once.  Inductor's compile
+# workers outlive a SIGKILLed trainer and took 2.1 s of a 15 s warm restart to go on SIGTERM.
+STATELESS_LEFTOVERS: Final = ("torch/_inductor/compile_worker/",)
 LEFTOVER_POLL_S: Final = 0.1
 LEFTOVER_GIVE_UP_S: Final = 10.0  # SIGKILLed 7 s ago and still there: relaunch anyway
+
+
+def stateless(cmdline: str) -> bool:
+    """A leftover that holds nothing of the job's (a compile worker): it needs no grace."""
+    return any(marker in cmdline for marker in STATELESS_LEFTOVERS)
 
 
 class EndedRuns:
@@ -66,14 +74,18 @@ class EndedRuns:
         if self._leftovers_since is None:
             self._leftovers_since = now
             named = {str(pid): self.ops.cmdline(pid) for pid in sorted(pids)}
+            at_once = [int(pid) for pid, cmdline in named.items() if stateless(cmdline)]
             self.reporter.record(
                 run.run_no,
                 Event.ENDING_LEFTOVERS,
                 log_level="warning",
                 pids=named,
                 signal="SIGTERM",
+                sigkill_at_once=at_once,
                 by=custody.mode,
             )
+            for pid in at_once:
+                custody.signal_pid(pid, signal.SIGKILL)
             custody.signal_all(signal.SIGTERM)
             custody.signal_all(signal.SIGCONT)
             self._watch_until_empty(custody, run.run_no)

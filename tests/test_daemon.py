@@ -362,3 +362,27 @@ def test_detached_start_returns_after_launch_and_status_works(home: Path, tmp_pa
     stop = run_cli("stop", "--home", str(home), "--timeout", "0.5")
     assert stop.returncode == 0
     assert run_cli("status", "--home", str(home)).returncode == 3
+
+
+def test_a_compile_worker_left_behind_is_killed_at_once_not_after_the_grace(
+    start_daemon: Start, tmp_path: Path
+) -> None:
+    """Inductor's compile workers hold no state: SIGKILL at once, so the relaunch does not wait
+    the 3 s SIGTERM grace (this one ignores SIGTERM, so the grace would run out in full)."""
+    pids = tmp_path / "worker.pid"
+    daemon = start_daemon(
+        child("compile_worker_leftover.py", str(tmp_path / "site"), str(pids)),
+        restart={"runtime_retries": 1, "backoff_initial_s": 0.0},
+    )
+    assert daemon.wait() == 4
+    first_worker = int((tmp_path / "worker.pid.1").read_text())
+    ending = next(r for r in daemon.events("ending_leftovers") if r.run == 1)
+    assert ending.fields["sigkill_at_once"] == [first_worker]
+    assert str(first_worker) in ending.fields["pids"]
+    exited = next(r for r in daemon.events("exit") if r.run == 1)
+    relaunched = next(r for r in daemon.events("launched") if r.run == 2)
+    waited = parse_timestamp(relaunched.ts) - parse_timestamp(exited.ts)
+    assert waited < 2.0, f"relaunch {waited:.2f} s after the death"
+    assert not psutil.pid_exists(first_worker) or (
+        psutil.Process(first_worker).status() == psutil.STATUS_ZOMBIE
+    )

@@ -163,7 +163,10 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         rows.append(("stacks", paint(tool, "yellow") if tool.startswith("unavailable") else tool))
     if status.get("log_codec") == "python":  # the C inner loops were not built: a slower log path
         rows.append(
-            ("log codec", paint("python (no C build: about a third of the log throughput)", "yellow"))
+            (
+                "log codec",
+                paint("python (no C build: about a third of the log throughput)", "yellow"),
+            )
         )
     for gpu in gpus:
         util = gpu.get("utilization_pct")
