@@ -36,6 +36,11 @@ from dflashd.supervisor.nvml import (
 from dflashd.supervisor.run import Run
 
 RECORD_EVERY_S: Final = 60.0
+# Before a relaunch: a sample from before the death proves nothing, so one is asked for at once
+# (looked for every FRESH_SAMPLE_WAIT_S, up to gpu_poll_s), and while the dead run's memory is
+# still held, another every RELEASE_POLL_S (a wait of up to gpu_poll_s was 2.1 s of a restart).
+FRESH_SAMPLE_WAIT_S: Final = 0.05
+RELEASE_POLL_S: Final = 0.25
 RECORD_CHANGE_MIB: Final = 1024.0
 BUSY_MIN_MIB: Final = 256.0
 
@@ -98,6 +103,8 @@ class GpuWatch:
         self._last_record_mono = float("-inf")
         self._last_record_total = 0.0
         self._release_wait_since: float | None = None
+        self._samples = 0  # samples taken so far
+        self._release_from: tuple[int, float] | None = None  # samples then, and when, at a death
         self._foreign_reported = False
         self._busy_since: float | None = None
 
@@ -162,6 +169,7 @@ class GpuWatch:
     def on_sample(self, sample: GpuSample, run: Run | None, now: float) -> GpuUpdate:
         """Join a sample with the run; say what it means."""
         self._sample = sample
+        self._samples += 1
         update = GpuUpdate()
         tree: set[int] = set()
         alive = run is not None and run.alive and run.launched is not None
@@ -239,6 +247,12 @@ class GpuWatch:
         sample = self._sample
         if not self.on or run is None or sample is None or run.launched is None:
             return ReleaseCheck(True)
+        if self._release_from is None:  # the first look since the death
+            self._release_from = (self._samples, now)
+            self._sample_soon()
+        samples_then, since = self._release_from
+        if self._samples == samples_then and now - since < self.settings.poll_s:
+            return ReleaseCheck(False, retry_at=now + FRESH_SAMPLE_WAIT_S)
         check = ReleaseCheck(False)
         ours: list[dict[str, Any]] = []
         foreign: list[dict[str, Any]] = []
@@ -263,7 +277,7 @@ class GpuWatch:
             if self._release_wait_since is not None:
                 waited = round(now - self._release_wait_since, 3)
                 check.records.append((Event.GPU_MEMORY_RELEASED, {"waited_s": waited}))
-            self._release_wait_since = None
+            self._release_wait_since = self._release_from = None
             check.ready = True
             return check
         if self._release_wait_since is None:
@@ -275,8 +289,13 @@ class GpuWatch:
             check.records.append(
                 (Event.GPU_RELEASE_TIMEOUT, {"holders": ours, "waited_s": round(waited, 3)})
             )
-            self._release_wait_since = None
+            self._release_wait_since = self._release_from = None
             check.ready = True
             return check
-        check.retry_at = now + self.settings.poll_s  # look again after the next poll
+        self._sample_soon()
+        check.retry_at = now + min(self.settings.poll_s, RELEASE_POLL_S)  # with that sample
         return check
+
+    def _sample_soon(self) -> None:
+        if self.poller is not None:
+            self.poller.sample_soon()

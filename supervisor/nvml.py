@@ -269,6 +269,7 @@ class GpuPoller:
         self._interval_s = interval_s
         self._deliver = deliver
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a sample wanted now (a dead run's memory, say)
         self._thread = threading.Thread(target=self._run, name="dflashd-gpu", daemon=True)
 
     def start(self) -> None:
@@ -283,11 +284,17 @@ class GpuPoller:
             except Exception as exc:  # a backend bug must not kill the daemon
                 readings = (GpuReading(-1, error=f"sampler failed: {exc}"),)
             self._deliver(GpuSample(time.monotonic(), readings, time.monotonic() - started))
-            self._stop.wait(self._interval_s)
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+
+    def sample_soon(self) -> None:
+        """Take the next sample now instead of at the end of the interval."""
+        self._wake.set()
 
     def stop(self) -> None:
         """Stop and release the backend."""
         self._stop.set()
+        self._wake.set()
         if self._thread.ident is not None:
             self._thread.join(5)
         self.sampler.close()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dflashd.supervisor.elastic import AgentLine, AgentSaid
+from dflashd.supervisor.gpuwatch import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.inbox import GpuSampled
 from dflashd.supervisor.lifecycle import State
@@ -267,7 +268,9 @@ class FixedSampler:
 
 
 def test_relaunch_waits_for_the_dead_runs_gpu_memory(harness: Any) -> None:
-    """The dead run still holds memory: its holder is SIGKILLed, the relaunch waits until it is freed."""
+    """The dead run still holds memory: a fresh sample is asked for at once (one from before
+    the death proves nothing), its holder is SIGKILLed, and the relaunch follows the sample
+    that shows the memory freed, a quarter second later, not a whole poll interval."""
     h = harness(
         {
             "gpus": "all",
@@ -281,17 +284,44 @@ def test_relaunch_waits_for_the_dead_runs_gpu_memory(harness: Any) -> None:
     h.daemon.inbox.post(GpuSampled(_sample(dead, 2400.0)))
     h.output("warming")
     h.die(code=1)
-    h.advance(1.0)  # the backoff is over, but the memory is still held
-    assert len(h.events("spawn")) == 1
+    h.advance(1.0)  # the backoff is over; the last sample was taken before the death
+    assert len(h.events("spawn")) == 1 and not h.events("gpu_memory_held")
+    assert h.daemon.next_timeout() == pytest.approx(FRESH_SAMPLE_WAIT_S)
+    h.daemon.inbox.post(GpuSampled(_sample(dead, 2400.0)))  # after the death: still held
+    h.advance(FRESH_SAMPLE_WAIT_S)
     assert h.ops.sent(signal.SIGKILL) == [dead]
     assert h.events("gpu_memory_held")[0].fields["holders"][0]["pid"] == dead
-    assert h.daemon.next_timeout() == pytest.approx(2.0)  # look again after the next poll
-    h.advance(2.0)
+    assert h.daemon.next_timeout() == pytest.approx(RELEASE_POLL_S)
+    h.advance(RELEASE_POLL_S)
     assert len(h.events("spawn")) == 1  # the scripted sample still shows it
     h.daemon.inbox.post(GpuSampled(_sample(dead, 0.0)))
-    h.advance(2.0)
+    h.advance(RELEASE_POLL_S)
     assert len(h.events("spawn")) == 2
-    assert h.events("gpu_memory_released")[0].fields["waited_s"] == pytest.approx(4.0)
+    assert h.events("gpu_memory_released")[0].fields["waited_s"] == pytest.approx(
+        2 * RELEASE_POLL_S
+    )
+
+
+def test_without_a_fresh_sample_the_last_one_decides_after_a_poll_interval(harness: Any) -> None:
+    """No sample comes after the death (a poller stuck in NVML): after gpu_poll_s the last one
+    is used, as before, so the relaunch is never held by a missing sample alone."""
+    h = harness(
+        {
+            "gpus": "all",
+            "gpu_poll_s": 2.0,
+            "restart": {"backoff_initial_s": 1.0, "backoff_max_s": 1.0},
+        },
+        sampler=FixedSampler(),
+    )
+    h.daemon.inbox.post(GpuSampled(_sample(h.pid, 0.0)))
+    h.output("warming")
+    h.die(code=1)
+    h.advance(1.0)
+    assert len(h.events("spawn")) == 1
+    h.advance(1.0)
+    for _ in range(int(1.0 / FRESH_SAMPLE_WAIT_S) + 2):
+        h.advance(FRESH_SAMPLE_WAIT_S)
+    assert len(h.events("spawn")) == 2
 
 
 def test_gpu_activity_is_a_first_step_for_a_silent_trainer(harness: Any) -> None:
