@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from dflashd.logs import EventRecord, LineRecord
+from dflashd.logs.linecodec import CODEC
 from dflashd.logs.records import parse_timestamp
 from tests.conftest import Daemon, child, run_cli, write_config
 
@@ -53,6 +54,7 @@ def test_import_error_traceback_reaches_tail_and_status(start_daemon: Start, hom
     assert any("ModuleNotFoundError" in line for line in exit_rec.fields["tail"])
     status = json.loads(run_cli("status", "--home", str(home), "--json").stdout)
     assert any("ModuleNotFoundError" in line for line in status["last_exit"]["tail"])
+    assert status["log_codec"] == CODEC.implementation  # the loops the daemon ran
     tail = run_cli("tail", "--home", str(home), "-n", "50", "--src", "stderr")
     assert "No module named 'dflashd_module_that_does_not_exist'" in tail.stdout
 

@@ -160,3 +160,14 @@ def test_a_frame_kept_as_text_encodes_as_orjson_would(codec: str) -> None:
         for i, line in enumerate(["step 1 loss 2.5", "step 2 loss 2.4"])
     )
     assert encoded == expected
+
+
+def test_the_status_page_warns_only_when_the_python_loops_run() -> None:
+    from dflashd.supervisor.client.render import format_status
+
+    def page(codec: str) -> str:
+        status = {"state": "running", "run": 1, "log_codec": codec}
+        return format_status(status, running=True, paint=lambda text, _style: text)
+
+    assert "log codec" not in page("c")
+    assert "python (no C build" in page("python")
