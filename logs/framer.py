@@ -39,7 +39,7 @@ class Frame:
     lines are decoded only if someone asks for :attr:`lines`.
     """
 
-    __slots__ = ("_lines", "count", "flags", "nbytes", "text")
+    __slots__ = ("_lines", "count", "flags", "nbytes", "parts", "text")
 
     def __init__(
         self,
@@ -48,11 +48,13 @@ class Frame:
         nbytes: int,
         text: bytes | None = None,
         count: int | None = None,
+        parts: list[bytes] | None = None,
     ) -> None:
         if lines is None and text is None:
             raise ValueError("a frame needs lines or text")
         self._lines = lines
         self.text = text
+        self.parts = parts  # text split at its newlines, where the Python scan did it already
         self.flags = flags
         self.nbytes = nbytes
         if lines is not None:
@@ -130,10 +132,14 @@ class LineFramer:
                 self._pending = buf
                 return self._cut_pending() if len(buf) > limit else None
             complete = buf[:last_nl]
-            count = CODEC.scan(complete, limit)
+            if CODEC.split is not None:  # the Python loops: the lines are kept for the encoder
+                parts = CODEC.split(complete, limit)
+                count = len(parts) if parts is not None else -1
+            else:
+                parts, count = None, CODEC.scan(complete, limit)
             if count > 0:  # JSON-safe ASCII, no line too long: kept as it came
                 self._pending = buf[last_nl + 1 :]
-                frame = Frame(None, None, last_nl + 1, complete, count)
+                frame = Frame(None, None, last_nl + 1, complete, count, parts)
                 if len(self._pending) > limit:
                     return _merge(frame, self._cut_pending())
                 return frame

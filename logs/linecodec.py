@@ -30,31 +30,39 @@ import orjson
 _UNSAFE: Final = bytes([0x22, 0x5C, *(b for b in range(0x20) if b != 0x0A)])
 
 
+def split_python(data: bytes, max_line: int) -> list[bytes] | None:
+    """The Python scan, keeping what it found: the lines, or None where :func:`scan` says -1.
+
+    The framer keeps the lines with the frame, so the Python encoder does not split again.
+    """
+    if not data.isascii() or len(data.translate(None, _UNSAFE)) != len(data):
+        return None
+    parts = data.split(b"\n")
+    if len(data) > max_line and max(map(len, parts)) > max_line:
+        return None
+    return parts
+
+
 def scan_python(data: bytes, max_line: int) -> int:
     """The reference :func:`scan`."""
-    if not data.isascii() or len(data.translate(None, _UNSAFE)) != len(data):
-        return -1
-    if len(data) > max_line and not _no_line_longer_than(data, max_line):
-        return -1
-    return data.count(b"\n") + 1
-
-
-def _no_line_longer_than(data: bytes, limit: int) -> bool:
-    """Every line of ``data`` is at most ``limit`` bytes (a few memchr calls, then exact)."""
-    half = max(limit // 2, 1)
-    # A line longer than ``limit`` holds a whole aligned block of ``limit // 2`` bytes.
-    for start in range(0, len(data) - half + 1, half):
-        if data.find(b"\n", start, start + half) == -1:
-            return max(map(len, data.split(b"\n"))) <= limit  # maybe a false alarm: be exact
-    return True
+    parts = split_python(data, max_line)
+    return -1 if parts is None else len(parts)
 
 
 def encode_python(
     data: bytes, count: int, head: bytes, seq0: int, mid: bytes, tail: bytes
 ) -> bytes:
-    """The reference :func:`encode`: C-level slice assignments, no Python code per line."""
+    """The reference :func:`encode`."""
     parts = data.split(b"\n")
-    if len(parts) != count or count < 1:
+    if len(parts) != count:
+        raise ValueError("data does not hold count lines")
+    return encode_parts(parts, head, seq0, mid, tail)
+
+
+def encode_parts(parts: list[bytes], head: bytes, seq0: int, mid: bytes, tail: bytes) -> bytes:
+    """:func:`encode` over lines already split: C-level slice assignments, no Python per line."""
+    count = len(parts)
+    if count < 1:
         raise ValueError("data does not hold count lines")
     seqs = orjson.dumps(list(range(seq0, seq0 + count)))[1:-1].split(b",")
     pieces: list[bytes] = [b""] * (4 * count)
@@ -68,6 +76,7 @@ def encode_python(
 
 Scan = Callable[[bytes, int], int]
 Encode = Callable[[bytes, int, bytes, int, bytes, bytes], bytes]
+Split = Callable[[bytes, int], list[bytes] | None]
 
 
 @dataclass(slots=True)
@@ -77,6 +86,7 @@ class Codec:
     implementation: str  # "c" or "python"
     scan: Scan
     encode: Encode
+    split: Split | None = None  # Python: the scan that keeps the lines (the framer uses it)
 
 
 def _built() -> ModuleType | None:
@@ -89,20 +99,22 @@ def _built() -> ModuleType | None:
 def use(implementation: str) -> Codec:
     """Switch the pair in use to ``"c"`` or ``"python"``; returns the one it replaces."""
     built = _built()
-    previous = Codec(CODEC.implementation, CODEC.scan, CODEC.encode)
+    previous = Codec(CODEC.implementation, CODEC.scan, CODEC.encode, CODEC.split)
     if implementation == "c":
         if built is None:
             raise RuntimeError("the C inner loops were not built here")
         CODEC.implementation, CODEC.scan, CODEC.encode = "c", built.scan, built.encode
+        CODEC.split = None
     else:
         CODEC.implementation, CODEC.scan, CODEC.encode = "python", scan_python, encode_python
+        CODEC.split = split_python
     return previous
 
 
 def _default() -> Codec:
     built = _built() if os.environ.get("DFLASHD_PURE_PYTHON") != "1" else None
     if built is None:
-        return Codec("python", scan_python, encode_python)
+        return Codec("python", scan_python, encode_python, split_python)
     return Codec("c", built.scan, built.encode)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from dflashd.logs.framer import Frame
-from dflashd.logs.linecodec import CODEC
+from dflashd.logs.linecodec import CODEC, encode_parts
 
 Source = Literal["stdout", "stderr", "dflashd"]
 SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr", "dflashd")
@@ -167,6 +167,8 @@ def encode_frame(run: int, src: str, frame: Frame, ts: str, seq0: int) -> bytes:
     if frame.flags is None and count:
         head = b'{"ts":"' + ts.encode() + b'","seq":'
         mid = b',"run":%d,"src":"%s","line":"' % (run, src.encode())
+        if frame.parts is not None:  # the Python scan split it already
+            return encode_parts(frame.parts, head, seq0, mid, _RECORD_END)
         if frame.text is not None:  # already valid JSON string content: one pass, in C where built
             return CODEC.encode(frame.text, count, head, seq0, mid, _RECORD_END)
         # One orjson call for the whole frame.  Inside a JSON string every '"' is

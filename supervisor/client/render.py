@@ -165,7 +165,7 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         rows.append(
             (
                 "log codec",
-                paint("python (no C build: about a third of the log throughput)", "yellow"),
+                paint("python (no C build: about 40 % of the log throughput)", "yellow"),
             )
         )
     for gpu in gpus:
