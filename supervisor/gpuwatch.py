@@ -160,9 +160,10 @@ class GpuWatch:
         return {int(g["index"]): float(g.get("memory_used_mib") or 0.0) for g in self.last}
 
     def new_run(self) -> None:
-        """A launch: forget the previous run's busy streak and foreign holders."""
+        """A launch: forget the previous run's busy streak, foreign holders and release wait."""
         self._busy_since = None
         self._foreign_reported = False
+        self._release_from = None
 
     # -- samples ----------------------------------------------------------------------
 
