@@ -171,3 +171,22 @@ def test_the_status_page_warns_only_when_the_python_loops_run() -> None:
 
     assert "log codec" not in page("c")
     assert "python (no C build" in page("python")
+
+
+@needs_c
+def test_the_c_loops_agree_on_inputs_large_enough_to_leave_the_gil() -> None:
+    """256 KiB and more run without the GIL: the same answers, and a bad byte deep inside found."""
+    lines = [
+        b"step %09d loss %.3f tok/s 51,200 " % (i, i / 7) + b"x" * (i % 90) for i in range(6000)
+    ]
+    data = b"\n".join(lines)
+    assert len(data) > 256 * 1024
+    assert _lines.scan(data, 256) == linecodec.scan_python(data, 256) == 6000
+    head, mid = b'{"ts":"t","seq":', b',"run":1,"src":"stdout","line":"'
+    assert _lines.encode(data, 6000, head, 7, mid, b'"}\n') == linecodec.encode_python(
+        data, 6000, head, 7, mid, b'"}\n'
+    )
+    for bad in (b'"', b"\\", b"\x1b", b"\xc3"):
+        spoiled = data[:200_001] + bad + data[200_002:]
+        assert _lines.scan(spoiled, 256) == linecodec.scan_python(spoiled, 256) == -1
+    assert _lines.scan(data, 100) == linecodec.scan_python(data, 100) == -1  # lines over 100 bytes
