@@ -9,14 +9,21 @@ neither repeats nor loses a record that is still on disk (reader.py builds on it
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Final
 
-from dflashd.logs.packed import is_packed, open_log_file, read_all, say_skipped, unpacked_name
+from dflashd.logs.packed import (
+    is_packed,
+    open_log_file,
+    packed_suffix,
+    read_all,
+    say_skipped,
+    unpacked_name,
+)
 from dflashd.logs.records import Record, RecordError, decode
+from dflashd.logs.resume import numbered_files
 from dflashd.logs.writer import DEFAULT_BASENAME
 
 READ_BLOCK: Final = 256 * 1024
@@ -31,19 +38,12 @@ def log_files(directory: Path, basename: str = DEFAULT_BASENAME) -> list[Path]:
     A rotated file is ``base.N`` or, once compressed, ``base.N.zst`` (``.gz`` before); while the compressor
     swaps one for the other both exist for a moment, and the plain one is listed.
     """
-    pattern = re.compile(re.escape(basename) + r"\.(\d+)(\.gz|\.zst)?$")
-    numbered: dict[int, Path] = {}
-    try:
-        entries = list(directory.iterdir())
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        match = pattern.match(entry.name)
-        if match:
-            number = int(match.group(1))
-            if number not in numbered or not match.group(2):
-                numbered[number] = entry
-    files = [numbered[n] for n in sorted(numbered, reverse=True)]
+    numbered = numbered_files(directory, basename)
+    # The plain name wins over its packed twin (min keeps the first of equals).
+    files = [
+        directory / min(numbered[n], key=lambda name: bool(packed_suffix(name)))
+        for n in sorted(numbered, reverse=True)
+    ]
     live = directory / basename
     if live.exists():
         files.append(live)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 from typing import Final
 
@@ -27,20 +28,18 @@ def rotated_paths(directory: Path, basename: str, backups: int) -> list[Path]:
 def numbered_files(directory: Path, basename: str) -> dict[int, list[str]]:
     """The set's rotated files present now, by number: ``{3: ["base.3.zst"], 1: ["base.1"]}``.
 
-    One directory scan, whatever ``backups`` is (a rotation used to stat every possible name).
+    One directory scan, whatever ``backups`` is (a rotation used to stat every possible name);
+    the readers list the set through it too (:func:`dflashd.logs.logset.log_files`).
     """
-    prefix = basename + "."
+    pattern = re.compile(re.escape(basename) + r"\.(\d+)(\.gz|\.zst)?$")
     found: dict[int, list[str]] = {}
     try:
         entries = os.listdir(directory)
-    except OSError:
+    except FileNotFoundError:
         return found
     for name in entries:
-        if not name.startswith(prefix):
-            continue
-        number, dot, _suffix = name[len(prefix) :].partition(".")
-        if number.isdigit() and number[0] != "0" and (not dot or name.endswith(PACKED_SUFFIXES)):
-            found.setdefault(int(number), []).append(name)
+        if (match := pattern.match(name)) is not None:
+            found.setdefault(int(match.group(1)), []).append(name)
     return found
 
 
