@@ -19,15 +19,17 @@ of resident memory and 0.1 s of start-up for three renderers and a context varia
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
 import orjson
+
+from dflashd.logs.records import utc_timestamp
 
 _LEVELS: Final = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 # sd-daemon(3): <3> SD_ERR, <4> SD_WARNING, <6> SD_INFO, <7> SD_DEBUG.
@@ -45,7 +47,7 @@ Renderer = Callable[[str, str, dict[str, Any]], str]  # (level, event, fields) -
 
 
 def _utc_now() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc_timestamp(time.time())
 
 
 def render_journal(level: str, event: str, fields: dict[str, Any]) -> str:
