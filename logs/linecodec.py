@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Final
 
@@ -96,26 +96,27 @@ def _built() -> ModuleType | None:
         return None
 
 
+def _codec(built: ModuleType | None) -> Codec:
+    """The C loops where ``built``, else the Python ones."""
+    if built is None:
+        return Codec("python", scan_python, encode_python, split_python)
+    return Codec("c", built.scan, built.encode)
+
+
 def use(implementation: str) -> Codec:
     """Switch the pair in use to ``"c"`` or ``"python"``; returns the one it replaces."""
-    built = _built()
-    previous = Codec(CODEC.implementation, CODEC.scan, CODEC.encode, CODEC.split)
-    if implementation == "c":
-        if built is None:
-            raise RuntimeError("the C inner loops were not built here")
-        CODEC.implementation, CODEC.scan, CODEC.encode = "c", built.scan, built.encode
-        CODEC.split = None
-    else:
-        CODEC.implementation, CODEC.scan, CODEC.encode = "python", scan_python, encode_python
-        CODEC.split = split_python
+    built = _built() if implementation == "c" else None
+    if implementation == "c" and built is None:
+        raise RuntimeError("the C inner loops were not built here")
+    previous = replace(CODEC)
+    chosen = _codec(built)
+    CODEC.implementation, CODEC.scan = chosen.implementation, chosen.scan
+    CODEC.encode, CODEC.split = chosen.encode, chosen.split
     return previous
 
 
 def _default() -> Codec:
-    built = _built() if os.environ.get("DFLASHD_PURE_PYTHON") != "1" else None
-    if built is None:
-        return Codec("python", scan_python, encode_python, split_python)
-    return Codec("c", built.scan, built.encode)
+    return _codec(_built() if os.environ.get("DFLASHD_PURE_PYTHON") != "1" else None)
 
 
 CODEC: Final = _default()
