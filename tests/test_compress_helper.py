@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zstandard
 
-from dflashd.logs.compress import SQUEEZE, lowest_priority
+from dflashd.logs.compress import SQUEEZE, helper_argv, helper_env, lowest_priority
 from dflashd.logs.packed import zstd_home
 
 _SYS_IOPRIO_GET = 252  # x86_64
@@ -23,8 +23,8 @@ def _helper(args: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Compl
     home = zstd_home()
     assert home is not None
     return subprocess.run(
-        [sys.executable, "-I", "-S", str(SQUEEZE), *args],
-        env={"DFLASHD_ZSTD_HOME": home},
+        helper_argv(args[0], int(args[1]), args[2:]),
+        env=helper_env(home),
         pass_fds=pass_fds,
         capture_output=True,
         text=True,

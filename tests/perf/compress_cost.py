@@ -26,7 +26,7 @@ from pathlib import Path
 from _bench import daemon_argv, process_cpu_s
 
 from dflashd.logs import read_records
-from dflashd.logs.compress import SQUEEZE
+from dflashd.logs.compress import helper_argv, helper_env
 from dflashd.logs.packed import zstd_home
 
 WRITER = Path(__file__).with_name("_writer_child.py")
@@ -102,9 +102,9 @@ def helper_cost(files: list[Path], codec: str, work: Path) -> tuple[float, float
         jobs.append(f"{fh.fileno()}={out}")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(
-        [sys.executable, "-I", "-S", str(SQUEEZE), codec, str(os.getpid()), *jobs],
+        helper_argv(codec, os.getpid(), jobs),
         pass_fds=tuple(f.fileno() for f in fds),
-        env={"DFLASHD_ZSTD_HOME": zstd_home() or ""},
+        env=helper_env(zstd_home()),
         check=True,
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
