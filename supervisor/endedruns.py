@@ -23,7 +23,9 @@ from dflashd.supervisor.run import Run
 
 LEFTOVER_GRACE_S: Final = 3.0  # a dead run's leftovers: between SIGTERM and SIGKILL
 # Leftovers that hold no state of the job's, so no grace: SIGKILL at once.  Inductor's compile
-# workers outlive a SIGKILLed trainer and took 2.1 s of a 15 s warm restart to go on SIGTERM.
+# workers outlive a SIGKILLed trainer; one slow to go on SIGTERM would hold the relaunch for the
+# whole grace (nanoGPT's on the H200 went within it: the 2.1 s once blamed on them were a GPU
+# sample taken before the death, see gpuwatch.py).
 STATELESS_LEFTOVERS: Final = ("torch/_inductor/compile_worker/",)
 LEFTOVER_POLL_S: Final = 0.1
 LEFTOVER_GIVE_UP_S: Final = 10.0  # SIGKILLed 7 s ago and still there: relaunch anyway
