@@ -18,6 +18,7 @@ import orjson
 
 from dflashd.logs.framer import Frame
 from dflashd.logs.linecodec import CODEC, encode_parts
+from dflashd.logs.safejson import dumps_any
 
 Source = Literal["stdout", "stderr", "dflashd"]
 SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr", "dflashd")
@@ -201,6 +202,4 @@ def encode_event(run: int, event: str, fields: dict[str, Any], ts: str, seq: int
     for key, value in fields.items():
         if key not in ENVELOPE_KEYS:
             obj[key] = value
-    return orjson.dumps(
-        obj, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY, default=str
-    )
+    return dumps_any(obj, orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)

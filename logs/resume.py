@@ -31,29 +31,21 @@ def numbered_files(directory: Path, basename: str) -> dict[int, list[str]]:
     One directory scan, whatever ``backups`` is (a rotation used to stat every possible name);
     the readers list the set through it too (:func:`dflashd.logs.logset.log_files`).
     """
-    pattern = re.compile(re.escape(basename) + r"\.(\d+)(\.gz|\.zst)?$")
-    found: dict[int, list[str]] = {}
     try:
         entries = os.listdir(directory)
     except FileNotFoundError:
-        return found
-    for name in entries:
+        return {}
+    return numbered_names(entries, basename)
+
+
+def numbered_names(names: list[str], basename: str) -> dict[int, list[str]]:
+    """The rotated files among ``names``, by number (the set's one pattern)."""
+    pattern = re.compile(re.escape(basename) + r"\.(\d+)(\.gz|\.zst)?$")
+    found: dict[int, list[str]] = {}
+    for name in names:
         if (match := pattern.match(name)) is not None:
             found.setdefault(int(match.group(1)), []).append(name)
     return found
-
-
-def shift_rotated(directory: Path, basename: str, backups: int) -> None:
-    """Make room for a new ``base.1``: ``base.N`` (in any form) becomes ``base.N+1``, and
-    ``base.<backups>`` goes.  Numbers above ``backups`` (a larger bound before) stay as they are."""
-    present = numbered_files(directory, basename)
-    for number in sorted((n for n in present if n <= backups), reverse=True):
-        for name in present[number]:
-            if number == backups:  # the oldest goes, in any form
-                (directory / name).unlink(missing_ok=True)
-                continue
-            suffix = name[len(f"{basename}.{number}") :]
-            os.rename(directory / name, directory / f"{basename}.{number + 1}{suffix}")
 
 
 def plain_rotated(directory: Path, basename: str, backups: int) -> list[Path]:

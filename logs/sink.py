@@ -6,6 +6,12 @@ child that floods faster than we can write is slowed, like ``tee``; nothing is l
 When the writer has been stuck inside one write for ``stall_s`` (a hung NFS mount, a
 dying disk), frames are dropped and counted instead, so the child never freezes inside
 ``print()``; a ``log_dropped`` record says so once writing works again.
+
+The thread never dies: whatever a write raises (an OSError the writer did not expect, an
+encoder error) is counted as that batch's drop and the loop goes on.  A supervisor record
+the disk refused (``spawn``, ``exit``: what says what happened) is not dropped but kept and
+written again every ``RETRY_S`` until the disk takes it (at most ``MAX_RETRIED`` kept; past
+that the oldest is dropped and counted).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from dflashd.logs.writer import RotatingLogWriter, WriterStats
 DEFAULT_MAX_QUEUE_BYTES: Final = 32 * 1024 * 1024
 DEFAULT_STALL_S: Final = 2.0
 _COALESCE_BYTES: Final = 1 << 20
+RETRY_S: Final = 0.5
+MAX_RETRIED: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,8 @@ class LogSink:
         self._drop_bytes = 0
         self._unreported_drop_records = 0
         self._unreported_drop_bytes = 0
+        self._retry: deque[_EventItem] = deque()  # refused by the disk, written again later
+        self.thread_errors = 0
         self._thread = threading.Thread(target=self._run, name="dflashd-log-writer", daemon=True)
         self._thread.start()
 
@@ -136,8 +146,11 @@ class LogSink:
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
+                    if self._retry:
+                        self._cond.wait(RETRY_S)
+                        break
                     self._cond.wait()
-                if not self._queue and self._closing:
+                if not self._queue and not self._retry and self._closing:
                     return
                 batch = list(self._queue)
                 self._queue.clear()
@@ -146,35 +159,94 @@ class LogSink:
                 self._unreported_drop_records = self._unreported_drop_bytes = 0
             if drops[0]:  # said by the writer's next log_dropped record
                 self.writer.note_dropped(drops[0], drops[1], "disk stalled")
-            freed = 0
-            frames: list[tuple[int, str, Frame, float]] = []
-            frame_bytes = 0
-            for item in batch:
-                if isinstance(item, _FrameItem):
-                    # Consecutive frames go out in one write (many small reads in line mode).
-                    frames.append((item.run, item.src, item.frame, item.wall_s))
-                    frame_bytes += item.frame.nbytes
-                    if frame_bytes < _COALESCE_BYTES:
-                        continue
-                if frames:
-                    freed += self._write_frames(frames)
-                    frames, frame_bytes = [], 0
-                if isinstance(item, _EventItem):
-                    self._write_started = time.monotonic()
-                    self.writer.write_event(item.run, item.event, item.fields)
-            if frames:
-                freed += self._write_frames(frames)
+            self._write_retried()
+            try:
+                freed = self._write_batch(batch)
+            except Exception as exc:  # never lose the thread: the batch is dropped, counted
+                freed = self._lost(batch, exc)
             with self._cond:
                 self._write_started = None
                 self._queued_bytes -= freed
                 self._done += len(batch)
                 self._cond.notify_all()
+                give_up = self._closing and not self._queue and bool(self._retry)
+            if give_up:
+                self._write_retried()  # one last try; what the disk still refuses is counted
+                return
+
+    def _write_batch(self, batch: list[_FrameItem | _EventItem]) -> int:
+        freed = 0
+        frames: list[tuple[int, str, Frame, float]] = []
+        frame_bytes = 0
+        for item in batch:
+            if isinstance(item, _FrameItem):
+                # Consecutive frames go out in one write (many small reads in line mode).
+                frames.append((item.run, item.src, item.frame, item.wall_s))
+                frame_bytes += item.frame.nbytes
+                if frame_bytes < _COALESCE_BYTES:
+                    continue
+            if frames:
+                freed += self._write_frames(frames)
+                frames, frame_bytes = [], 0
+            if isinstance(item, _EventItem):
+                self._write_started = time.monotonic()
+                self._write_event(item)
+        if frames:
+            freed += self._write_frames(frames)
+        return freed
+
+    def _write_event(self, item: _EventItem) -> None:
+        if self._retry:  # records keep their order: behind the ones waiting
+            self._keep(item)
+            return
+        try:
+            seq = self.writer.write_event(item.run, item.event, item.fields, count_drop=False)
+        except Exception as exc:
+            self._lost_one(item, exc)
+            return
+        if seq is None:
+            self._keep(item)
+
+    def _keep(self, item: _EventItem) -> None:
+        self._retry.append(item)
+        if len(self._retry) > MAX_RETRIED:
+            self._lost_one(self._retry.popleft(), None)
+
+    def _write_retried(self) -> None:
+        while self._retry:
+            item = self._retry[0]
+            try:
+                seq = self.writer.write_event(item.run, item.event, item.fields, count_drop=False)
+            except Exception as exc:
+                self._retry.popleft()
+                self._lost_one(item, exc)
+                continue
+            if seq is None:
+                return  # the disk still refuses: next time
+            self._retry.popleft()
+
+    def _lost_one(self, item: _EventItem, exc: Exception | None) -> None:
+        why = "kept too long unwritten" if exc is None else f"{type(exc).__name__}: {exc}"
+        self.writer.count_dropped(1, 0, f"{item.event} record: {why}"[:300])
+
+    def _lost(self, batch: list[_FrameItem | _EventItem], exc: Exception) -> int:
+        self.thread_errors += 1
+        records = sum(len(i.frame) if isinstance(i, _FrameItem) else 1 for i in batch)
+        nbytes = sum(i.frame.nbytes for i in batch if isinstance(i, _FrameItem))
+        self.writer.count_dropped(records, nbytes, f"{type(exc).__name__}: {exc}"[:300])
+        return nbytes
 
     def _write_frames(self, frames: list[tuple[int, str, Frame, float]]) -> int:
         # The stall clock runs per write, not per batch: a big batch on a slow but working disk is no stall.
         self._write_started = time.monotonic()
-        self.writer.write_frames(frames)
-        return sum(frame.nbytes for _, _, frame, _ in frames)
+        nbytes = sum(frame.nbytes for _, _, frame, _ in frames)
+        try:
+            self.writer.write_frames(frames)
+        except Exception as exc:  # nothing of these reached the disk (encoded before written)
+            self.thread_errors += 1
+            records = sum(len(frame) for _, _, frame, _ in frames)
+            self.writer.count_dropped(records, nbytes, f"{type(exc).__name__}: {exc}"[:300])
+        return nbytes
 
     def stats(self) -> SinkStats:
         """Counters for status and metrics."""
@@ -188,5 +260,8 @@ class LogSink:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
+        for item in self._retry:  # the disk never took them: counted, in the stats
+            self._lost_one(item, None)
+        self._retry.clear()
         if not self._thread.is_alive():
             self.writer.close()

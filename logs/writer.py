@@ -12,11 +12,18 @@ off a torn last line.
 Write failures (disk full, file gone read-only) are counted, never raised: the caller
 is a pipe-draining path.  When writing works again, a ``log_dropped`` record says how
 much was lost.
+
+Every file is made through the directory held open (:class:`dflashd.logs.logdir.LogDir`):
+a logs directory swapped for a symlink mid-run never receives a byte.  A rotation makes
+its new live file first; when it cannot (no inodes left, the directory read-only for a
+moment) the set is left exactly as it was, the live file keeps growing past its bound
+(counted, one ``log_rotation_failed`` record) and the rotation is tried again a second
+later: rotated history is never lost to a failing rotation.
 """
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import threading
 import time
@@ -27,14 +34,16 @@ from typing import Any, Final
 
 from dflashd.logs.compress import Compressor, remove_stale_tmp
 from dflashd.logs.framer import Frame
+from dflashd.logs.livefile import LiveFile, error_text
+from dflashd.logs.logdir import LogDir, rotate_into_place
 from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
-from dflashd.logs.resume import plain_rotated, recover_tail, shift_rotated
+from dflashd.logs.resume import plain_rotated, recover_tail
 
 DEFAULT_BASENAME: Final = "dflashd.jsonl"
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
 DEFAULT_BACKUPS: Final = 10
 MIN_MAX_BYTES: Final = 1024  # a smaller bound would rotate on nearly every record
-_VANISH_CHECK_S: Final = 1.0
+ROTATE_RETRY_S: Final = 1.0  # a rotation that failed is tried again this much later
 
 
 class LogWriterError(Exception):
@@ -52,6 +61,7 @@ class WriterStats:
     write_errors: int
     rotations: int
     last_error: str | None
+    rotation_failures: int = 0  # rotations that could not be made (the live file grew on)
 
 
 class RotatingLogWriter:
@@ -66,6 +76,7 @@ class RotatingLogWriter:
         backups: int = DEFAULT_BACKUPS,
         clock: Callable[[], float] = time.time,
         compress: bool = False,
+        fs: Callable[[Path], LogDir] = LogDir,
     ) -> None:
         if max_bytes < MIN_MAX_BYTES:
             raise ValueError(f"max_bytes must be at least {MIN_MAX_BYTES}")
@@ -84,19 +95,24 @@ class RotatingLogWriter:
         self._bytes_dropped = 0
         self._unreported_records = 0
         self._unreported_bytes = 0
-        self._write_errors = 0
         self._rotations = 0
-        self._last_error: str | None = None
-        self._next_check = 0.0
-        self._detached: str | None = None
+        self._rotation_failures = 0
+        self._rotate_retry_at = 0.0
+        self._rotation_failing = False
+        self._noted_error: str | None = None  # an upstream drop's cause (the sink's)
+        # the writer's own records met inside a batch: written after it (its seqs are taken)
+        self._own: list[tuple[str, dict[str, Any]]] = []
         self.torn_bytes = 0
         self.last_run = 0
+        self._new_name = f".{basename}.new"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self._dir = fs(self.directory)
             self.next_seq, self.last_run, self.torn_bytes = recover_tail(
                 self.directory, self.basename, self.backups
             )
-            self._fd = self._open()
+            with contextlib.suppress(OSError):  # a rotation a killed daemon left half-made
+                self._dir.unlink(self._new_name)
+            self._live = LiveFile(self._dir, basename)
         except OSError as exc:
             raise LogWriterError(f"cannot open log {self.path}: {exc.strerror or exc}") from None
         self.compressor: Compressor | None = None  # rotated files' helper (drain: tests)
@@ -105,19 +121,6 @@ class RotatingLogWriter:
             self.compressor = Compressor(self.directory, self._lock, self._plain_rotated)
             for path in self._plain_rotated():  # what a previous daemon left plain, oldest first
                 self._submit(path)
-
-    # -- opening and recovery ---------------------------------------------------------
-
-    def _open(self) -> int:
-        # Never through a symlink: a link planted at the log's name would redirect our writes.
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-        fd = os.open(self.path, flags, 0o640)
-        st = os.fstat(fd)
-        self._size = st.st_size
-        self._inode = (st.st_dev, st.st_ino)
-        return fd
-
-    # -- encoding -----------------------------------------------------------------------
 
     # -- writing ------------------------------------------------------------------------
 
@@ -149,8 +152,19 @@ class RotatingLogWriter:
                 return True
             return self._append(b"".join(parts), seq - self.next_seq)
 
-    def write_event(self, run: int, event: str, fields: dict[str, Any] | None = None) -> int | None:
-        """Write one supervisor record; returns its seq, or None when it was dropped."""
+    def write_event(
+        self,
+        run: int,
+        event: str,
+        fields: dict[str, Any] | None = None,
+        *,
+        count_drop: bool = True,
+    ) -> int | None:
+        """Write one supervisor record; returns its seq, or None when it was not written.
+
+        ``count_drop=False``: a refusal is not counted as a drop (the caller keeps the record
+        and writes it again: the sink does so for every supervisor record).
+        """
         ts = utc_timestamp(self._clock())
         with self._lock:
             if self._unreported_records:
@@ -158,19 +172,46 @@ class RotatingLogWriter:
             seq = self.next_seq
             data = encode_event(run, event, fields or {}, ts, seq)
             self.last_run = run
-            return seq if self._append(data, 1) else None
+            if count_drop:
+                return seq if self._append(data, 1) else None
+            dropped = self._records_dropped, self._bytes_dropped
+            dropped_unreported = self._unreported_records, self._unreported_bytes
+            if self._append(data, 1):
+                return seq
+            self._records_dropped, self._bytes_dropped = dropped
+            self._unreported_records, self._unreported_bytes = dropped_unreported
+            return None
+
+    def count_dropped(self, records: int, nbytes: int, error: str) -> None:
+        """Drops made upstream that the writer never saw (counted in its stats too), and why."""
+        with self._lock:
+            self._count_dropped(b"", records)
+            self._bytes_dropped += nbytes
+            self._unreported_bytes += nbytes
+            self._noted_error = error
 
     def _append(self, data: bytes, count: int) -> bool:
         """Append whole records, rotating within one record of ``max_bytes`` (a batch may span files).
 
         Only a file that grew is rotated: when a part cannot be written (a full disk), the
         rest of the batch is dropped and counted, and the set keeps its history; rotating
-        on a failure would push intact files out for empty ones.
+        on a failure would push intact files out for empty ones.  While rotation fails, the
+        live file takes the whole batch past its bound.
         """
-        while data and self._size + len(data) > self.max_bytes:
-            cut = data.rfind(b"\n", 0, self.max_bytes - self._size) + 1
-            if cut <= 0 and self._size > 0:  # not one more record fits here: the next file
-                self._rotate()
+        try:
+            return self._append_batch(data, count)
+        finally:  # the writer's own records, after the batch: its seqs are taken already
+            while self._own:
+                event, fields = self._own.pop(0)
+                self._record_self(event, fields)
+
+    def _append_batch(self, data: bytes, count: int) -> bool:
+        live = self._live
+        while data and live.size + len(data) > self.max_bytes and self._may_rotate():
+            cut = data.rfind(b"\n", 0, self.max_bytes - live.size) + 1
+            if cut <= 0 and live.size > 0:  # not one more record fits here: the next file
+                if not self._rotate():
+                    break  # the rest goes into this file, past its bound
                 continue
             if cut <= 0:  # one record larger than the bound: alone in its own file
                 cut = data.find(b"\n") + 1 or len(data)
@@ -180,8 +221,8 @@ class RotatingLogWriter:
                 self._count_dropped(data, count - records)
                 return False
             count -= records
-            if self._size > 0:
-                self._rotate()
+            if live.size > 0 and not self._rotate():
+                break
         return self._append_part(data, count) if data else True
 
     def _count_dropped(self, data: bytes, count: int) -> None:
@@ -197,7 +238,7 @@ class RotatingLogWriter:
         self.next_seq += count
         self._records_written += count
         self._bytes_written += len(data)
-        if self._size >= self.max_bytes:
+        if self._live.size >= self.max_bytes:
             self._rotate()
         return True
 
@@ -210,95 +251,78 @@ class RotatingLogWriter:
         with self._lock:
             self._unreported_records += records
             self._unreported_bytes += nbytes
-            self._last_error = error
+            self._noted_error = error
 
     def _report_drops(self) -> None:
-        ts = utc_timestamp(self._clock())
         fields = {
             "records": self._unreported_records,
             "bytes": self._unreported_bytes,
-            "error": self._last_error,
+            "error": self._noted_error or self._live.last_error,
         }
-        data = encode_event(self.last_run, "log_dropped", fields, ts, self.next_seq)
-        if self._write_all(data):
-            self.next_seq += 1
-            self._records_written += 1
-            self._bytes_written += len(data)
+        if self._record_self("log_dropped", fields):
             self._unreported_records = 0
             self._unreported_bytes = 0
+            self._noted_error = None
 
     def _write_all(self, data: bytes) -> bool:
-        """One append; on failure the file is cut back so it holds whole records only."""
-        self._check_vanished()
-        if self._detached is not None:
-            self._write_errors += 1
-            self._last_error = self._detached
+        written = self._live.append(data)
+        notice = self._live.take_notice()
+        if notice is not None:  # the directory was swapped: said once, in the one we hold
+            self._own.append(("log_dir_replaced", {"path": str(self.directory), "error": notice}))
+        return written
+
+    def _may_rotate(self) -> bool:
+        return time.monotonic() >= self._rotate_retry_at
+
+    def _rotate(self) -> bool:
+        """Rotate, or leave the set as it is and say why (True when rotated).
+
+        The next live file is made first: without it nothing is renamed.  Any step that
+        fails leaves every record on disk, the live file growing past its bound until a
+        retry (``ROTATE_RETRY_S`` later) succeeds.
+        """
+        if not self._may_rotate():
             return False
-        view = memoryview(data)
-        written = 0
         try:
-            while written < len(data):
-                written += os.write(self._fd, view[written:])
+            new_fd = self._dir.create_new(self._new_name)
         except OSError as exc:
-            self._write_errors += 1
-            self._last_error = f"{errno.errorcode.get(exc.errno or 0, 'EIO')}: {exc.strerror}"
-            if written:
-                try:
-                    os.ftruncate(self._fd, self._size)
-                except OSError:
-                    pass
-            return False
-        self._size += written
+            return self._rotation_failed(exc)
+        try:
+            rotated = rotate_into_place(self._dir, self.basename, self.backups, self._new_name)
+        except OSError as exc:
+            os.close(new_fd)
+            with contextlib.suppress(OSError):
+                self._dir.unlink(self._new_name)
+            return self._rotation_failed(exc)
+        self._live.replace_with(new_fd)
+        self._rotations += 1
+        if self._rotation_failing:
+            self._rotation_failing = False
+            self._own.append(("log_rotation_resumed", {"failures": self._rotation_failures}))
+        if rotated.newest is not None:
+            self._submit(self.directory / rotated.newest)
         return True
 
-    def _check_vanished(self) -> None:
-        """Before each append: is the live file still ours?  Deleted or replaced: reopen first.
+    def _rotation_failed(self, exc: OSError) -> bool:
+        self._rotation_failures += 1
+        self._rotate_retry_at = time.monotonic() + ROTATE_RETRY_S
+        self._live.last_error = f"rotation: {error_text(exc)}"
+        if not self._rotation_failing:  # one record per streak, not one per retry
+            self._rotation_failing = True
+            fields = {"error": self._live.last_error, "size": self._live.size}
+            self._own.append(("log_rotation_failed", {**fields, "retry_s": ROTATE_RETRY_S}))
+        return False
 
-        One lstat per batch, so records are never written into a file someone deleted.  A
-        path that cannot be reopened safely (a symlink planted there, a directory) detaches
-        the writer: appends are dropped and counted until the path is usable again.
-        """
-        try:
-            st = os.lstat(self.path)
-            if (st.st_dev, st.st_ino) == self._inode and self._detached is None:
-                return
-        except OSError:
-            pass
-        now = time.monotonic()
-        if self._detached is not None and now < self._next_check:
-            return
-        self._next_check = now + _VANISH_CHECK_S
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd = self._open()
-        except OSError as exc:
-            self._detached = f"cannot reopen {self.path}: {exc.strerror}"
-            return
-        os.close(self._fd)
-        self._fd = fd
-        self._detached = None
-
-    def _rotate(self) -> None:
-        os.close(self._fd)
-        try:
-            if self.backups == 0:
-                os.unlink(self.path)
-            else:
-                shift_rotated(self.directory, self.basename, self.backups)
-                newest = self.directory / f"{self.basename}.1"
-                os.rename(self.path, newest)
-                self._submit(newest)
-        except FileNotFoundError:
-            pass  # someone removed the files; start a fresh one below
-        self._rotations += 1
-        try:
-            self._fd = self._open()
-        except OSError as exc:
-            self._last_error = f"cannot open {self.path} after rotation: {exc.strerror}"
-            self._fd = os.open(os.devnull, os.O_WRONLY)
-            self._inode = (-1, -1)
-            self._detached = self._last_error
-            self._next_check = 0.0
+    def _record_self(self, event: str, fields: dict[str, Any]) -> bool:
+        """A record of the writer's own (its drops, its rotations), into the live file."""
+        ts = utc_timestamp(self._clock())
+        data = encode_event(self.last_run, event, fields, ts, self.next_seq)
+        if not self._live.append(data):
+            return False
+        self.next_seq += 1
+        self._records_written += 1
+        self._bytes_written += len(data)
+        return True
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -310,9 +334,10 @@ class RotatingLogWriter:
                 bytes_written=self._bytes_written,
                 records_dropped=self._records_dropped,
                 bytes_dropped=self._bytes_dropped,
-                write_errors=self._write_errors,
+                write_errors=self._live.write_errors,
                 rotations=self._rotations,
-                last_error=self._last_error,
+                last_error=self._noted_error or self._live.last_error,
+                rotation_failures=self._rotation_failures,
             )
 
     def _plain_rotated(self) -> list[Path]:
@@ -320,20 +345,18 @@ class RotatingLogWriter:
 
     def _submit(self, path: Path) -> None:
         """Hand a rotated file to the compressor (opened now, so later renames do not matter)."""
-        if self.compressor is None or path.is_symlink():
+        if self.compressor is None:
             return
-        try:
-            fh = open(path, "rb")  # the compressor closes it
+        try:  # through the held directory, never a link: the compressor closes it
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir.fd)
         except OSError:
             return
-        self.compressor.submit(fh)
+        self.compressor.submit(os.fdopen(fd, "rb"))
 
     def close(self) -> None:
         """Close the live file (idempotent); wait at most 1 s for the compression helper."""
         with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+            self._live.close()
         if self.compressor is not None:
             self.compressor.close()
             self.compressor = None

@@ -18,8 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import orjson
-
+from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.custody import end_own_child_session
 from dflashd.supervisor.verdicts import EARLY_DEATH_NAMES, AlertKind
 
@@ -142,7 +141,7 @@ def post_webhook(
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return False, "not an http(s) URL"
-    body = orjson.dumps({"text": summary_text(payload), **payload}, default=str)
+    body = dumps_any({"text": summary_text(payload), **payload})
     conn_type = (
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
@@ -307,9 +306,7 @@ class AlertDispatcher:
         self.pids.add(proc.pid)
         self._running[proc.pid] = proc
         try:
-            _, err = proc.communicate(
-                orjson.dumps(payload, default=str), timeout=self._command_timeout_s
-            )
+            _, err = proc.communicate(dumps_any(payload), timeout=self._command_timeout_s)
         except subprocess.TimeoutExpired:
             end_own_child_session(proc)
             proc.wait()

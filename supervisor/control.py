@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import orjson
 
+from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.config import MAX_SECONDS
 
 _MAX_REQUEST: Final = 64 * 1024
@@ -220,7 +221,7 @@ class ControlServer:
         """Send what the socket takes now; the rest when the client reads.  True when done."""
         self.answered += 1
         self._buffers.pop(conn, None)
-        self._outgoing[conn] = memoryview(orjson.dumps(obj, default=str) + b"\n")
+        self._outgoing[conn] = memoryview(dumps_any(obj) + b"\n")
         return self._send_more(conn)
 
     def _send_more(self, conn: socket.socket) -> bool:
@@ -268,18 +269,42 @@ def stop_timeout(request: dict[str, Any], default_s: float) -> float | str:
     return float(timeout)
 
 
+def expired(request: dict[str, Any], now_wall: float) -> bool:
+    """A request whose client gave up (``expires_at``, wall seconds, passed): never acted on.
+
+    A daemon frozen (SIGSTOP) while a ``stop`` waited in its socket's backlog would otherwise
+    carry out, on resuming, a stop the client already reported as failed.
+    """
+    at = request.get("expires_at")
+    return isinstance(at, int | float) and not isinstance(at, bool) and now_wall > at
+
+
 def stop_handler(
-    default_s: float, request_stop: Callable[[float], None], current: Callable[[], Any]
+    default_s: float,
+    request_stop: Callable[[float], None],
+    current: Callable[[], Any],
+    dump_bound_s: float = 0.0,
 ) -> Handler:
-    """The ``stop`` command: validate ``timeout_s``, then ask the daemon to stop."""
+    """The ``stop`` command: validate ``timeout_s``, then ask the daemon to stop.
+
+    The reply carries the timeout in effect and the bound of the stack dump taken before a
+    kill, so the client waits as long as the stop can take.
+    """
 
     def handle(req: dict[str, Any]) -> dict[str, Any]:
+        if expired(req, time.time()):
+            return {"ok": False, "error": "the request expired before the daemon read it"}
         timeout = stop_timeout(req, default_s)
         if isinstance(timeout, str):
             return {"ok": False, "error": timeout}
         request_stop(timeout)
         run = current()
-        return {"ok": True, "run": run.run_no if run is not None else None}
+        return {
+            "ok": True,
+            "run": run.run_no if run is not None else None,
+            "timeout_s": timeout,
+            "dump_bound_s": dump_bound_s,
+        }
 
     return handle
 

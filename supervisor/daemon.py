@@ -47,7 +47,7 @@ from dflashd.supervisor.runend import RunEnds
 from dflashd.supervisor.runs import FirstLaunch, Runs
 from dflashd.supervisor.snapshot import status_view
 from dflashd.supervisor.spawn import set_child_subreaper
-from dflashd.supervisor.stackdumps import Dumper, StackDumps
+from dflashd.supervisor.stackdumps import STACKS_BOUND_S, Dumper, StackDumps
 from dflashd.supervisor.stacks import StacksTaken
 from dflashd.supervisor.statusview import StatusView, one_line, read_state
 from dflashd.supervisor.timers import Timers
@@ -191,7 +191,12 @@ class Daemon:
     def open(self) -> None:
         """Everything before the loop: history, sockets, recovery, GPUs, metrics, the first launch."""
         self.reporter.open_history()
-        stop = stop_handler(self.config.restart.stop_timeout_s, self.request_stop, lambda: self.run)
+        stop = stop_handler(
+            self.config.restart.stop_timeout_s,
+            self.request_stop,
+            lambda: self.run,
+            dump_bound_s=STACKS_BOUND_S,
+        )
         handlers = {
             "status": lambda _: dict(self.status()),
             "stop": stop,

@@ -27,9 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
-import orjson
-
 from dflashd.logs.records import utc_timestamp
+from dflashd.logs.safejson import dumps_any
 
 _LEVELS: Final = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 # sd-daemon(3): <3> SD_ERR, <4> SD_WARNING, <6> SD_INFO, <7> SD_DEBUG.
@@ -59,7 +58,7 @@ def render_journal(level: str, event: str, fields: dict[str, Any]) -> str:
 def render_json(level: str, event: str, fields: dict[str, Any]) -> str:
     """One JSON object: the fields, then ``event``, ``level`` and a UTC ``timestamp``."""
     record = {**fields, "event": event, "level": level, "timestamp": _utc_now()}
-    return orjson.dumps(record, default=str).decode()
+    return dumps_any(record).decode()
 
 
 def console_renderer(colours: bool) -> Renderer:

@@ -31,6 +31,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, TypeVar
 
+from dflashd.supervisor.bounds import bounded_int, finite_float
+
 _LINES_TRIED: Final = 4  # keyword lines tried per frame, from the end
 _TAIL_LINES: Final = 64  # only a frame's last lines are searched: the latest step is near its end
 # colours (torchtitan) and cursor moves
@@ -211,7 +213,9 @@ def match_line(line: str) -> StepLine | None:
         if fmt.step_group is not None:
             named = found.groupdict().get("step")
             digits = named or next((g for g in found.groups() if g is not None), None)
-            step = int(digits) if digits is not None else None
+            step = bounded_int(digits) if digits is not None else None
+            if step is None:
+                return None  # a number beyond any count (bounds.py): not a step line
             if fmt.zero_is_start and step == 0:
                 return None
         loss = _number(fmt.loss_pattern, line)
@@ -223,10 +227,7 @@ def _number(pattern: re.Pattern[str] | None, line: str) -> float | None:
     found = pattern.search(line) if pattern is not None else None
     if found is None:
         return None
-    try:
-        return float(found.group(1))
-    except ValueError:
-        return None
+    return finite_float(found.group(1))
 
 
 def _with_epoch(found: StepLine, match: re.Match[str], fmt: _Format, line: str) -> StepLine:
@@ -234,16 +235,20 @@ def _with_epoch(found: StepLine, match: re.Match[str], fmt: _Format, line: str) 
     groups = match.groupdict()
     if groups.get("epoch") is not None:
         total = groups.get("total")
-        batches = int(total) if total is not None and total.isdigit() else None
-        index = int(groups["epoch"])
+        batches = bounded_int(total) if total is not None and total.isdigit() else None
+        index = bounded_int(groups["epoch"])
+        if index is None:
+            return found
         done = index + (found.step or 0) / batches if batches else float(index)
         return replace(found, epoch=round(done, 4), epoch_index=index, batches=batches)
     if groups.get("epoch1") is not None:
-        of = int(groups["of"])
-        done = int(groups["epoch1"]) - 1 + (int(groups["seen"]) / of if of else 0.0)
+        of, epoch1, seen = (bounded_int(groups[k]) for k in ("of", "epoch1", "seen"))
+        if of is None or epoch1 is None or seen is None:
+            return found
+        done = epoch1 - 1 + (seen / of if of else 0.0)
         return replace(found, epoch=round(done, 4))
     if groups.get("epoch0") is not None:
-        return replace(found, epoch=float(groups["epoch0"]))
+        return replace(found, epoch=finite_float(groups["epoch0"]))
     epoch = _number(fmt.epoch_pattern, line)
     return replace(found, epoch=epoch) if epoch is not None else found
 

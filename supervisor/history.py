@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -22,6 +24,25 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 
 
+def _create_private(path: Path) -> None:
+    """Make the file 0600 before sqlite opens it (sqlite would make it 0644 under the usual
+    umask, and gives its -wal and -shm files the database's mode); an older, wider one is
+    narrowed.  Never through a symlink."""
+    _narrow(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    for suffix in ("-wal", "-shm", "-journal"):
+        with contextlib.suppress(OSError):
+            side = path.with_name(path.name + suffix)
+            _narrow(os.open(side, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+
+
+def _narrow(fd: int) -> None:
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 PRUNE_EVERY = 100  # runs between two prunings of the oldest rows
 
 
@@ -34,6 +55,7 @@ class RunHistory:
 
     def __init__(self, path: Path, keep_runs: int = 100_000) -> None:
         self.keep_runs = keep_runs
+        _create_private(path)
         self._db = sqlite3.connect(path, timeout=2.0, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         # No fsync per commit: the history is a convenience, and the death-to-relaunch path must stay fast.
@@ -89,7 +111,7 @@ def open_history(path: Path, keep_runs: int = 100_000) -> RunHistory | None:
             return None
     try:
         return RunHistory(path, keep_runs)
-    except sqlite3.Error:
+    except (sqlite3.Error, OSError):
         return None
 
 

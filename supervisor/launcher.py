@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor import __version__
-from dflashd.supervisor.caches import clear_owned_cache
+from dflashd.supervisor.caches import clear_owned_cache, prepare_caches
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.diagnostics import bind_run, get_logger
@@ -118,6 +118,8 @@ class Launcher:
         run.gpu_baseline_mib = self.gpu.baseline()
         if clear_cache:
             self._clear_cache(run_no)
+        else:
+            prepare_caches(self.home.cache, self.home.id)
         spawn_fields: dict[str, Any] = {
             "argv": list(run.argv),
             "cwd": str(cwd),
@@ -184,11 +186,13 @@ class Launcher:
         return run, None
 
     def _clear_cache(self, run_no: int) -> None:
-        try:
-            cleared = clear_owned_cache(self.home.cache, self.home.root)
-        except (OSError, ValueError) as exc:
-            cleared = False
-            log.warning("cache_clear_failed", error=str(exc))
+        # Only the directories dflashd made and marked (caches.py): never the user's own.
+        clearing = clear_owned_cache(self.home.cache, self.home.id)
         self.reporter.record(
-            run_no, Event.CACHE_CLEARED, path=str(self.home.cache), cleared=cleared
+            run_no,
+            Event.CACHE_CLEARED,
+            path=str(self.home.cache),
+            cleared=bool(clearing.cleared),
+            caches=clearing.cleared,
+            kept=clearing.kept,
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from dflashd.logs.framer import Frame
+from dflashd.supervisor.bounds import bounded_int
 from dflashd.supervisor.elastic import AgentLine
 from dflashd.supervisor.formats import FormatMatcher
 
@@ -38,10 +39,7 @@ class LineProgress:
 
 
 def _to_int(value: str) -> int | None:
-    try:
-        return int(value)
-    except ValueError:
-        return None
+    return bounded_int(value)  # a user pattern's match beyond any count is no step
 
 
 class LineMatcher:

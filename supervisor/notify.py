@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from dflashd.supervisor.bounds import bounded_int
+
 _MAX_DATAGRAM: Final = 4096
 _CREDS: Final = struct.Struct("iII")
 
@@ -44,15 +46,10 @@ def parse_notify(data: bytes, sender_pid: int | None = None) -> NotifyMessage:
         key, sep, value = raw.partition("=")
         if sep:
             fields[key.strip()] = value
-    step: int | None = None
-    extend: int | None = None
-    try:
-        step = int(fields["STEP"]) if "STEP" in fields else None
-    except ValueError:
-        step = None
-    try:
-        extend = int(fields["EXTEND_TIMEOUT_USEC"]) if "EXTEND_TIMEOUT_USEC" in fields else None
-    except ValueError:
+    # bounded: STEP=1e30 or a 40-digit number is no step (bounds.py), never a crash later
+    step = bounded_int(fields["STEP"]) if "STEP" in fields else None
+    extend = bounded_int(fields.get("EXTEND_TIMEOUT_USEC", ""))
+    if extend is not None and extend < 0:
         extend = None
     return NotifyMessage(
         ready=fields.get("READY") == "1",

@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
+from dflashd.supervisor.bounds import bounded_int, finite_float
 from dflashd.supervisor.formats import global_step
 from dflashd.supervisor.notify import NotifyMessage
 from dflashd.supervisor.verdicts import EndedBy
@@ -138,8 +139,12 @@ class Progress:
         if epoch_index is not None and batches and step is not None:
             # an epoch's bar counts its batches: the global step counts every epoch's
             self.full_batches = max(self.full_batches, batches)
-            step = global_step(epoch_index, step, batches, self.full_batches)
-        moved = step is not None or (epoch is not None and epoch != self.epoch)
+            step = bounded_int(global_step(epoch_index, step, batches, self.full_batches))
+        # A step posted again (the same line seen on a later wake-up) is not progress: it
+        # would count as a step and add a false gap to the job's cadence.
+        moved = (step is not None and step != self.step) or (
+            epoch is not None and epoch != self.epoch
+        )
         if epoch is not None:
             self.epoch = epoch
         if source != GPU:
@@ -186,10 +191,10 @@ class Progress:
             self.status_text = msg.status[:500]  # bounded: it goes into status and state.json
             status = msg.status
             loss = _STATUS_LOSS.search(msg.status)  # "step 120 loss 2.31": chart the loss too
-            if loss is not None:
-                self.loss = float(loss.group(1))
+            if loss is not None and (value := finite_float(loss.group(1))) is not None:
+                self.loss = value
         if msg.extend_timeout_us is not None and self.first_step_mono is None:
-            self.extend_until_mono = now + min(msg.extend_timeout_us / 1e6, 1e7)
+            self.extend_until_mono = now + min(msg.extend_timeout_us, 10**13) / 1e6
         if msg.is_progress:
             change = self.on_step(
                 now, step=msg.step, first=msg.ready or msg.step is not None, source=NOTIFY

@@ -58,9 +58,8 @@ def dflashd_env(spec: ChildEnvironment) -> dict[str, str]:
         "DFLASHD_HOME_ID": spec.home_id,
         "TORCHINDUCTOR_CACHE_DIR": str(spec.cache_dir / "torchinductor"),
         "TRITON_CACHE_DIR": str(spec.cache_dir / "triton"),
-        # torch's JIT-built extensions (DeepSpeed's ops): an early death's cache clearing
-        # also removes a stale build lock left there by a killed build
-        "TORCH_EXTENSIONS_DIR": str(spec.cache_dir / "torch_extensions"),
+        # TORCH_EXTENSIONS_DIR is left to torch's default (or the user's): JIT-built ops
+        # (DeepSpeed's) take minutes to build and are shared by every home and run.
     }
 
 

@@ -6,7 +6,8 @@ STATUS= line); :func:`write_state` replaces state.json atomically (temp file + r
 :func:`parse_state`, which keeps what is well-typed and drops the rest (a hand-edited or
 corrupted file is input from outside: it must never crash ``start`` or ``status``).
 
-This module sits low in the house: it imports nothing of dflashd.  The daemon's snapshot
+This module sits low in the house: it imports nothing of dflashd but the never-raising
+encoder (:mod:`dflashd.logs.safejson`).  The daemon's snapshot
 (:mod:`dflashd.supervisor.snapshot`) fills it in.
 """
 
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 import orjson
+
+from dflashd.logs.safejson import dumps_any
 
 _MAX_STATE_BYTES = 4 * 1024 * 1024
 
@@ -79,6 +82,7 @@ class StatusView(TypedDict):
     custody: str  # how runs own their processes: "cgroup" or "pidfd"
     stacks_tool: str  # "py-spy 0.4.3", or why live stack dumps are unavailable
     log_codec: str  # the log path's inner loops: "c", or "python" where the C build is missing
+    stop_timeout_s: float  # restart.stop_timeout_s: what `dflashd stop` without --timeout waits
     child: NotRequired[ChildIdentity]  # present while a child lives
 
 
@@ -90,8 +94,14 @@ def one_line(view: StatusView) -> str:
     return f"{view['state']} run {view['run']} {view['phase']}{step}"
 
 
+MAX_COUNT = 2**53  # a run, step or restart count beyond this is not a count (JSON's safe integers)
+
+
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A well-typed count: an integer, not a bool, below :data:`MAX_COUNT` in size."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < MAX_COUNT:
+        return value
+    return None
 
 
 def parse_state(obj: Any) -> dict[str, Any]:
@@ -146,7 +156,7 @@ def write_state(path: Path, state: dict[str, Any]) -> None:
     replaces whatever entry ``path`` is (a planted link included), never its target.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = orjson.dumps(state, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE, default=str)
+    data = dumps_any(state, orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
     try:
         os.unlink(tmp)
     except FileNotFoundError:

@@ -236,9 +236,11 @@ def test_a_silent_cpu_bound_start_is_alive(
     assert _exit(daemon)["verdict"] == "completed"
 
 
-def test_torch_extensions_live_under_the_homes_cache(start_daemon: Start) -> None:
+def test_torch_extensions_stay_in_torchs_own_directory(start_daemon: Start) -> None:
+    """JIT-built ops (DeepSpeed's) are shared by every home: dflashd leaves their directory alone."""
     daemon = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
     daemon.wait(60)
     spawn = daemon.events("spawn")[0]
-    assert "TORCH_EXTENSIONS_DIR" in spawn.fields["env_keys"]
+    assert "TORCH_EXTENSIONS_DIR" not in spawn.fields["env_keys"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in spawn.fields["env_keys"]
     assert isinstance(spawn, EventRecord)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import errno
 import threading
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from dflashd.logs import (
     log_files,
     read_records,
 )
+from tests.faults.fsfaults import FaultyDir
 
 
 def lines_frame(lines: list[str]) -> Frame:
@@ -130,23 +131,21 @@ def test_deleted_live_log_is_reopened_before_the_next_write(tmp_path: Path) -> N
 
 
 def test_disk_full_is_counted_then_reported(tmp_path: Path) -> None:
-    """Writes to a full device (/dev/full) are dropped and counted, then reported as log_dropped."""
-    if not Path("/dev/full").exists():
-        pytest.skip("no /dev/full on this system")
-    writer = RotatingLogWriter(tmp_path, max_bytes=1 << 20)
+    """Writes that fail with ENOSPC are dropped and counted, then reported as log_dropped."""
+    made: list[FaultyDir] = []
+
+    def faulty(path: Path) -> FaultyDir:
+        made.append(FaultyDir(path))
+        return made[-1]
+
+    writer = RotatingLogWriter(tmp_path, max_bytes=1 << 20, fs=faulty)
     writer.write_event(1, "spawn", {})
-    live = tmp_path / "dflashd.jsonl"
-    # The live file's descriptor is swapped for one on /dev/full, whose writes fail with
-    # ENOSPC as a full disk's do (the writer never follows a symlink, so one cannot be used).
-    real_fd, real_inode = writer._fd, writer._inode
-    full = os.open("/dev/full", os.O_WRONLY)
-    writer._fd, writer._inode = full, (os.stat(live).st_dev, os.stat(live).st_ino)
+    made[0].failing["write"] = errno.ENOSPC
     assert writer.write_frame(1, "stdout", lines_frame(["lost one", "lost two"])) is False
     stats = writer.stats()
     assert stats.records_dropped == 2 and stats.write_errors == 1
     assert stats.last_error is not None and "ENOSPC" in stats.last_error
-    writer._fd, writer._inode = real_fd, real_inode
-    os.close(full)
+    del made[0].failing["write"]
     assert writer.write_frame(1, "stdout", lines_frame(["back"])) is True
     writer.close()
     records = list(read_records(tmp_path))
@@ -215,10 +214,14 @@ def test_sink_writes_in_submission_order_and_flushes(tmp_path: Path) -> None:
 
 def test_a_rotation_shifts_only_the_files_present_in_any_form(tmp_path: Path) -> None:
     """One directory scan: base.N (plain, .zst or .gz) moves up one; base.<backups> goes; a
-    number above the bound (an older, larger setting) and foreign names stay."""
-    from dflashd.logs.resume import numbered_files, plain_rotated, shift_rotated
+    number above the bound (an older, larger setting) and foreign names stay; the new live
+    file takes the live name."""
+    from dflashd.logs.logdir import LogDir, rotate_into_place
+    from dflashd.logs.resume import numbered_files, plain_rotated
 
     for name in (
+        "run.jsonl",
+        ".run.jsonl.new",
         "run.jsonl.1",
         "run.jsonl.2.zst",
         "run.jsonl.3.gz",
@@ -228,16 +231,22 @@ def test_a_rotation_shifts_only_the_files_present_in_any_form(tmp_path: Path) ->
     ):
         (tmp_path / name).write_text(name)
     assert plain_rotated(tmp_path, "run.jsonl", 3) == [tmp_path / "run.jsonl.1"]
-    shift_rotated(tmp_path, "run.jsonl", 3)
+    rotated = rotate_into_place(LogDir(tmp_path), "run.jsonl", 3, ".run.jsonl.new")
+    assert rotated.newest == "run.jsonl.1"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "other.1",
+        "run.jsonl",
+        "run.jsonl.1",
         "run.jsonl.2",
         "run.jsonl.2.zst.part",
         "run.jsonl.3.zst",
         "run.jsonl.5",
     ]
     assert (tmp_path / "run.jsonl.3.zst").read_text() == "run.jsonl.2.zst"
+    assert (tmp_path / "run.jsonl.1").read_text() == "run.jsonl"
+    assert (tmp_path / "run.jsonl").read_text() == ".run.jsonl.new"
     assert numbered_files(tmp_path, "run.jsonl") == {
+        1: ["run.jsonl.1"],
         2: ["run.jsonl.2"],
         3: ["run.jsonl.3.zst"],
         5: ["run.jsonl.5"],

@@ -15,6 +15,7 @@ from typing import Any
 import click
 import orjson
 
+from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor import __version__
 from dflashd.supervisor.client.common import (
     EXIT_NOT_RUNNING,
@@ -169,23 +170,47 @@ def status(home: Path | None, as_json: bool) -> None:
     if not running and state.get("state") in ("running", "starting", "backoff", "stopping"):
         state["state_note"] = "the daemon is gone without recording an end; this is its last state"
     if as_json:
-        click.echo(orjson.dumps(state, default=str).decode())
+        click.echo(dumps_any(state).decode())
     else:
         click.echo(format_status(state, running=running, paint=Painter(use_color(sys.stdout))))
     sys.exit(0 if running else EXIT_NOT_RUNNING)
 
 
 def _current_state(home: Home) -> tuple[dict[str, Any] | None, bool]:
-    """The live daemon's status, else the last state.json; and whether a daemon answered."""
+    """The live daemon's status, else the last state.json; and whether a daemon holds the home.
+
+    "Running" is decided by the lock's holder, not by the socket: a daemon whose socket was
+    deleted, or that is frozen, still runs; the state then says why it does not answer.
+    """
     from dflashd.supervisor.control import ControlError, request
     from dflashd.supervisor.statusview import parse_state, read_state
 
-    if lock_is_held(home.lock):
-        try:
-            return parse_state(request(home.control_socket, {"cmd": "status"})), True
-        except ControlError:
-            pass
-    return read_state(home.state_file), False
+    if not lock_is_held(home.lock):
+        return read_state(home.state_file), False
+    try:
+        return parse_state(request(home.control_socket, {"cmd": "status"}, timeout_s=3.0)), True
+    except ControlError as exc:
+        state = read_state(home.state_file) or {"home": str(home.root)}
+        state["state_note"] = not_answering(home, exc)
+        return state, True
+
+
+def not_answering(home: Home, exc: Exception) -> str:
+    """``daemon pid N holds the home but does not answer: stopped (state T)?`` and the cause."""
+    from dflashd.supervisor.procfs import holds_file, read_stat
+
+    pid = read_lock_pid(home.lock)
+    if pid is None or not holds_file(pid, home.lock):
+        return f"a process holds {home.lock} but it cannot be named ({exc})"
+    found = read_stat(pid)
+    state = found.state if found is not None else "?"
+    if state in ("T", "t"):
+        guess = f"stopped (state {state}): `kill -CONT {pid}` resumes it"
+    elif not home.control_socket.exists():
+        guess = f"its control socket {home.control_socket} is missing (state {state})"
+    else:
+        guess = f"busy or hung (state {state}): {exc}"
+    return f"daemon pid {pid} holds the home but does not answer: {guess}"
 
 
 @main.command()
@@ -203,15 +228,19 @@ def stop(home: Path | None, timeout_s: float | None) -> None:
 def _stop_without_socket(home: Home, timeout_s: float | None, exc: Exception) -> dict[str, Any]:
     """The control socket is gone (deleted by hand): SIGTERM the proven lock holder instead.
 
-    The daemon takes SIGTERM as ``stop`` with the config's ``restart.stop_timeout_s``.
+    The daemon takes SIGTERM as ``stop`` with the config's ``restart.stop_timeout_s``.  A
+    frozen daemon (state T) gets nothing: a signal would wait and act after this command
+    reported its failure.
     """
     import signal
 
     from dflashd.supervisor.custody import signal_lock_holder
+    from dflashd.supervisor.procfs import read_stat
 
     pid = read_lock_pid(home.lock)
-    if home.control_socket.exists() or pid is None:
-        fail(f"cannot reach the daemon: {exc}", 1)
+    found = read_stat(pid) if pid is not None else None
+    if home.control_socket.exists() or pid is None or found is None or found.state in "Tt":
+        fail(f"cannot stop: {not_answering(home, exc)}; nothing was sent", 1)
     if not signal_lock_holder(pid, home.lock, signal.SIGTERM):
         fail(f"cannot reach the daemon: {exc}; pid {pid} does not hold {home.lock}", 1)
     note = (
@@ -224,20 +253,31 @@ def _stop_without_socket(home: Home, timeout_s: float | None, exc: Exception) ->
     return {"ok": True}
 
 
+_STOP_MARGIN_S = 30.0  # past the job's stop timeout and the dump: the daemon's own exit
+
+
 def _stop(home: Home, timeout_s: float | None) -> None:
     from dflashd.supervisor.control import ControlError, request
     from dflashd.supervisor.statusview import read_state
 
-    req: dict[str, Any] = {"cmd": "stop"}
+    reply_within_s = 5.0
+    req: dict[str, Any] = {"cmd": "stop", "expires_at": time.time() + reply_within_s}
     if timeout_s is not None:
         req["timeout_s"] = timeout_s
     try:
-        reply = request(home.control_socket, req)
+        reply = request(home.control_socket, req, timeout_s=reply_within_s)
     except ControlError as exc:
         reply = _stop_without_socket(home, timeout_s, exc)
     if not reply.get("ok"):
         fail(f"the daemon refused: {reply.get('error')}", EXIT_USAGE)
-    wait_s = (timeout_s if timeout_s is not None else 30.0) + 30.0
+    # the reply says the timeout in effect (the config's when --timeout is not given) and the
+    # stack dump's bound; a daemon reached by SIGTERM uses its configured one, unknown here
+    in_effect = reply.get("timeout_s", timeout_s)
+    if not isinstance(in_effect, int | float):
+        in_effect = _configured_stop_timeout(home)
+    dump = reply.get("dump_bound_s")
+    wait_s = float(in_effect) + (float(dump) if isinstance(dump, int | float) else 10.0)
+    wait_s += _STOP_MARGIN_S
     deadline = time.monotonic() + wait_s
     while lock_is_held(home.lock):
         if time.monotonic() > deadline:
@@ -248,6 +288,14 @@ def _stop(home: Home, timeout_s: float | None) -> None:
     state = read_state(home.state_file) or {}
     last = state.get("last_exit") or {}
     click.echo(f"dflashd stopped (run {last.get('run')}: {last.get('verdict')})")
+
+
+def _configured_stop_timeout(home: Home) -> float:
+    """The running daemon's ``restart.stop_timeout_s`` from its last state.json, else 30 s."""
+    from dflashd.supervisor.statusview import read_state
+
+    value = (read_state(home.state_file) or {}).get("stop_timeout_s")
+    return float(value) if isinstance(value, int | float) else 30.0
 
 
 @main.command(context_settings={"allow_interspersed_args": False})

@@ -19,6 +19,7 @@ import click
 import orjson
 
 from dflashd.logs import EventRecord, RecordFilter, follow, last_records
+from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.client.common import EXIT_NOT_RUNNING, fail, home_option, resolve_home
 from dflashd.supervisor.control import ControlError, request
 from dflashd.supervisor.events import Event
@@ -111,7 +112,7 @@ def _print(record: EventRecord, as_json: bool) -> None:
                 full["dump"] = orjson.loads(Path(path).with_suffix(".json").read_bytes())
             except (OSError, orjson.JSONDecodeError):
                 full["dump"] = None
-        click.echo(orjson.dumps(full, default=str).decode())
+        click.echo(dumps_any(full).decode())
     elif isinstance(path, str) and Path(path).is_file():
         click.echo(Path(path).read_text(errors="replace"), nl=False)
     else:
