@@ -10,10 +10,12 @@ written to a log record, ``status`` or ``state.json`` (only its host, in outcome
 from __future__ import annotations
 
 import queue
+import re
 import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -125,6 +127,20 @@ def redact_url(url: str) -> str:
     return f"{parts.scheme}://{parts.hostname or '?'}/…"
 
 
+_ANY_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+def without_url(text: str, url: str) -> str:
+    """``text`` without the webhook's secret parts: the URL, its path and query (where the
+    token lives), its password, and any URL at all, each replaced by ``<redacted>``."""
+    parts = urllib.parse.urlsplit(url)
+    secrets = [url, parts.path, parts.query, parts.password or "", parts.netloc]
+    secrets += [urllib.parse.quote(s) for s in secrets] + [repr(s)[1:-1] for s in secrets]
+    for secret in sorted({s for s in secrets if len(s) > 1}, key=len, reverse=True):
+        text = text.replace(secret, "<redacted>")
+    return _ANY_URL.sub("<redacted>", text)
+
+
 def post_webhook(
     url: str, payload: dict[str, Any], timeout_s: float = WEBHOOK_TIMEOUT_S
 ) -> tuple[bool, str]:
@@ -136,7 +152,6 @@ def post_webhook(
     """
     # Imported here: http.client pulls in ssl, megabytes a daemon without a webhook never needs.
     import http.client
-    import urllib.parse
 
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -172,7 +187,7 @@ def post_webhook(
     except Exception as exc:  # http.client.HTTPException, OSError, ssl errors: all one failure
         if expired.is_set():
             return False, f"no answer within {timeout_s:g}s"
-        return False, f"{type(exc).__name__}: {exc}"[:200]
+        return False, without_url(f"{type(exc).__name__}: {exc}", url)[:200]
     finally:
         timer.cancel()
         conn.close()

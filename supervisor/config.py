@@ -116,6 +116,9 @@ class Config:
     gpu_busy_s: float = _seconds(30.0)
     first_step_timeout_s: float = _seconds(3600.0)
     stall_timeout_s: float = _seconds(900.0)
+    # a steady run with no new step for max(this, 10 x its typical interval) is sampled for a
+    # hang (stacks, I/O); only a proven hang ends it early (hang.py); 0 turns the sampling off
+    hang_suspect_s: float = _seconds(30.0, above=None, low=0.0)
     first_step_pattern: str = ""
     step_pattern: str = ""
     builtin_formats: bool = True  # recognise the step lines of common trainers
@@ -264,13 +267,26 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     return cls(**values)
 
 
+_URL_CHARS = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*")
+
+
 def _check_webhook(url: str) -> None:
-    """An http(s) URL with a host; the message never repeats the URL (it is a secret)."""
+    """An http(s) URL with a host, of RFC 3986's characters only (a stray space or a control
+    character is refused here, not at the first alert); the message never repeats the URL
+    (it is a secret)."""
+    if _URL_CHARS.fullmatch(url) is None:
+        raise ConfigError(
+            "alerts.webhook_url: holds a space, a control or a non-ASCII character "
+            "(not shown: the URL is a secret); percent-encode it or remove it"
+        )
     try:
         parts = urllib.parse.urlsplit(url)
         host = parts.hostname
+        _ = parts.port  # a port that is not a number raises here
     except ValueError:
-        raise ConfigError("alerts.webhook_url: not a valid URL") from None
+        raise ConfigError(
+            "alerts.webhook_url: not a valid URL (not shown: it is a secret)"
+        ) from None
     if parts.scheme not in ("http", "https") or not host:
         raise ConfigError("alerts.webhook_url: must be an http:// or https:// URL with a host")
 

@@ -43,6 +43,7 @@ from dflashd.supervisor.cgroups import (
 from dflashd.supervisor.procfs import (
     CLK_TCK,
     all_stats,
+    cmdline_text,
     holds_file,
     read_stat,
 )
@@ -307,15 +308,17 @@ def end_own_child_session(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def end_adopted(exclude: set[int]) -> None:
+def end_adopted(exclude: set[int]) -> dict[str, str]:
     """At exit (pidfd mode's last net): our own children that no run proved, and theirs.
 
     A direct child of the daemon is ours by construction (an unreaped child's pid cannot
     be reused): an orphan we adopted as subreaper, or a run's root.  Alert commands
     (``exclude``) and their sessions are left to their own bound.  Stopped first, then
-    killed, round after round, so a respawning chain cannot outrun the sweep.
+    killed, round after round, so a respawning chain cannot outrun the sweep.  Returns every
+    process it ended (pid: command line), for the record that names them.
     """
     me = os.getpid()
+    ended: dict[str, str] = {}
     for _ in range(SWEEP_ROUNDS):
         stats = all_stats()
         spared = {pid for pid, st in stats.items() if pid in exclude or st.pgid in exclude}
@@ -345,8 +348,9 @@ def end_adopted(exclude: set[int]) -> None:
                 grew = True
         try:
             if not tree:
-                return
+                return ended
             HostCustody._send(tree.values(), signal.SIGSTOP)
+            ended.update((str(pid), cmdline_text(pid)) for pid in tree)  # named while stopped
             HostCustody._send(tree.values(), signal.SIGKILL)
         finally:
             for member in tree.values():
@@ -355,6 +359,7 @@ def end_adopted(exclude: set[int]) -> None:
             if found.ppid == me and found.state == "Z" and pid not in exclude:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
+    return ended
 
 
 def signal_lock_holder(pid: int, lock: Path, signum: int) -> bool:

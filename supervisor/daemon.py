@@ -29,6 +29,7 @@ from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
 from dflashd.supervisor.groups import HostProcesses, ProcessOps
+from dflashd.supervisor.hang import HangSampled
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.inbox import GpuSampled, Inbox, RunEmptied
 from dflashd.supervisor.launcher import Launcher
@@ -80,6 +81,7 @@ class Daemon:
         self.ops = ops or HostProcesses(home.id)
         self._sampler_factory = sampler_factory or (lambda _pid: NvmlSampler(config.gpus))
         self.loop = LoopState()
+        self._opened = False  # open() finished: the start was not refused
         self.ledger = Ledger()
         self.timers = Timers()
         self.started_wall = self.clock.time()
@@ -88,14 +90,16 @@ class Daemon:
         self._matcher = LineMatcher(
             config.first_step_pattern, config.step_pattern, config.builtin_formats
         )
-        self._limits = Limits(config.first_step_timeout_s, config.stall_timeout_s)
+        self._limits = Limits(
+            config.first_step_timeout_s, config.stall_timeout_s, config.hang_suspect_s
+        )
         self.gpu = GpuWatch(GpuSettings.from_config(config))
         self.boot_id = boot_id()
         self.reporter = Reporter(home, config, self._systemd, self.clock)
         self.observer = RunObserver(
             self.reporter, self.gpu, self.ops, self.ledger, config.alerts.on
         )
-        self.dumps = dumps or StackDumps(home, self.reporter, self.inbox.post)
+        self.dumps = dumps or StackDumps(home, self.reporter, self.inbox.post, self.clock.monotonic)
         self.live = LiveRunControl(
             self.clock, self.reporter, self.observer, self._limits, self.timers, self.dumps
         )
@@ -156,6 +160,7 @@ class Daemon:
                 self.open()
             except OSError as exc:  # a socket or file of the home cannot be made: refuse the start
                 raise StartupError(f"{exc.filename or self.home.root}: {exc.strerror}") from None
+            self._opened = True
             self._loop()
         except StartupError:
             raise
@@ -242,6 +247,8 @@ class Daemon:
                 self.runs.emptied(message.run_no, now)
             elif isinstance(message, StacksTaken):
                 self.live.taken(self.run, message)
+            elif isinstance(message, HangSampled):
+                self.live.hang_sampled(self.run, message)
             elif isinstance(message, GpuSampled):
                 end = self.observer.gpu_sample(self.run, message.sample, now)
                 if end is not None and self.run is not None:
@@ -343,7 +350,8 @@ class Daemon:
                     run.run_no if run else 0, Event.DAEMON_EXIT, state=self.state.value
                 ),
             ),
-            ("state", self._publish),
+            # a refused start leaves status as it was: no phantom "starting" state
+            ("state", lambda: self._publish() if self._opened else None),
             ("reporter", self.reporter.close),
             ("doors", lambda: self.doors.close() if self.doors is not None else None),
             ("inbox", self.inbox.close),

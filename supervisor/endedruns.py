@@ -132,6 +132,8 @@ class EndedRuns:
             custodies.append(run.custody)
         for custody in custodies:
             if not custody.empty():
+                named = {str(pid): self.ops.cmdline(pid) for pid in sorted(custody.members())}
+                self._name_ended(run, named, custody.mode)
                 custody.signal_all(signal.SIGTERM)
                 custody.signal_all(signal.SIGCONT)
                 if not custody.wait_empty(2.0):
@@ -141,4 +143,11 @@ class EndedRuns:
             custody.close()
         self.ended = []
         if own_descendants:
-            end_adopted(exclude=self.reporter.alerts.pids)
+            # pidfd mode's last net (a grandchild that scrubbed its environment): named too
+            self._name_ended(run, end_adopted(exclude=self.reporter.alerts.pids), "adopted")
+
+    def _name_ended(self, run: Run | None, named: dict[str, str], by: str) -> None:
+        """Every process dflashd ends at shutdown is named in a record, in every custody mode."""
+        if named:
+            run_no = run.run_no if run is not None else 0
+            self.reporter.record(run_no, Event.SHUTDOWN_ENDED, pids=named, by=by)

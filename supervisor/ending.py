@@ -56,6 +56,7 @@ class RunFacts:
     stop_requested: bool = False
     stacks: dict[str, Any] | None = None  # the dump taken before dflashd ended the run
     flight_recorder: tuple[str, ...] = ()  # NCCL flight-recorder traces the ranks left
+    hung_after_s: float | None = None  # a proven hang: from the last step to the decision
 
 
 # -- the effects, carried out in order by the daemon's one applier -------------------------
@@ -207,6 +208,8 @@ def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
         out["stacks"] = facts.stacks
     if facts.flight_recorder:
         out["flight_recorder"] = list(facts.flight_recorder)
+    if facts.hung_after_s is not None:
+        out["hung_after_s"] = facts.hung_after_s
     return out
 
 

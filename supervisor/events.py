@@ -22,8 +22,11 @@ class Event(StrEnum):
     STOPPING = "stopping"
     STOP_TIMEOUT = "stop_timeout"
     STACKS = "stacks"  # a live dump of the run's stacks (dflashd stacks, or before a kill)
+    HANG_SUSPECT = "hang_suspect"  # a steady run's step is overdue: its processes are sampled
+    HANG_CHECK = "hang_check"  # a round of samples found work (or could not tell): not ended
     EXIT = "exit"
     LEFTOVER_PROCESSES = "leftover_processes"
+    SHUTDOWN_ENDED = "shutdown_ended"  # the daemon's exit: each process it ended, named
     ENDING_LEFTOVERS = "ending_leftovers"  # before a relaunch: what the dead run left running
     LAUNCH_DEFERRED = "launch_deferred"  # out of descriptors (EMFILE): retried, not a verdict
     # a node of a larger job: what torchrun's agent handled itself (elastic.py)
@@ -53,3 +56,4 @@ class Event(StrEnum):
     LOG_TORN_TAIL = "log_torn_tail"
     LOG_DROPPED = "log_dropped"  # written by dflashd.logs.writer (which knows no supervisor names)
     DAEMON_EXIT = "daemon_exit"
+    HOME_REPLACED = "home_replaced"  # the home's path names another directory now: kept to ours

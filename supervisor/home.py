@@ -112,6 +112,33 @@ class Home:
             check_private_dir(sub, sub.name)
 
 
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, one of them the terminating NUL
+
+
+def unusable_path(root: Path) -> str | None:
+    """Why a home at ``root`` cannot work, before anything is made there (None: it can).
+
+    Its path must be UTF-8 text (it goes into records, the child's environment and status)
+    and short enough for its sockets' paths to fit a Unix socket address.
+    """
+    text = str(root)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(text)
+        return (
+            f"home {shown!r} is not UTF-8 text: dflashd names it in UTF-8 records and "
+            "status; use a home whose path is UTF-8"
+        )
+    longest = max(len(os.fsencode(root / name)) for name in ("control.sock", "notify.sock"))
+    if longest > SOCKET_PATH_MAX:
+        return (
+            f"home {root} is too long: its sockets' paths ({longest} bytes) pass the "
+            f"{SOCKET_PATH_MAX}-byte limit of a Unix socket address; use a shorter --home"
+        )
+    return None
+
+
 class HomeError(Exception):
     """The home is unusable or unsafe; the message says why (exit 2)."""
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dflashd.supervisor.hang import HangSampled
 from dflashd.supervisor.linewatch import LinesSeen
 from dflashd.supervisor.nvml import GpuSample
 from dflashd.supervisor.stacks import StacksTaken
@@ -54,7 +55,7 @@ class RunEmptied:
     run_no: int
 
 
-Message = LinesSeen | GpuSampled | RunEmptied | StacksTaken
+Message = LinesSeen | GpuSampled | RunEmptied | StacksTaken | HangSampled
 
 
 class Inbox:

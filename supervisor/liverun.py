@@ -13,10 +13,22 @@ with ``run.ended_by`` saying who ended it and ``run.stacks`` where the dump is.
 from __future__ import annotations
 
 import signal
+import statistics
 from typing import Any, Final
 
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.hang import (
+    EndHung,
+    HangLimits,
+    HangSampled,
+    HangView,
+    Judgement,
+    NewRound,
+    TakeSample,
+    Wait,
+    decide,
+)
 from dflashd.supervisor.observe import RunObserver
 from dflashd.supervisor.progress import Limits
 from dflashd.supervisor.reporter import Reporter
@@ -110,6 +122,98 @@ class LiveRunControl:
         else:  # py-spy could not read the run (a seccomp profile, say): faulthandler's dump
             self._faulthandler(run, message.dump.trigger, Event.ENDING_RUN, message.dump.error)
 
+    # -- hangs: the evidence decides (hang.py), this applies ---------------------------------
+
+    def _hang(self, run: Run, now: float) -> None:
+        progress, watch = run.progress, run.hang
+        if watch.samples and (progress.last_progress_mono or 0.0) >= watch.samples[0].at:
+            watch.samples.clear()  # a new step since: the round's evidence is stale
+            watch.next_round_at = None
+        view = HangView(
+            progress.last_progress_mono,
+            tuple(progress.intervals),
+            progress.reports_steps,
+            self.dumps.available,
+            watch.sampling,
+        )
+        action = decide(view, watch.evidence(), now, HangLimits(self.limits.hang_suspect_s))
+        run.hang_due = None
+        match action:
+            case Wait(until=until):
+                run.hang_due = until
+            case TakeSample():
+                if not watch.samples:
+                    watch.rounds += 1
+                    self._suspect_record(run, now)
+                watch.sampling = True
+                self.dumps.sample(run)
+            case NewRound(judgement=judgement, at=at):
+                watch.samples.clear()
+                watch.next_round_at = at
+                run.hang_due = at
+                if judgement.why != watch.last_finding:
+                    watch.last_finding = judgement.why
+                    self.reporter.record(
+                        run.run_no,
+                        Event.HANG_CHECK,
+                        finding=judgement.finding.value,
+                        why=judgement.why,
+                        next_in_s=round(at - now, 3),
+                    )
+            case EndHung(judgement=judgement, hung_after_s=after):
+                run.hung_after_s = after
+                self._end_hung(run, judgement)
+
+    def _suspect_record(self, run: Run, now: float) -> None:
+        progress = run.progress
+        gap = now - (progress.last_progress_mono or now)
+        self.reporter.record(
+            run.run_no,
+            Event.HANG_SUSPECT,
+            log_level="warning",
+            no_step_for_s=round(gap, 3),
+            step=progress.step,
+            typical_interval_s=round(statistics.median(progress.intervals), 3),
+            round=run.hang.rounds,
+        )
+
+    def hang_sampled(self, run: Run | None, message: HangSampled) -> None:
+        """A sample came back: kept with the run's evidence, and the decider asked at once."""
+        if run is None or run.run_no != message.run_no or not run.alive:
+            return
+        run.hang.sampling = False
+        run.hang.samples.append(message.sample)
+        run.hang.last_dump = message.dump
+        if not run.ended_by_us:
+            self._hang(run, self.clock.monotonic())
+
+    def _end_hung(self, run: Run, judgement: Judgement) -> None:
+        """A proven hang: the sample that proved it is the run's dump (its file and record),
+        and the kill follows at once (no second dump)."""
+        if run.custody is None or not run.alive:
+            return
+        run.ended_by = EndedBy.HUNG
+        dump = run.hang.last_dump
+        fields: dict[str, Any] = {}
+        if dump is not None:
+            dump.trigger = "hung"
+            fields = self.dumps.taken(StacksTaken(run.run_no, "hang", dump), self.clock.time())
+            kept = ("dump_id", "path", "odd_rank_out", "odd_summary", "error")
+            run.stacks = {k: fields[k] for k in kept if fields.get(k) is not None}
+            run.stacks["top"] = alert_lines(fields)
+        self.reporter.record(
+            run.run_no,
+            Event.ENDING_RUN,
+            log_level="warning",
+            why=EndedBy.HUNG.value,
+            evidence=judgement.why,
+            frames=list(judgement.frames),
+            hung_after_s=run.hung_after_s,
+            dump="py-spy",
+            then="SIGKILL",
+        )
+        run.custody.kill_all()
+
     def command(self, run: Run | None, request: dict[str, Any]) -> dict[str, Any]:
         """``dflashd stacks``: start a dump of the live run; the client waits for its record."""
         if run is None or not run.alive:
@@ -125,13 +229,15 @@ class LiveRunControl:
         }
 
     def check(self, run: Run | None, now: float) -> None:
-        """The deadlines: the kill after a dump, a stall, a stop past its timeout."""
+        """The deadlines: the kill after a dump, a hang, a stall, a stop past its timeout."""
         live = run is not None and run.alive and run.pid is not None
         if live and run is not None:
             if run.kill_at_mono is not None and now >= run.kill_at_mono:
                 run.kill_at_mono = None  # a dump past its bound is not waited for any longer
                 if run.custody is not None:
                     run.custody.kill_all()
+            if not run.ended_by_us:
+                self._hang(run, now)
             stall = None if run.ended_by_us else run.progress.stall_deadline(self.limits)
             if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
                 self.end(run, why)

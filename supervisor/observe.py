@@ -24,13 +24,13 @@ from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.linewatch import LinesSeen
 from dflashd.supervisor.notify import NotifyMessage
 from dflashd.supervisor.nvml import GpuSample
+from dflashd.supervisor.procfs import CLK_TCK, read_stat
 from dflashd.supervisor.progress import GPU, Change
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
 
 _LAST_LINE_CHARS = 500
-CPU_ALIVE_S = 1.0  # CPU-seconds a silent run must use per stall period to count as alive
 
 
 class RunObserver:
@@ -120,21 +120,26 @@ class RunObserver:
 
     @staticmethod
     def _busy_on_cpu(run: Run) -> bool:
-        """Before its first step, with no way to see steps, a silent run using CPU is alive.
+        """Before its first step, with no way to see steps, a silent run that computes is alive.
 
-        The run cgroup's ``cpu.stat`` says how much CPU all its processes used: at least
-        one CPU-second per stall period since the last look (a preprocessing pass, say)
-        is a sign of life.  Unknown in pidfd mode: silence decides alone there.
+        Computing is judged by what the run does, never by how much CPU the machine gives
+        it: one of its processes is runnable (state R), or the CPU time of all of them (the
+        run cgroup's ``cpu.stat``, else their ``/proc`` stats) grew at all since the last
+        look.  A job blocked in a wait uses none and is not alive by this rule.
         """
         progress = run.progress
         if progress.reached_first_step or progress.sees_steps or progress.rendezvous:
             return False
         custody = run.custody
-        used = custody.cpu_time_s() if custody is not None else None
-        if used is None:
+        if custody is None:
             return False
+        stats = [found for pid in custody.members() if (found := read_stat(pid)) is not None]
+        used = custody.cpu_time_s()
+        if used is None:
+            used = sum(found.cpu_ticks for found in stats) / CLK_TCK
         before, run.cpu_seen_s = run.cpu_seen_s, used
-        return used - (before or 0.0) >= CPU_ALIVE_S
+        runnable = any(found.state == "R" for found in stats)
+        return runnable or used > (before if before is not None else 0.0)
 
     def _agent_said(self, run: Run, said: AgentLine, now: float) -> bool:
         """Apply one agent line and record it; True for a completed rendezvous (recorded later)."""

@@ -81,6 +81,44 @@ def environ_values(pid: int, keys: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def wrote_bytes(pid: int) -> int | None:
+    """The bytes ``pid`` passed to write(2) so far (``/proc/PID/io`` wchar), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/io", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"wchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def thread_states(pid: int) -> tuple[str, ...]:
+    """The state letter of each of ``pid``'s threads (R, S, D, ...), from /proc/PID/task."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return ()
+    out = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
+                out.append(fh.read().rsplit(b")", 1)[1].split()[0].decode())
+        except (OSError, IndexError):
+            continue
+    return tuple(out)
+
+
+def cmdline_text(pid: int, limit: int = 200) -> str:
+    """``pid``'s command line, joined by spaces and cut at ``limit`` ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read(limit * 4)
+    except OSError:
+        return ""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")[:limit]
+
+
 def carries_mark(pid: int, home_id: str, run_no: int | None) -> bool:
     """True when ``pid`` started with this home's id and (when given) this run's number."""
     mark = process_mark(pid)

@@ -44,10 +44,11 @@ OUTPUT: Final = "output"
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The two timeouts of the config."""
+    """The config's timeouts, and the gap that makes a steady run suspect of a hang."""
 
     first_step_timeout_s: float
     stall_timeout_s: float
+    hang_suspect_s: float = 30.0  # hang.py; 0 turns hang detection off
 
 
 CADENCE_INTERVALS: Final = 20  # the step intervals the stall window looks back on

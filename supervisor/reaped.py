@@ -108,6 +108,7 @@ def reaped_facts(
         stop_requested=stopping,
         stacks=run.stacks,
         flight_recorder=flight_traces(run),
+        hung_after_s=run.hung_after_s,
     )
 
 

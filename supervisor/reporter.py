@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from dflashd.logs.logdir import LogDir
 from dflashd.logs.sink import LogSink
 from dflashd.logs.writer import RotatingLogWriter
 from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_payload
@@ -53,6 +54,9 @@ class Reporter:
             clock=wall,
         )
         self.sink = LogSink(self.writer, clock=wall)
+        # the home held open: state.json goes into this directory even if its path is swapped
+        self.home_dir = LogDir(home.root)
+        self._home_swapped = False
         self.alerts = AlertDispatcher(
             config.alerts.command, self._alert_done, config.alerts.webhook_url
         )
@@ -183,12 +187,25 @@ class Reporter:
         """state.json, the metrics snapshot and systemd's STATUS=, from one status view."""
         state: dict[str, Any] = dict(view)
         self.snapshot = state  # replaced whole: a scrape on another thread reads it as is
+        self._check_home()
         try:
-            write_state(self.home.state_file, {**state, "config": config_to_dict(self.config)})
+            write_state(
+                self.home.state_file,
+                {**state, "config": config_to_dict(self.config)},
+                dir_fd=self.home_dir.fd,
+            )
         except OSError as exc:
             self.state_errors += 1
             log.warning("state_write_failed", error=str(exc))
         self.systemd.notify(f"STATUS={one_line}")
+
+    def _check_home(self) -> None:
+        """The home's path swapped (for a link to another user's directory, say): said once;
+        state.json keeps going into the directory this daemon opened."""
+        swapped = self.home_dir.check() is not None
+        if swapped and not self._home_swapped:
+            self.record(0, Event.HOME_REPLACED, log_level="warning", path=str(self.home.root))
+        self._home_swapped = swapped
 
     # -- metrics ----------------------------------------------------------------------
 
@@ -225,3 +242,4 @@ class Reporter:
         self.sink.close(5.0)
         if self.history is not None:
             self.history.close()
+        self.home_dir.close()

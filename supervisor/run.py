@@ -13,6 +13,7 @@ from typing import Any
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor.elastic import ElasticState
+from dflashd.supervisor.hang import HangWatch
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.linewatch import LineWatcher
 from dflashd.supervisor.nvml import ChildGpuUse
@@ -48,6 +49,9 @@ class Run:
     dump_before_kill: str | None = None  # the dump dflashd waits for before its kill
     stacks: dict[str, Any] | None = None  # that dump: its file, the odd rank out, top frames
     flight_prefix: Path | None = None  # where its ranks' NCCL flight-recorder traces go
+    hang: HangWatch = field(default_factory=HangWatch)  # samples while suspect of a hang
+    hang_due: float | None = None  # when the hang decider must look again
+    hung_after_s: float | None = None  # a proven hang: last step -> the decision
 
     @property
     def pid(self) -> int | None:

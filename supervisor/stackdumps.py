@@ -24,7 +24,9 @@ from typing import Any, Final, Protocol
 import orjson
 
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.hang import HangSampled, ProcessSample, Sample
 from dflashd.supervisor.home import Home
+from dflashd.supervisor.procfs import thread_states, wrote_bytes
 from dflashd.supervisor.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
@@ -53,6 +55,10 @@ class Dumper(Protocol):
         """Write a finished dump's files and record."""
         ...
 
+    def sample(self, run: Run) -> None:
+        """Take one hang sample of ``run``; it comes back through the inbox (HangSampled)."""
+        ...
+
 
 def is_python(pid: int) -> bool:
     """A Python process: its executable, or a library it mapped, is Python's."""
@@ -68,8 +74,15 @@ def is_python(pid: int) -> bool:
 class StackDumps:
     """Dumps of the live run, one thread each; their files and records."""
 
-    def __init__(self, home: Home, reporter: Reporter, post: Callable[[StacksTaken], None]) -> None:
+    def __init__(
+        self,
+        home: Home,
+        reporter: Reporter,
+        post: Callable[[StacksTaken | HangSampled], None],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.home, self.reporter, self.post = home, reporter, post
+        self.monotonic = monotonic  # the daemon's clock: a sample's time is compared with steps
         # DFLASHD_STACKS=faulthandler: no py-spy (the fallback, as on a host without it)
         forced_off = os.environ.get("DFLASHD_STACKS") == "faulthandler"
         self.binary = None if forced_off else find_py_spy()
@@ -121,6 +134,31 @@ class StackDumps:
 
         threading.Thread(target=work, name=f"dflashd-stacks-{dump_id}", daemon=True).start()
         return dump_id
+
+    def sample(self, run: Run) -> None:
+        """A hang sample on a thread: every Python process's stacks (py-spy, non-blocking: the
+        job is never paused), the bytes each wrote so far and its threads' states."""
+        custody, binary = run.custody, self.binary
+        torchrun = run.elastic is not None
+
+        def work() -> None:
+            started = time.monotonic()
+            dump = StacksDump(run.run_no, "hang_sample", "py-spy")
+            processes: list[ProcessSample] = []
+            if binary is not None and custody is not None:
+                pids = sorted(p for p in custody.members() if is_python(p))
+                roles = {pid: role_of(pid, run.pid, torchrun) for pid in pids}
+                resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT)  # noqa: E731
+                dump.processes = dump_processes(binary, roles, False, resume)
+                processes = [
+                    ProcessSample(p, wrote_bytes(p.pid), thread_states(p.pid))
+                    for p in dump.processes
+                ]
+            dump.took_s = time.monotonic() - started
+            sample = Sample(self.monotonic(), tuple(processes))
+            self.post(HangSampled(run.run_no, sample, dump))
+
+        threading.Thread(target=work, name=f"dflashd-hang-{run.run_no}", daemon=True).start()
 
     def taken(self, message: StacksTaken, wall: float) -> dict[str, Any]:
         """Write the dump's files and its ``stacks`` record; returns the record's fields."""

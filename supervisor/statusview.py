@@ -149,27 +149,31 @@ def parse_state(obj: Any) -> dict[str, Any]:
     return out
 
 
-def write_state(path: Path, state: dict[str, Any]) -> None:
+def write_state(path: Path, state: dict[str, Any], dir_fd: int | None = None) -> None:
     """Replace ``path`` with ``state`` in one rename: a reader sees the old file or the new one.
 
     The temporary file is created exclusively and never through a symlink; the rename
-    replaces whatever entry ``path`` is (a planted link included), never its target.
+    replaces whatever entry ``path`` is (a planted link included), never its target.  With
+    ``dir_fd`` (the home held open) both live in that directory whatever its path names now.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if dir_fd is not None:
+        name, tmp = path.name, f".{path.name}.{os.getpid()}.tmp"
+    else:
+        name, tmp = str(path), str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))
     data = dumps_any(state, orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
     try:
-        os.unlink(tmp)
+        os.unlink(tmp, dir_fd=dir_fd)
     except FileNotFoundError:
         pass
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(tmp, flags, 0o600)
+    fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def read_state(path: Path) -> dict[str, Any] | None:

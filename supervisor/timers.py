@@ -36,6 +36,7 @@ class Timers:
             out.append(run.watcher.due() if run.watcher is not None else None)  # a pending step
             if not run.ended_by_us:
                 out.append(run.progress.stall_deadline(limits))
+                out.append(run.hang_due)
         return [d for d in out if d is not None]
 
     def next_timeout(

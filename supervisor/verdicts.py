@@ -77,6 +77,7 @@ class EndedBy(StrEnum):
     FIRST_STEP_TIMEOUT = "first_step_timeout"
     RENDEZVOUS_TIMEOUT = "rendezvous_timeout"  # a torchrun agent still waiting for its peers
     NO_PROGRESS = "no_progress"
+    HUNG = "hung"  # stacks unmoved in waits, sampled while suspect (hang.py)
     NO_GPU_MEMORY = "no_gpu_memory"
     DAEMON_DIED = "daemon_died"  # the daemon was killed while the run lived: its end was unseen
 
@@ -191,7 +192,7 @@ def classify(obs: Observations, early_death_s: float = DEFAULT_EARLY_DEATH_S) ->
         return Classification(Verdict.LOST, "daemon_killed")
     if obs.ended_by is EndedBy.STOP:
         return Classification(Verdict.STOPPED, "stop_requested")
-    if obs.ended_by in (EndedBy.FIRST_STEP_TIMEOUT, EndedBy.NO_PROGRESS):
+    if obs.ended_by in (EndedBy.FIRST_STEP_TIMEOUT, EndedBy.NO_PROGRESS, EndedBy.HUNG):
         hardware = _hardware_xid(obs)  # a hang after a GPU fell off the bus: the XID explains it
         return Classification(Verdict.STALLED, hardware or obs.ended_by.value)
     if obs.ended_by is EndedBy.RENDEZVOUS_TIMEOUT:

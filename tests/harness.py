@@ -187,6 +187,9 @@ class ScriptedDumps:
         self.started.append((run.run_no, trigger, dump_id))
         return dump_id
 
+    def sample(self, run: Any) -> None:
+        self.started.append((run.run_no, "hang_sample", ""))
+
     def taken(self, message: StacksTaken, wall: float) -> dict[str, Any]:
         fields = {"dump_id": message.dump_id, "path": f"/scripted/{message.dump_id}.txt"}
         fields.update(summary(message.dump))

@@ -34,7 +34,6 @@ from dflashd.supervisor.client.start import (
     load_invocation_cwd,
     prepare,
     run_foreground,
-    save_invocation,
     start_detached,
 )
 from dflashd.supervisor.home import Home, lock_is_held, read_lock_pid
@@ -139,10 +138,9 @@ def start(
     if foreground:
         if ready_fd is None and lock_is_held(where.lock):
             fail(already_running_message(where), 1)
-        if ready_fd is None:
-            save_invocation(where, config_path, tuple(command))
-        sys.exit(run_foreground(where, config, ready_fd, echo=not quiet, raw=raw))
-    save_invocation(where, config_path, tuple(command))
+        invocation = (config_path, tuple(command))
+        sys.exit(run_foreground(where, config, ready_fd, echo=not quiet, raw=raw, saved=invocation))
+    # detached: the daemon records the invocation once it holds the lock (a refused start never)
     sys.exit(start_detached(where, config, config_path, tuple(command), wait=not no_wait))
 
 
@@ -318,7 +316,6 @@ def restart(
     config = prepare(where, config_path, command)  # checked before anything is stopped
     if lock_is_held(where.lock):
         _stop(where, timeout_s)
-    save_invocation(where, config_path, command)
     sys.exit(start_detached(where, config, config_path, command))
 
 

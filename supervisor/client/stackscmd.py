@@ -22,6 +22,7 @@ from dflashd.logs import EventRecord, RecordFilter, follow, last_records
 from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.client.common import EXIT_NOT_RUNNING, fail, home_option, resolve_home
 from dflashd.supervisor.control import ControlError, request
+from dflashd.supervisor.echo import escape_controls
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.home import Home, lock_is_held
 from dflashd.supervisor.statusview import read_state
@@ -114,10 +115,11 @@ def _print(record: EventRecord, as_json: bool) -> None:
                 full["dump"] = None
         click.echo(dumps_any(full).decode())
     elif isinstance(path, str) and Path(path).is_file():
-        click.echo(Path(path).read_text(errors="replace"), nl=False)
+        # thread and function names are the job's: escape sequences never reach the terminal
+        text = Path(path).read_text(errors="replace")
+        click.echo("\n".join(escape_controls(line) for line in text.split("\n")), nl=False)
     else:
-        click.echo(
-            f"run {record.run}: no dump file ({fields.get('error') or fields.get('file_error')})"
-        )
+        why = escape_controls(str(fields.get("error") or fields.get("file_error")))
+        click.echo(f"run {record.run}: no dump file ({why})")
     if fields.get("error") and not fields.get("processes"):
         sys.exit(1)

@@ -31,6 +31,7 @@ from dflashd.supervisor.home import (
     HomeLock,
     lock_is_held,
     read_lock_pid,
+    unusable_path,
 )
 
 EXIT_ALREADY_RUNNING: Final = 1
@@ -70,6 +71,8 @@ def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> C
         fail(f"config error: cwd: not a directory: {cwd}", EXIT_USAGE)
     # absolute from here on: the spawn record, status and a later restart name the real place
     config = dataclasses.replace(config, cwd=str(cwd.resolve()))
+    if (why := unusable_path(home.root)) is not None:
+        fail(why, EXIT_USAGE)  # before the home is made: a refused start leaves nothing behind
     try:
         home.create()
     except HomeError as exc:
@@ -121,8 +124,13 @@ def run_foreground(
     echo: bool = True,
     raw: bool = False,
     sampler_factory: Any = None,
+    saved: tuple[Path | None, tuple[str, ...]] | None = None,
 ) -> int:
-    """The daemon in this process until it ends; its exit code."""
+    """The daemon in this process until it ends; its exit code.
+
+    ``saved``: the config path and command ``dflashd restart`` repeats, recorded only once
+    this process holds the home's lock (a refused start records nothing).
+    """
     from dflashd.logs.writer import LogWriterError
     from dflashd.supervisor.daemon import Daemon, StartupError
     from dflashd.supervisor.daemonlog import DaemonLog, is_daemon_log
@@ -138,6 +146,8 @@ def run_foreground(
     except HomeError as exc:
         report_ready(ready_fd, {"ok": False, "error": str(exc), "code": EXIT_USAGE})
         fail(str(exc), EXIT_USAGE)
+    if saved is not None:
+        save_invocation(home, *saved)
     configure_logging()
     if ready_fd is not None and is_daemon_log(2, home.daemon_log):  # detached: bound daemon.log
         logs = config.logs

@@ -1,0 +1,267 @@
+"""Hangs found from evidence, not from time: the pure decider (docs/design.md, "Hangs").
+
+Once a run has shown a steady step cadence, a gap of ``max(hang_suspect_s, 10 x`` its
+typical interval``)`` with no new step makes it *suspect*.  Suspicion ends nothing: dflashd
+then samples every Python process of the run a few seconds apart (py-spy, non-blocking:
+the job keeps running) with each process's I/O and thread states, and :func:`judge` reads
+the samples:
+
+- **hung**: in every sample, every judged thread sits in a wait (a lock, a sleep, a
+  ``select``/``poll``, a socket or pipe read, a collective, a CUDA synchronize), and no
+  thread's stack moved between samples, and no judged process wrote a byte;
+- **working**: a stack moved, a process wrote (a checkpoint), or a thread is in an
+  uninterruptible I/O wait (state D) or runs outside any wait (a long kernel in C);
+- **unknown**: no stacks at all (py-spy missing, ptrace refused): today's window decides
+  (``stall_timeout_s`` and the cadence rule), as before.
+
+No false kill is the first property, speed the second: only *hung* ends a run early.  With
+torchrun, the workers are judged (the agent's monitor loop is not the job).
+
+:func:`decide` is the one function of (the run's view, the evidence, now, limits) that says
+what to do next; it is table-tested like :func:`dflashd.supervisor.ending.conclude`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import statistics
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final
+
+from dflashd.supervisor.stacks import Frame, ProcessStacks, StacksDump, ThreadStack
+
+HANG_SUSPECT_S: Final = 30.0  # the shortest gap that makes a steady run suspect
+CADENCE_FACTOR: Final = 10.0  # ... or this many typical intervals, if longer
+STEADY_INTERVALS: Final = 5  # intervals seen before a cadence counts as steady
+SAMPLES: Final = 3  # samples that must agree before a run is hung
+SAMPLE_GAP_S: Final = 4.0  # between two samples of one round
+ROUND_GAP_S: Final = 15.0  # after a round that found work (or could not tell), the next one
+
+# A thread whose innermost Python frame is one of these waits for something else: a lock,
+# a condition, a sleep, a selector, a socket, a child, a collective, a CUDA synchronize.
+_WAIT_NAME: Final = re.compile(
+    r"(?:^|_)(?:wait\w*|sleep|acquire|join|select|poll|epoll|kqueue|recv\w*|accept|"
+    r"read(?:line|into|exactly)?|communicate|waitpid|synchroni[sz]e|barrier|"
+    r"lock|_wait_for_tstate_lock)$",
+    re.IGNORECASE,
+)
+
+
+class Finding(Enum):
+    """What a round of samples says about a suspect run."""
+
+    HUNG = "hung"
+    WORKING = "working"
+    UNKNOWN = "unknown"  # no stacks: the time window decides
+    UNDECIDED = "undecided"  # not enough samples yet
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process at one moment: its stacks, the bytes it wrote so far, its threads' states."""
+
+    stacks: ProcessStacks
+    wrote_bytes: int | None = None  # /proc/PID/io wchar (None: unreadable)
+    thread_states: tuple[str, ...] = ()  # /proc/PID/task/*/stat states (R, S, D, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Every Python process of the run at one moment."""
+
+    at: float
+    processes: tuple[ProcessSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HangSampled:
+    """Inbox message: a sample of run ``run_no`` taken on a thread (its dump kept for the file)."""
+
+    run_no: int
+    sample: Sample
+    dump: StacksDump
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """A finding, why, and (for a hang) the frames that proved it."""
+
+    finding: Finding
+    why: str
+    frames: tuple[str, ...] = ()
+
+
+def waiting(thread: ThreadStack) -> bool:
+    """The thread sits in a wait: its innermost frame waits, or it is inside a collective."""
+    if not thread.frames:
+        return not thread.active
+    top: Frame = thread.frames[0]
+    if any(frame.collective for frame in thread.frames):
+        return True
+    return bool(_WAIT_NAME.search(top.name)) or not thread.active
+
+
+def _judged(sample: Sample) -> list[ProcessSample]:
+    """The processes a finding is about: the workers when torchrun runs them, else all."""
+    usable = [p for p in sample.processes if p.stacks.error is None and p.stacks.threads]
+    workers = [p for p in usable if p.stacks.role.kind == "worker"]
+    return workers or usable
+
+
+def _signature(process: ProcessSample) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    return tuple(
+        (t.tid, tuple(f.text() for f in t.frames))
+        for t in sorted(process.stacks.threads, key=lambda t: t.tid)
+    )
+
+
+def judge(samples: list[Sample]) -> Judgement:
+    """Read a round of samples (oldest first): hung, working, unknown, or not yet."""
+    judged = [{p.stacks.pid: p for p in _judged(s)} for s in samples]
+    if not samples:
+        return Judgement(Finding.UNDECIDED, "no sample yet")
+    if not any(judged):
+        return Judgement(Finding.UNKNOWN, "no stacks could be read")
+    for one in judged:
+        for process in one.values():
+            if "D" in process.thread_states:
+                return Judgement(Finding.WORKING, f"pid {process.stacks.pid} in an I/O wait (D)")
+            busy = [t for t in process.stacks.threads if not waiting(t)]
+            if busy:
+                top = busy[0].frames[0].text() if busy[0].frames else busy[0].name
+                return Judgement(Finding.WORKING, f"pid {process.stacks.pid} runs {top}")
+    first, last = judged[0], judged[-1]
+    for pid, before in first.items():
+        after = last.get(pid)
+        if after is None:
+            continue
+        was, now = before.wrote_bytes, after.wrote_bytes
+        if was is not None and now is not None and now > was:
+            return Judgement(Finding.WORKING, f"pid {pid} wrote {now - was} bytes")
+    for earlier, later in itertools.pairwise(judged):
+        for pid, process in later.items():
+            if pid in earlier and _signature(earlier[pid]) != _signature(process):
+                return Judgement(Finding.WORKING, f"pid {pid}'s stacks moved")
+        if set(later) != set(earlier):
+            return Judgement(Finding.WORKING, "the run's processes changed")
+    if len(samples) < SAMPLES:
+        return Judgement(Finding.UNDECIDED, f"{len(samples)} of {SAMPLES} samples agree")
+    frames = tuple(
+        f"pid {p.stacks.pid} {p.stacks.role.label()}: {p.stacks.top()[0] if p.stacks.top() else '?'}"
+        for p in last.values()
+    )
+    span = samples[-1].at - samples[0].at
+    return Judgement(Finding.HUNG, f"every thread waits, unmoved for {span:.0f}s", frames)
+
+
+# -- the decider ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HangView:
+    """What the decider needs of a live run."""
+
+    last_progress: float | None  # monotonic time of the last new step (None: none yet)
+    intervals: tuple[float, ...]  # the job's recent step intervals
+    reports_steps: bool  # the job's own step numbers are seen (not just liveness)
+    stacks_available: bool  # py-spy can be used
+    sampling: bool = False  # a sample is being taken now
+
+
+@dataclass(frozen=True, slots=True)
+class HangLimits:
+    """``hang_suspect_s`` (0: hang detection off)."""
+
+    hang_suspect_s: float = HANG_SUSPECT_S
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The samples of the current round and when the next round may begin."""
+
+    samples: tuple[Sample, ...] = ()
+    next_round_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to do before ``until`` (None: nothing to wait for)."""
+
+    until: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TakeSample:
+    """Sample every process of the run now."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndHung:
+    """End the run as ``stalled``/``hung``: the judgement, and the gap since the last step."""
+
+    judgement: Judgement
+    hung_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class NewRound:
+    """The round found work or could not tell: forget its samples, look again at ``at``."""
+
+    judgement: Judgement
+    at: float
+
+
+HangAction = Wait | TakeSample | EndHung | NewRound
+
+
+def suspect_after(intervals: tuple[float, ...], limits: HangLimits) -> float | None:
+    """The gap after which a run is suspect, or None before its cadence is steady."""
+    if limits.hang_suspect_s <= 0 or len(intervals) < STEADY_INTERVALS:
+        return None
+    typical = statistics.median(intervals)
+    return max(limits.hang_suspect_s, CADENCE_FACTOR * typical)
+
+
+def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -> HangAction:
+    """What to do about a live run's possible hang, now (pure)."""
+    gap = suspect_after(view.intervals, limits)
+    if gap is None or view.last_progress is None or not view.reports_steps:
+        return Wait(None)
+    suspect_at = view.last_progress + gap
+    if now < suspect_at:
+        return Wait(suspect_at)
+    if not view.stacks_available:
+        return Wait(None)  # unknown: the stall window decides, as before
+    if view.sampling:
+        return Wait(None)  # the sample in flight posts back
+    if evidence.next_round_at is not None and now < evidence.next_round_at:
+        return Wait(evidence.next_round_at)
+    samples = list(evidence.samples)
+    if samples:
+        verdict = judge(samples)
+        if verdict.finding is Finding.HUNG:
+            return EndHung(verdict, round(now - view.last_progress, 3))
+        if verdict.finding in (Finding.WORKING, Finding.UNKNOWN):
+            return NewRound(verdict, now + ROUND_GAP_S)
+        next_at = samples[-1].at + SAMPLE_GAP_S
+        if now < next_at:
+            return Wait(next_at)
+    return TakeSample()
+
+
+@dataclass(slots=True)
+class HangWatch:
+    """One run's hang evidence, held by the run (the applier writes it, the decider reads it)."""
+
+    samples: list[Sample] = field(default_factory=list)
+    next_round_at: float | None = None
+    sampling: bool = False
+    rounds: int = 0
+    last_finding: str | None = None
+    last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
+
+    def evidence(self) -> Evidence:
+        """The decider's view of it."""
+        return Evidence(tuple(self.samples), self.next_round_at)

@@ -1,0 +1,59 @@
+"""Steps every ``interval`` seconds (a line ``step N loss L``), then does as told at step ``at``:
+
+argv: interval at what [seconds] [marker]
+- ``lock``: the main thread blocks forever on a lock no one releases;
+- ``socket``: it blocks forever reading a socket whose peer never writes;
+- ``checkpoint``: it writes 200 MB to ``marker`` in 1 MB chunks spread over ``seconds``, then steps on;
+- ``eval``: it computes in a Python loop for ``seconds`` with no output, then steps on;
+- ``sleep``: it sleeps ``seconds`` without a word (a wait: a hang by the evidence).
+After an ``eval`` or ``checkpoint`` it steps 20 more times and exits 0.  A relaunch
+(``DFLASHD_RUN`` > 1) runs 20 steps and exits 0.
+"""
+
+import os
+import socket
+import sys
+import threading
+import time
+
+interval, at, what = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 150.0
+marker = sys.argv[5] if len(sys.argv) > 5 else os.devnull
+
+
+def steps(first: int, count: int) -> None:
+    for step in range(first, first + count):
+        print(f"step {step} loss {1.0 / step:.4f}", flush=True)
+        time.sleep(interval)
+
+
+if int(os.environ.get("DFLASHD_RUN", "1")) > 1:
+    steps(1, 20)
+    sys.exit(0)
+steps(1, at)
+if what == "lock":
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
+elif what == "socket":
+    mine, peer = socket.socketpair()
+    mine.recv(1)
+elif what == "sleep":
+    time.sleep(seconds)
+elif what == "checkpoint":
+    chunk = os.urandom(1 << 20)
+    with open(marker, "wb") as fh:
+        for _ in range(200):
+            fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+            time.sleep(seconds / 200)
+    os.unlink(marker)
+elif what == "eval":
+    end = time.monotonic() + seconds
+    total = 0
+    while time.monotonic() < end:
+        for i in range(10_000):
+            total += i * i
+steps(at + 1, 20)
+sys.exit(0)

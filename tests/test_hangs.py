@@ -1,0 +1,92 @@
+"""Issue 32: a hung job is found in a minute with no config, and a working one is never ended.
+
+Real jobs stepping every 0.1 s, then (a) blocking forever on a lock, on a socket read, or (with
+torchrun and gloo) one rank of two frozen: ended ``stalled``/``hung`` within 60 s of the last
+step, with no config, and relaunched; (b) pausing with no output while writing a 200 MB
+checkpoint in chunks, or computing an "eval" in a Python loop: never ended; (c) the same
+pauses with stacks unavailable (``DFLASHD_STACKS=faulthandler``): never ended either.
+
+The pauses last ``DFLASHD_TEST_PAUSE_S`` (75 s here: past two rounds of sampling after the
+30 s suspicion; ``tests/perf/hang_table.py`` runs the issue's 150 s ten times).  The four
+pause jobs run side by side, each under its own daemon, so the suite waits once.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dflashd.logs import EventRecord
+from tests.conftest import Daemon, child
+
+Start = Callable[..., Daemon]
+PAUSE_S = float(os.environ.get("DFLASHD_TEST_PAUSE_S", "75"))
+
+
+def _ended_hung(daemon: Daemon) -> EventRecord:
+    exit_record = daemon.wait_event("exit", timeout=120)
+    assert exit_record.fields["verdict"] == "stalled", exit_record.fields
+    assert exit_record.fields["reason"] == "hung"
+    assert exit_record.fields["hung_after_s"] < 60.0
+    assert exit_record.fields["stacks"]["path"]
+    return exit_record
+
+
+@pytest.mark.parametrize("how", ["lock", "socket"])
+def test_a_job_blocked_forever_is_ended_hung_within_a_minute_and_relaunched(
+    start_daemon: Start, how: str
+) -> None:
+    if shutil.which("py-spy") is None and not Path(sys.executable).with_name("py-spy").exists():
+        pytest.skip("py-spy is not installed")
+    daemon = start_daemon(child("steps_then.py", "0.1", "40", how))
+    record = _ended_hung(daemon)
+    assert record.fields["step"] == 40
+    assert daemon.wait(60) == 0  # the relaunch steps and completes
+    suspect = daemon.events("hang_suspect")
+    assert suspect and suspect[0].fields["no_step_for_s"] >= 30.0
+    assert [e.fields["verdict"] for e in daemon.events("exit")] == ["stalled", "completed"]
+
+
+def test_two_gloo_ranks_one_frozen_are_ended_hung_and_the_odd_rank_named(
+    start_daemon: Start,
+) -> None:
+    pytest.importorskip("torch")
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).with_name("torchrun"))
+    if not Path(torchrun).exists():
+        pytest.skip("torchrun is not installed")
+    job = [torchrun, "--nproc-per-node", "2", "--max-restarts", "0"]
+    job += [str(Path(__file__).parent / "children" / "gloo_ranks.py"), "1", "40"]
+    daemon = start_daemon(job)
+    record = _ended_hung(daemon)
+    stacks = record.fields["stacks"]
+    assert stacks.get("odd_rank_out") == [1], stacks
+
+
+def test_pauses_that_work_are_never_ended(
+    start_daemon: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoint and eval pauses, with stacks and without: all four complete."""
+    started = []
+    for what in ("checkpoint", "eval"):
+        marker = str(tmp_path / f"{what}.bin")
+        started.append(
+            start_daemon(child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker))
+        )
+    monkeypatch.setenv("DFLASHD_STACKS", "faulthandler")
+    for what in ("checkpoint", "eval"):
+        marker = str(tmp_path / f"{what}-nostacks.bin")
+        started.append(
+            start_daemon(child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker))
+        )
+    for daemon in started:
+        assert daemon.wait(PAUSE_S + 120) == 0
+        exits = daemon.events("exit")
+        assert [e.fields["verdict"] for e in exits] == ["completed"], exits
+        assert daemon.events("ending_run") == []
+    assert started[0].events("hang_suspect"), "the pause made the run suspect"
+    assert started[0].events("hang_check"), "and a round of samples found it working"
