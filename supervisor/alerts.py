@@ -113,9 +113,16 @@ def summary_text(payload: dict[str, Any]) -> str:
     tail = payload.get("tail") or []
     if tail:
         text += "\n```\n" + "\n".join(str(line)[:300] for line in tail[-15:]) + "\n```"
+    if payload.get("hung_after_s") is not None:
+        text += f"\nHung: no step for {payload['hung_after_s']}s, every rank waiting."
+    if payload.get("odd_rank_out"):
+        text += f"\nOdd rank out: {payload['odd_rank_out']}"
     stacks = payload.get("stacks")
     if stacks:
         text += "\nWhere it hung:\n```\n" + "\n".join(str(x)[:300] for x in stacks[:17]) + "\n```"
+    locks = payload.get("stale_build_locks")
+    if locks:
+        text += "\nStale JIT-build locks (remove them if no build runs): " + ", ".join(locks[:5])
     return text
 
 

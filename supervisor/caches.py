@@ -124,6 +124,33 @@ def clear_owned_cache(cache_root: Path, home_id: str) -> CacheClearing:
     return result
 
 
+def extensions_root(env: dict[str, str]) -> Path:
+    """Where torch JIT-builds extensions for a child with this environment (never dflashd's:
+    ``TORCH_EXTENSIONS_DIR``, else torch's default under the user's cache)."""
+    explicit = env.get("TORCH_EXTENSIONS_DIR")
+    if explicit:
+        return Path(explicit)
+    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or "~", ".cache")
+    return Path(cache).expanduser() / "torch_extensions"
+
+
+def stale_build_locks(root: Path, older_than_wall: float, limit: int = 20) -> tuple[str, ...]:
+    """Build locks under ``root`` (``<root>/<py_cu>/<name>/lock``) older than the run: a build
+    killed mid-way leaves one, and torch then waits on it forever.  Named in the exit record
+    and the alert with the path to remove; dflashd never deletes them."""
+    found: list[str] = []
+    try:
+        for lock in sorted(root.glob("*/*/lock")):
+            st = os.lstat(lock)
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < older_than_wall:
+                found.append(str(lock))
+                if len(found) >= limit:
+                    break
+    except OSError:
+        return tuple(found)
+    return tuple(found)
+
+
 def _remove_in_background(path: Path) -> None:
     # rmtree never follows a symlink inside the tree; deleting a large cache takes seconds.
     threading.Thread(

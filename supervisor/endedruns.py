@@ -51,6 +51,16 @@ class EndedRuns:
         if custody is None:
             return
         if kill_now:
+            if members := sorted(custody.members()):  # every process dflashd ends is named
+                named = {str(pid): self.ops.cmdline(pid) for pid in members}
+                self.reporter.record(
+                    run.run_no,
+                    Event.ENDING_LEFTOVERS,
+                    pids=named,
+                    signal="SIGKILL",
+                    sigkill_at_once=members,
+                    by=custody.mode,
+                )
             custody.kill_all()
         elif leftovers := sorted(custody.members()):
             self.reporter.record(run.run_no, Event.LEFTOVER_PROCESSES, pgid=run.pid, pids=leftovers)

@@ -57,6 +57,7 @@ class RunFacts:
     stacks: dict[str, Any] | None = None  # the dump taken before dflashd ended the run
     flight_recorder: tuple[str, ...] = ()  # NCCL flight-recorder traces the ranks left
     hung_after_s: float | None = None  # a proven hang: from the last step to the decision
+    stale_build_locks: tuple[str, ...] = ()  # JIT-build locks older than the run (early deaths)
 
 
 # -- the effects, carried out in order by the daemon's one applier -------------------------
@@ -210,6 +211,11 @@ def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
         out["flight_recorder"] = list(facts.flight_recorder)
     if facts.hung_after_s is not None:
         out["hung_after_s"] = facts.hung_after_s
+    if facts.stale_build_locks:
+        out["stale_build_locks"] = list(facts.stale_build_locks)
+        out["stale_build_locks_hint"] = (
+            "a killed build leaves its lock and torch waits on it: remove it if no build runs"
+        )
     return out
 
 
@@ -272,6 +278,7 @@ def conclude(
         reason=result.reason,
         worker_exit_code=worker_code,
         step=facts.step,
+        tail=facts.tail,
     )
     settle = SettleProcesses(kill_now=facts.obs.ended_by is not EndedBy.CHILD)
     verdict_alert = AlertKind(verdict)

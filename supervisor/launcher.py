@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor import __version__
-from dflashd.supervisor.caches import clear_owned_cache, prepare_caches
+from dflashd.supervisor.caches import clear_owned_cache, extensions_root, prepare_caches
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.diagnostics import bind_run, get_logger
@@ -135,6 +135,7 @@ class Launcher:
         defaults.update(flight_recorder_env(self.home.logs / "flight" / f"run-{run_no}-rank"))
         env = child_environ(os.environ, self.config.env, spec, defaults)
         run.flight_prefix = Path(env[FLIGHT_FILE])  # ours, or where the user's setting puts them
+        run.extensions_root = extensions_root(env)
         with contextlib.suppress(OSError):
             run.flight_prefix.parent.mkdir(parents=True, exist_ok=True)
         try:

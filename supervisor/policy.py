@@ -9,6 +9,7 @@ consecutive failure, with ±20 % jitter, and never exceeds the ceiling.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
@@ -37,6 +38,7 @@ class RestartHistory:
     best_step: int | None = None  # the highest step any run reached
     stuck_runs: int = 0  # runs in a row that ended without passing ``best_step``
     free_restart: bool = False  # the chain began with a crash after stable progress (no wait)
+    last_early_signature: str | None = None  # the last early death's last error line
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,7 @@ def decide(
     reason: str = "",
     worker_exit_code: int | None = None,
     step: int | None = None,
+    tail: tuple[str, ...] = (),
 ) -> Decision:
     """Decide what follows a run that ended with ``verdict`` (``reason``: the classifier's detail).
 
@@ -82,6 +85,8 @@ def decide(
     torchrun job, its first failed worker's code (torchrun exits 1).  ``step``: the highest
     step the run reached; ``policy.no_progress_restarts`` runs in a row that end without
     passing the best step of any earlier run are fatal (``no_progress_past_step_N``).
+    ``tail``: the run's last output lines, the evidence for clearing the compile caches
+    (:func:`cache_evidence`).
     """
     if verdict in (Verdict.COMPLETED, Verdict.STOPPED):
         return Decision(Action.DONE, 0.0, False, verdict.value, history)
@@ -119,7 +124,12 @@ def decide(
         if crashes > policy.runtime_retries:
             return Decision(Action.FATAL, 0.0, False, "runtime_retries_exhausted", history)
 
-    clear = policy.clear_cache_on_early_death and verdict in EARLY_DEATHS
+    clear = False
+    if policy.clear_cache_on_early_death and verdict in EARLY_DEATHS:
+        signature = death_signature(tail)
+        again = signature is not None and signature == history.last_early_signature
+        clear = cache_evidence(tail) is not None or (again and history.early_deaths >= 2)
+        history = replace(history, last_early_signature=signature)
     if stable and reached_first_step:
         # A runtime crash after a healthy stretch: relaunch at once (a wait buys nothing the
         # job's own start-up does not already take); backoff begins with the next crash.
@@ -128,6 +138,34 @@ def decide(
         )
     delay = backoff_delay(failures - (1 if history.free_restart else 0), policy, jitter)
     return Decision(Action.RESTART, delay, clear, verdict.value, history)
+
+
+# What points at the compile caches: inductor, triton, JIT-built extensions, a compiler or a
+# build that failed, a build lock.  Anything else is the job's own failure: caches kept.
+_CACHE_SIGNS: Final = re.compile(
+    r"torch/_inductor|torch\._inductor|InductorError|BackendCompilerFailed|CppCompileError"
+    r"|triton|torch_extensions|cpp_extension|ninja|CalledProcessError.*(?:gcc|g\+\+|nvcc|cc1)"
+    r"|error: command .*(?:gcc|g\+\+|nvcc)|compilation (?:failed|terminated)|CompilationError"
+    r"|[Bb]uild(?:ing)? (?:failed|extension)|FileBaton|[/ ]lock\b",
+)
+_DIGITS: Final = re.compile(r"\d+")
+
+
+def cache_evidence(tail: tuple[str, ...]) -> str | None:
+    """The first line of a dead run's output that names a compile cache or a build, if any."""
+    for line in tail:
+        if _CACHE_SIGNS.search(line):
+            return line[:300]
+    return None
+
+
+def death_signature(tail: tuple[str, ...]) -> str | None:
+    """A death's last non-empty line with its numbers blanked: the same failure twice reads
+    the same (pids, addresses and times aside)."""
+    for line in reversed(tail):
+        if line.strip():
+            return _DIGITS.sub("N", line.strip())[:300]
+    return None
 
 
 def _track_best_step(history: RestartHistory, step: int | None) -> RestartHistory:

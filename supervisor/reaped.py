@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
+from dflashd.supervisor.caches import stale_build_locks
 from dflashd.supervisor.ending import RunFacts
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.lifecycle import Phase
@@ -109,6 +110,11 @@ def reaped_facts(
         stacks=run.stacks,
         flight_recorder=flight_traces(run),
         hung_after_s=run.hung_after_s,
+        stale_build_locks=(
+            stale_build_locks(run.extensions_root, run.started_wall)
+            if run.extensions_root is not None and first is None
+            else ()
+        ),
     )
 
 

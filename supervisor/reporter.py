@@ -154,6 +154,12 @@ class Reporter:
             step=step,
             stacks=(fields.get("stacks") or {}).get("top"),
         )
+        for key in ("hung_after_s", "stale_build_locks"):  # what a person acts on first
+            if fields.get(key):
+                payload[key] = fields[key]
+        odd = (fields.get("stacks") or {}).get("odd_summary")
+        if odd:
+            payload["odd_rank_out"] = odd
         self.alerts.send(run_no, payload)
 
     def _alert_done(self, run_no: int, outcome: AlertOutcome) -> None:

@@ -52,6 +52,7 @@ class Run:
     hang: HangWatch = field(default_factory=HangWatch)  # samples while suspect of a hang
     hang_due: float | None = None  # when the hang decider must look again
     hung_after_s: float | None = None  # a proven hang: last step -> the decision
+    extensions_root: Path | None = None  # where torch JIT-builds extensions for this run
 
     @property
     def pid(self) -> int | None:

@@ -140,14 +140,60 @@ def _decide(
 
 
 def test_early_budget_then_fatal() -> None:
-    """Early deaths restart with caches cleared until the early budget is spent, then fatal."""
+    """Early deaths restart until the early budget is spent, then fatal; a first early death
+    with no sign of the compile caches keeps them."""
     history = RestartHistory()
     actions = []
     for _ in range(3):
         decision = _decide(Verdict.CRASH_BEFORE_FIRST_STEP, history)
         history = decision.history  # type: ignore[attr-defined]
         actions.append((decision.action, decision.clear_cache))  # type: ignore[attr-defined]
-    assert actions == [(Action.RESTART, True), (Action.RESTART, True), (Action.FATAL, False)]
+    assert actions == [(Action.RESTART, False), (Action.RESTART, False), (Action.FATAL, False)]
+
+
+INDUCTOR = (
+    "Traceback (most recent call last):",
+    '  File "/venv/lib/python3.11/site-packages/torch/_inductor/codecache.py", line 2034, in load',
+    "torch._inductor.exc.CppCompileError: C++ compile error",
+)
+OWN_CODE = (
+    "Traceback (most recent call last):",
+    '  File "/work/train.py", line 88, in <module>',
+    "ValueError: shapes (3, 4) and (5, 6) do not match",
+)
+STALE_LOCK = ("Waiting for lock on /root/.cache/torch_extensions/py311_cpu/cpu_adam/lock",)
+
+
+@pytest.mark.parametrize(
+    ("tails", "cleared"),
+    [
+        ([INDUCTOR], [True]),  # the traceback comes from inductor: cleared at once
+        ([OWN_CODE], [False]),  # the job's own exception: caches kept
+        ([STALE_LOCK], [True]),  # a build lock named
+        ([OWN_CODE, OWN_CODE], [False, True]),  # the same early death twice in a row: cleared
+        ([OWN_CODE, (*INDUCTOR[:2], "KeyError: 7")], [False, True]),
+        ([OWN_CODE, ("RuntimeError: other",)], [False, False]),  # two different deaths: kept
+    ],
+)
+def test_caches_are_cleared_when_the_evidence_points_at_them(
+    tails: list[tuple[str, ...]], cleared: list[bool]
+) -> None:
+    history = RestartHistory()
+    got = []
+    for tail in tails:
+        decision = decide(
+            Verdict.CRASH_BEFORE_FIRST_STEP,
+            exit_code=1,
+            reached_first_step=False,
+            progress_s=0.0,
+            history=history,
+            policy=RestartConfig(early_retries=5),
+            jitter=0.5,
+            tail=tail,
+        )
+        history = decision.history
+        got.append(decision.clear_cache)
+    assert got == cleared
 
 
 def test_runtime_budget_is_separate_and_resets_after_stable_progress() -> None:

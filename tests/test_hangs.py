@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from dflashd.logs import EventRecord
-from tests.conftest import Daemon, child
+from tests.conftest import FAST_RESTART, Daemon, child, write_config
 
 Start = Callable[..., Daemon]
 PAUSE_S = float(os.environ.get("DFLASHD_TEST_PAUSE_S", "75"))
@@ -67,26 +67,28 @@ def test_two_gloo_ranks_one_frozen_are_ended_hung_and_the_odd_rank_named(
     assert stacks.get("odd_rank_out") == [1], stacks
 
 
-def test_pauses_that_work_are_never_ended(
-    start_daemon: Start, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_pauses_that_work_are_never_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoint and eval pauses, with stacks and without: all four complete."""
-    started = []
-    for what in ("checkpoint", "eval"):
-        marker = str(tmp_path / f"{what}.bin")
-        started.append(
-            start_daemon(child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker))
-        )
-    monkeypatch.setenv("DFLASHD_STACKS", "faulthandler")
-    for what in ("checkpoint", "eval"):
-        marker = str(tmp_path / f"{what}-nostacks.bin")
-        started.append(
-            start_daemon(child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker))
-        )
-    for daemon in started:
-        assert daemon.wait(PAUSE_S + 120) == 0
-        exits = daemon.events("exit")
-        assert [e.fields["verdict"] for e in exits] == ["completed"], exits
-        assert daemon.events("ending_run") == []
-    assert started[0].events("hang_suspect"), "the pause made the run suspect"
-    assert started[0].events("hang_check"), "and a round of samples found it working"
+    started: list[Daemon] = []
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"}, restart=FAST_RESTART)
+    try:
+        for stacks in ("py-spy", "faulthandler"):
+            if stacks == "faulthandler":
+                monkeypatch.setenv("DFLASHD_STACKS", "faulthandler")  # the daemon inherits it
+            for what in ("checkpoint", "eval"):
+                marker = str(tmp_path / f"{what}-{stacks}.bin")
+                job = child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker)
+                started.append(Daemon(tmp_path / f"home-{what}-{stacks}", config, job))
+        for daemon in started:
+            assert daemon.wait(PAUSE_S + 120) == 0
+            exits = daemon.events("exit")
+            assert [e.fields["verdict"] for e in exits] == ["completed"], exits
+            assert daemon.events("ending_run") == []
+        assert started[0].events("hang_suspect"), "the pause made the run suspect"
+        assert started[0].events("hang_check"), "and a round of samples found it working"
+    finally:
+        for daemon in started:
+            daemon.stop()
+            for pipe in (daemon.proc.stdout, daemon.proc.stderr):
+                if pipe is not None:
+                    pipe.close()

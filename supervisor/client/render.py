@@ -99,6 +99,8 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
     if status.get("uptime_s") is not None and running:
         daemon += f"   up {duration(status['uptime_s'])}"
     rows.append(("dflashd", daemon))
+    if status.get("state_note"):  # a daemon that holds the home but does not answer, say
+        rows.append(("note", paint(escape_controls(str(status["state_note"])), "yellow")))
     if status.get("fatal_reason"):
         rows.append(("fatal", paint(str(status["fatal_reason"]), "red")))
     if status.get("command"):

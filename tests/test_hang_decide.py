@@ -1,0 +1,158 @@
+"""The hang decider as a table (hang.judge, hang.decide): no process, no clock, no py-spy."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflashd.supervisor.hang import (
+    EndHung,
+    Evidence,
+    Finding,
+    HangLimits,
+    HangView,
+    NewRound,
+    ProcessSample,
+    Sample,
+    TakeSample,
+    Wait,
+    decide,
+    judge,
+    suspect_after,
+)
+from dflashd.supervisor.stacks import Frame, ProcessStacks, Role, ThreadStack
+
+LOCK = Frame("acquire", "threading.py", 100)
+MAIN = Frame("train", "train.py", 42)
+ALL_REDUCE = Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2050)
+MATMUL = Frame("eval_step", "train.py", 77)
+
+
+def proc(
+    pid: int,
+    *frames: Frame,
+    active: bool = False,
+    wrote: int = 0,
+    states: tuple[str, ...] = ("S",),
+    role: Role | None = None,
+) -> ProcessSample:
+    thread = ThreadStack(pid, "MainThread", active, False, tuple(frames))
+    stacks = ProcessStacks(pid, role or Role("root"), (thread,))
+    return ProcessSample(stacks, wrote, states)
+
+
+def samples(*rounds: tuple[ProcessSample, ...], gap: float = 4.0) -> list[Sample]:
+    return [Sample(100.0 + i * gap, procs) for i, procs in enumerate(rounds)]
+
+
+WORKER0 = Role("worker", 0, 0)
+WORKER1 = Role("worker", 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("rounds", "finding"),
+    [
+        # three samples, every thread in a lock, unmoved, nothing written: hung
+        ([(proc(1, LOCK, MAIN),)] * 3, Finding.HUNG),
+        # two samples agree so far: not yet
+        ([(proc(1, LOCK, MAIN),)] * 2, Finding.UNDECIDED),
+        # the stack moved between samples: working
+        (
+            [
+                (proc(1, LOCK, MAIN),),
+                (proc(1, Frame("acquire", "threading.py", 101), MAIN),),
+                (proc(1, LOCK, MAIN),),
+            ],
+            Finding.WORKING,
+        ),
+        # it wrote (a checkpoint) while waiting in write-back: working
+        (
+            [
+                (proc(1, LOCK, MAIN, wrote=0),),
+                (proc(1, LOCK, MAIN, wrote=0),),
+                (proc(1, LOCK, MAIN, wrote=1 << 20),),
+            ],
+            Finding.WORKING,
+        ),
+        # a thread in an uninterruptible I/O wait: working
+        ([(proc(1, LOCK, MAIN, states=("D",)),)] * 3, Finding.WORKING),
+        # running outside any wait, even unmoved (a long kernel in C): working
+        ([(proc(1, MATMUL, active=True),)] * 3, Finding.WORKING),
+        # an idle thread (py-spy: not active) in the user's own frame: a wait (a socket read in C)
+        ([(proc(1, MAIN, active=False),)] * 3, Finding.HUNG),
+        # a collective that spins (active) is still a wait
+        ([(proc(1, ALL_REDUCE, MAIN, active=True),)] * 3, Finding.HUNG),
+        # no stacks at all: unknown (the stall window decides)
+        (
+            [(ProcessSample(ProcessStacks(1, Role("root"), (), "ptrace refused")),)] * 3,
+            Finding.UNKNOWN,
+        ),
+        # torchrun: the agent's monitor loop moves, the two workers wait unmoved: hung
+        (
+            [
+                (
+                    proc(1, MATMUL, active=True),
+                    proc(2, ALL_REDUCE, role=WORKER0),
+                    proc(3, LOCK, MAIN, role=WORKER1),
+                )
+            ]
+            * 3,
+            Finding.HUNG,
+        ),
+    ],
+)
+def test_judge(rounds: list[tuple[ProcessSample, ...]], finding: Finding) -> None:
+    assert judge(samples(*rounds)).finding is finding
+
+
+def test_the_cadence_sets_the_suspicion_gap() -> None:
+    limits = HangLimits(30.0)
+    assert suspect_after((0.1,) * 4, limits) is None  # not steady yet
+    assert suspect_after((0.1,) * 5, limits) == 30.0
+    assert suspect_after((10.0,) * 8, limits) == 100.0  # ten slow intervals
+    assert suspect_after((0.1,) * 8, HangLimits(0.0)) is None  # off
+
+
+STEADY = (0.1,) * 10
+HUNG3 = tuple(samples(*[(proc(1, LOCK, MAIN),)] * 3, gap=4.0))
+
+
+@pytest.mark.parametrize(
+    ("view", "evidence", "now", "expected"),
+    [
+        # before the gap: wait until the run would be suspect
+        (HangView(100.0, STEADY, True, True), Evidence(), 110.0, Wait(130.0)),
+        # suspect, no sample yet: take one
+        (HangView(100.0, STEADY, True, True), Evidence(), 131.0, TakeSample()),
+        # a sample in flight: wait for it
+        (HangView(100.0, STEADY, True, True, sampling=True), Evidence(), 131.0, Wait(None)),
+        # no stacks: the stall window decides
+        (HangView(100.0, STEADY, False, True), Evidence(), 131.0, Wait(None)),
+        (HangView(100.0, STEADY, True, False), Evidence(), 131.0, Wait(None)),
+        # no steady cadence: nothing
+        (HangView(100.0, (0.1,), True, True), Evidence(), 500.0, Wait(None)),
+        # one sample: the next one SAMPLE_GAP_S later
+        (HangView(60.0, STEADY, True, True), Evidence(HUNG3[:1]), 101.0, Wait(104.0)),
+        (HangView(60.0, STEADY, True, True), Evidence(HUNG3[:1]), 104.5, TakeSample()),
+        # three that agree: end it, with the gap since the last step
+        (HangView(60.0, STEADY, True, True), Evidence(HUNG3), 108.0, "end"),
+        # a round that found work: a new round later
+        (
+            HangView(60.0, STEADY, True, True),
+            Evidence(tuple(samples((proc(1, MATMUL, active=True),)))),
+            101.0,
+            "round",
+        ),
+        # after such a round: wait for the next one
+        (HangView(60.0, STEADY, True, True), Evidence((), 120.0), 110.0, Wait(120.0)),
+    ],
+)
+def test_decide(view: HangView, evidence: Evidence, now: float, expected: object) -> None:
+    action = decide(view, evidence, now, HangLimits(30.0))
+    if expected == "end":
+        assert isinstance(action, EndHung) and action.hung_after_s == 48.0
+        assert action.judgement.frames
+    elif expected == "round":
+        assert isinstance(action, NewRound) and action.judgement.finding is Finding.WORKING
+        assert action.at > now
+    else:
+        assert action == expected
