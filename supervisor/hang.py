@@ -93,14 +93,41 @@ class Judgement:
     frames: tuple[str, ...] = ()
 
 
-def waiting(thread: ThreadStack) -> bool:
-    """The thread sits in a wait: its innermost frame waits, or it is inside a collective."""
+# A thread waiting for its GPU: a CUDA synchronize, or a tensor read back to the host.  A
+# GPU-bound loop sits there nearly all the time too, so such a wait is a hang only when
+# the run's GPUs are idle, or when another process of the run waits on the CPU side (the
+# classic NCCL hang: one rank frozen, the others spinning in their GPU).
+_GPU_WAIT_NAME: Final = re.compile(
+    r"synchroni[sz]e|cuda\w*Synchronize|_local_scalar_dense|^item$|^tolist$|^cpu$",
+    re.IGNORECASE,
+)
+
+
+class WaitKind(Enum):
+    """What a thread is doing in one sample."""
+
+    CPU = "cpu"  # waits on a lock, a sleep, a selector, a socket, a collective
+    GPU = "gpu"  # waits for its GPU
+    NONE = "none"  # runs (or sits in a frame that is no wait)
+
+
+def waiting_on(thread: ThreadStack) -> WaitKind:
+    """Whether, and on what, the thread waits (its innermost frame, or a collective)."""
     if not thread.frames:
-        return not thread.active
-    top: Frame = thread.frames[0]
+        return WaitKind.CPU if not thread.active else WaitKind.NONE
     if any(frame.collective for frame in thread.frames):
-        return True
-    return bool(_WAIT_NAME.search(top.name)) or not thread.active
+        return WaitKind.CPU  # a collective waits for its peers
+    top: Frame = thread.frames[0]
+    if _GPU_WAIT_NAME.search(top.name):
+        return WaitKind.GPU
+    if _WAIT_NAME.search(top.name) or not thread.active:
+        return WaitKind.CPU
+    return WaitKind.NONE
+
+
+def waiting(thread: ThreadStack) -> bool:
+    """The thread sits in a wait of either kind."""
+    return waiting_on(thread) is not WaitKind.NONE
 
 
 def _judged(sample: Sample) -> list[ProcessSample]:
@@ -117,8 +144,11 @@ def _signature(process: ProcessSample) -> tuple[tuple[int, tuple[str, ...]], ...
     )
 
 
-def judge(samples: list[Sample]) -> Judgement:
-    """Read a round of samples (oldest first): hung, working, unknown, or not yet."""
+def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
+    """Read a round of samples (oldest first): hung, working, unknown, or not yet.
+
+    ``gpu_idle``: the run's GPUs were idle at the last GPU sample (False: busy, or unknown).
+    """
     judged = [{p.stacks.pid: p for p in _judged(s)} for s in samples]
     if not samples:
         return Judgement(Finding.UNDECIDED, "no sample yet")
@@ -148,6 +178,11 @@ def judge(samples: list[Sample]) -> Judgement:
             return Judgement(Finding.WORKING, "the run's processes changed")
     if len(samples) < SAMPLES:
         return Judgement(Finding.UNDECIDED, f"{len(samples)} of {SAMPLES} samples agree")
+    on_gpu = [p for p in last.values() if any(waiting_on(t) is WaitKind.GPU for t in p.stacks.threads)]
+    if on_gpu and not gpu_idle and len(on_gpu) == len(last):
+        # every process waits for a busy GPU: a GPU-bound loop (an eval) looks exactly so
+        pid = on_gpu[0].stacks.pid
+        return Judgement(Finding.WORKING, f"pid {pid} waits for its GPU, which is busy")
     frames = tuple(
         f"pid {p.stacks.pid} {p.stacks.role.label()}: {p.stacks.top()[0] if p.stacks.top() else '?'}"
         for p in last.values()
@@ -168,6 +203,7 @@ class HangView:
     reports_steps: bool  # the job's own step numbers are seen (not just liveness)
     stacks_available: bool  # py-spy can be used
     sampling: bool = False  # a sample is being taken now
+    gpu_idle: bool = False  # the run's GPUs were idle at the last sample (False: busy or unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +276,7 @@ def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -
         return Wait(evidence.next_round_at)
     samples = list(evidence.samples)
     if samples:
-        verdict = judge(samples)
+        verdict = judge(samples, view.gpu_idle)
         if verdict.finding is Finding.HUNG:
             return EndHung(verdict, round(now - view.last_progress, 3))
         if verdict.finding in (Finding.WORKING, Finding.UNKNOWN):

@@ -135,6 +135,7 @@ class LiveRunControl:
             progress.reports_steps,
             self.dumps.available,
             watch.sampling,
+            gpu_idle=run.gpu_seen == "idle",
         )
         action = decide(view, watch.evidence(), now, HangLimits(self.limits.hang_suspect_s))
         run.hang_due = None

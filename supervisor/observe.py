@@ -97,6 +97,7 @@ class RunObserver:
             self.reporter.record(run_no, event, **fields)
         if run is None or not run.alive:
             return None
+        run.gpu_seen = "busy" if update.active else "idle"  # the hang decider's GPU evidence
         if update.busy_for_s is not None and not run.progress.reached_first_step:
             self._progressed(run, run.progress.on_step(now, step=None, first=True, source=GPU))
         elif update.active:

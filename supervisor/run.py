@@ -53,6 +53,7 @@ class Run:
     hang_due: float | None = None  # when the hang decider must look again
     hung_after_s: float | None = None  # a proven hang: last step -> the decision
     extensions_root: Path | None = None  # where torch JIT-builds extensions for this run
+    gpu_seen: str = "unknown"  # the run's GPUs at the last sample: busy, idle or unknown
 
     @property
     def pid(self) -> int | None:

@@ -104,6 +104,43 @@ def test_judge(rounds: list[tuple[ProcessSample, ...]], finding: Finding) -> Non
     assert judge(samples(*rounds)).finding is finding
 
 
+SYNC = Frame("synchronize", "torch/cuda/__init__.py", 1162)
+
+
+@pytest.mark.parametrize(
+    ("rounds", "gpu_idle", "finding"),
+    [
+        # a GPU-bound eval: the main thread always in synchronize, the GPU busy: working
+        ([(proc(1, SYNC, MAIN, active=True),)] * 3, False, Finding.WORKING),
+        # the same frames with the GPU idle: nothing will ever finish: hung
+        ([(proc(1, SYNC, MAIN, active=True),)] * 3, True, Finding.HUNG),
+        # two ranks: one spins in its GPU (NCCL), the other is frozen on a lock: hung
+        (
+            [(proc(2, SYNC, MAIN, role=WORKER0, active=True), proc(3, LOCK, MAIN, role=WORKER1))]
+            * 3,
+            False,
+            Finding.HUNG,
+        ),
+        # two ranks evaluating on busy GPUs: working
+        (
+            [
+                (
+                    proc(2, SYNC, MAIN, role=WORKER0, active=True),
+                    proc(3, SYNC, MAIN, role=WORKER1, active=True),
+                )
+            ]
+            * 3,
+            False,
+            Finding.WORKING,
+        ),
+    ],
+)
+def test_judge_with_the_gpus(
+    rounds: list[tuple[ProcessSample, ...]], gpu_idle: bool, finding: Finding
+) -> None:
+    assert judge(samples(*rounds), gpu_idle).finding is finding
+
+
 def test_the_cadence_sets_the_suspicion_gap() -> None:
     limits = HangLimits(30.0)
     assert suspect_after((0.1,) * 4, limits) is None  # not steady yet
