@@ -160,11 +160,8 @@ class RotatingLogWriter:
         *,
         count_drop: bool = True,
     ) -> int | None:
-        """Write one supervisor record; returns its seq, or None when it was not written.
-
-        ``count_drop=False``: a refusal is not counted as a drop (the caller keeps the record
-        and writes it again: the sink does so for every supervisor record).
-        """
+        """Write one supervisor record; its seq, or None when not written (``count_drop=False``:
+        not counted as a drop either: the caller keeps it and writes it again, as the sink does)."""
         ts = utc_timestamp(self._clock())
         with self._lock:
             if self._unreported_records:
@@ -172,14 +169,13 @@ class RotatingLogWriter:
             seq = self.next_seq
             data = encode_event(run, event, fields or {}, ts, seq)
             self.last_run = run
-            if count_drop:
-                return seq if self._append(data, 1) else None
-            dropped = self._records_dropped, self._bytes_dropped
-            dropped_unreported = self._unreported_records, self._unreported_bytes
+            kept = self._records_dropped, self._unreported_records
             if self._append(data, 1):
                 return seq
-            self._records_dropped, self._bytes_dropped = dropped
-            self._unreported_records, self._unreported_bytes = dropped_unreported
+            if not count_drop:  # kept by the caller, written again later: not a drop
+                self._records_dropped, self._unreported_records = kept
+                self._bytes_dropped -= len(data)
+                self._unreported_bytes -= len(data)
             return None
 
     def count_dropped(self, records: int, nbytes: int, error: str) -> None:

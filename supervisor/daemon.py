@@ -196,12 +196,8 @@ class Daemon:
     def open(self) -> None:
         """Everything before the loop: history, sockets, recovery, GPUs, metrics, the first launch."""
         self.reporter.open_history()
-        stop = stop_handler(
-            self.config.restart.stop_timeout_s,
-            self.request_stop,
-            lambda: self.run,
-            dump_bound_s=STACKS_BOUND_S,
-        )
+        stop_s = self.config.restart.stop_timeout_s
+        stop = stop_handler(stop_s, self.request_stop, lambda: self.run, STACKS_BOUND_S)
         handlers = {
             "status": lambda _: dict(self.status()),
             "stop": stop,
