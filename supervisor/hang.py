@@ -65,14 +65,18 @@ class ProcessSample:
     stacks: ProcessStacks
     wrote_bytes: int | None = None  # /proc/PID/io wchar (None: unreadable)
     thread_states: tuple[str, ...] = ()  # /proc/PID/task/*/stat states (R, S, D, ...)
+    cpu_s: float | None = None  # CPU time used so far (all its threads, native ones included)
 
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """Every Python process of the run at one moment."""
+    """Every process of the run at one moment (one that is not Python: no stacks, an error)."""
 
     at: float
     processes: tuple[ProcessSample, ...]
+
+
+NATIVE_BUSY_CPU: Final = 0.1  # of one CPU over a round: a thread py-spy cannot see computes
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,34 @@ def _signature(process: ProcessSample) -> tuple[tuple[int, tuple[str, ...]], ...
     )
 
 
+def _busy_unseen(samples: list[Sample], judged: dict[int, ProcessSample]) -> str | None:
+    """Work the stacks cannot show: a process of the run that is not Python (running, in
+    I/O, using CPU or writing), or a judged one whose threads all wait on the CPU side while
+    it uses CPU (a native thread pool computing under a waiting Python thread).  A process
+    in a collective or a GPU wait may spin a CPU while hung: its CPU says nothing."""
+    span = samples[-1].at - samples[0].at
+    if span <= 0:
+        return None
+    firsts = {p.stacks.pid: p for p in samples[0].processes}
+    for process in samples[-1].processes:
+        pid = process.stacks.pid
+        before = firsts.get(pid)
+        if before is None or before.cpu_s is None or process.cpu_s is None:
+            continue
+        used = (process.cpu_s - before.cpu_s) / span
+        if process.stacks.error is not None:  # not Python (or unreadable): its OS view only
+            states = {s for p in (before, process) for s in p.thread_states}
+            wrote = (process.wrote_bytes or 0) > (before.wrote_bytes or 0)
+            if used >= NATIVE_BUSY_CPU or wrote or states & {"R", "D"}:
+                return f"pid {pid} (no Python stacks) is busy: {used:.0%} of a CPU"
+        elif pid in judged and used >= NATIVE_BUSY_CPU:
+            kinds = {waiting_on(t) for t in process.stacks.threads}
+            in_collective = any(f.collective for t in process.stacks.threads for f in t.frames)
+            if kinds == {WaitKind.CPU} and not in_collective:
+                return f"pid {pid} uses {used:.0%} of a CPU under waiting Python threads"
+    return None
+
+
 def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
     """Read a round of samples (oldest first): hung, working, unknown, or not yet.
 
@@ -163,6 +195,9 @@ def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
                 top = busy[0].frames[0].text() if busy[0].frames else busy[0].name
                 return Judgement(Finding.WORKING, f"pid {process.stacks.pid} runs {top}")
     first, last = judged[0], judged[-1]
+    unseen = _busy_unseen(samples, first)
+    if unseen is not None:
+        return Judgement(Finding.WORKING, unseen)
     for pid, before in first.items():
         after = last.get(pid)
         if after is None:
@@ -178,7 +213,9 @@ def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
             return Judgement(Finding.WORKING, "the run's processes changed")
     if len(samples) < SAMPLES:
         return Judgement(Finding.UNDECIDED, f"{len(samples)} of {SAMPLES} samples agree")
-    on_gpu = [p for p in last.values() if any(waiting_on(t) is WaitKind.GPU for t in p.stacks.threads)]
+    on_gpu = [
+        p for p in last.values() if any(waiting_on(t) is WaitKind.GPU for t in p.stacks.threads)
+    ]
     if on_gpu and not gpu_idle and len(on_gpu) == len(last):
         # every process waits for a busy GPU: a GPU-bound loop (an eval) looks exactly so
         pid = on_gpu[0].stacks.pid

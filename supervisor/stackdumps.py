@@ -26,11 +26,18 @@ import orjson
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.hang import HangSampled, ProcessSample, Sample
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.procfs import thread_states, wrote_bytes
+from dflashd.supervisor.procfs import CLK_TCK, read_stat, thread_states, wrote_bytes
 from dflashd.supervisor.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
-from dflashd.supervisor.stacks import StacksDump, StacksTaken, render_text, summary
+from dflashd.supervisor.stacks import (
+    ProcessStacks,
+    Role,
+    StacksDump,
+    StacksTaken,
+    render_text,
+    summary,
+)
 
 STACKS_BOUND_S: Final = 10.0  # before a kill: the dump, or the kill goes ahead without it
 
@@ -145,18 +152,23 @@ class StackDumps:
             started = time.monotonic()
             dump = StacksDump(run.run_no, "hang_sample", "py-spy")
             processes: list[ProcessSample] = []
-            if binary is not None and custody is not None:
-                pids = sorted(p for p in custody.members() if is_python(p))
-                roles = {pid: role_of(pid, run.pid, torchrun) for pid in pids}
-                resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT)  # noqa: E731
-                dump.processes = dump_processes(binary, roles, False, resume)
-                processes = [
-                    ProcessSample(p, wrote_bytes(p.pid), thread_states(p.pid))
-                    for p in dump.processes
-                ]
-            dump.took_s = time.monotonic() - started
-            sample = Sample(self.monotonic(), tuple(processes))
-            self.post(HangSampled(run.run_no, sample, dump))
+            try:
+                if binary is not None and custody is not None:
+                    members = sorted(custody.members())
+                    pids = [p for p in members if is_python(p)]
+                    roles = {pid: role_of(pid, run.pid, torchrun) for pid in pids}
+                    resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT)  # noqa: E731
+                    dump.processes = dump_processes(binary, roles, False, resume)
+                    native = [
+                        ProcessStacks(pid, Role("process"), error="not Python")
+                        for pid in members
+                        if pid not in roles
+                    ]
+                    processes = [_process_sample(p) for p in (*dump.processes, *native)]
+            finally:  # always posted: the decider waits for it
+                dump.took_s = time.monotonic() - started
+                sample = Sample(self.monotonic(), tuple(processes))
+                self.post(HangSampled(run.run_no, sample, dump))
 
         threading.Thread(target=work, name=f"dflashd-hang-{run.run_no}", daemon=True).start()
 
@@ -185,6 +197,13 @@ class StackDumps:
         level = "info" if dump.trigger == "command" else "warning"
         self.reporter.record(dump.run_no, Event.STACKS, log_level=level, **fields)
         return fields
+
+
+def _process_sample(stacks: ProcessStacks) -> ProcessSample:
+    pid = stacks.pid
+    found = read_stat(pid)
+    cpu = found.cpu_ticks / CLK_TCK if found is not None else None
+    return ProcessSample(stacks, wrote_bytes(pid), thread_states(pid), cpu)
 
 
 def _write(path: Path, data: bytes) -> None:

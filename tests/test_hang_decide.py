@@ -34,10 +34,16 @@ def proc(
     wrote: int = 0,
     states: tuple[str, ...] = ("S",),
     role: Role | None = None,
+    cpu: float = 0.0,
 ) -> ProcessSample:
     thread = ThreadStack(pid, "MainThread", active, False, tuple(frames))
     stacks = ProcessStacks(pid, role or Role("root"), (thread,))
-    return ProcessSample(stacks, wrote, states)
+    return ProcessSample(stacks, wrote, states, cpu)
+
+
+def native(pid: int, cpu: float, states: tuple[str, ...] = ("S",)) -> ProcessSample:
+    """A process of the run that is not Python: no stacks, its OS view only."""
+    return ProcessSample(ProcessStacks(pid, Role("process"), (), "not Python"), 0, states, cpu)
 
 
 def samples(*rounds: tuple[ProcessSample, ...], gap: float = 4.0) -> list[Sample]:
@@ -102,6 +108,32 @@ WORKER1 = Role("worker", 1, 1)
 )
 def test_judge(rounds: list[tuple[ProcessSample, ...]], finding: Finding) -> None:
     assert judge(samples(*rounds)).finding is finding
+
+
+@pytest.mark.parametrize(
+    ("cpus", "frames", "finding"),
+    [
+        # a waiting Python thread over a native pool that computes (1 CPU-second a second)
+        ((0.0, 4.0, 8.0), (LOCK, MAIN), Finding.WORKING),
+        # the same CPU while inside a collective: a spin, no sign of work
+        ((0.0, 4.0, 8.0), (ALL_REDUCE, MAIN), Finding.HUNG),
+        # a heartbeat thread's crumbs of CPU: still hung
+        ((0.0, 0.01, 0.02), (LOCK, MAIN), Finding.HUNG),
+    ],
+)
+def test_cpu_under_waiting_threads(
+    cpus: tuple[float, ...], frames: tuple[Frame, ...], finding: Finding
+) -> None:
+    rounds = [(proc(1, *frames, cpu=cpu),) for cpu in cpus]
+    assert judge(samples(*rounds)).finding is finding
+
+
+def test_a_busy_process_that_is_not_python_is_work() -> None:
+    """A Python launcher waits on a C++ trainer it started: the trainer's CPU is the work."""
+    rounds = [(proc(1, Frame("wait", "subprocess.py", 1200)), native(2, cpu)) for cpu in (0, 3, 6)]
+    assert judge(samples(*rounds)).finding is Finding.WORKING
+    idle = [(proc(1, Frame("wait", "subprocess.py", 1200)), native(2, 1.0)) for _ in range(3)]
+    assert judge(samples(*idle)).finding is Finding.HUNG
 
 
 SYNC = Frame("synchronize", "torch/cuda/__init__.py", 1162)
