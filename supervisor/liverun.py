@@ -1,8 +1,9 @@
 """Ending a live run: the one room that decides when dflashd ends a run that has not died.
 
-Three ways, each with its deadline kept here: ``dflashd stop`` (SIGTERM to the job's group,
-SIGKILL past ``stop_timeout_s``), a stall (the progress deadline passed and the evidence
-says stuck), and no GPU memory past its grace (the GPU watch's verdict).  Before every kill
+Four ways, each with its deadline kept here: ``dflashd stop`` (SIGTERM to the job's group,
+SIGKILL past ``stop_timeout_s``), a proven hang (:func:`dflashd.supervisor.hang.decide` says
+so from sampled stacks; this room applies it), a stall (the progress deadline passed and the
+evidence says stuck), and no GPU memory past its grace (the GPU watch's verdict).  Before every kill
 dflashd decides, it dumps the run's stacks with py-spy (the job keeps running meanwhile) and
 waits for the dump up to ``STACKS_BOUND_S``; where py-spy is missing or fails, it asks
 faulthandler for a dump instead (SIGABRT: ``PYTHONFAULTHANDLER=1``) and kills after

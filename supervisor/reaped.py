@@ -76,6 +76,7 @@ def observations(
         status_unknown=status is None,
         oom_kills=run.custody.oom_kills() if run.custody is not None else 0,
         lived_s=lived_s(run, duration_s, cpu_s),
+        cpu_s=cpu_s or 0.0,
     )
 
 

@@ -97,6 +97,7 @@ class Observations:
     status_unknown: bool = False  # the child is gone but its wait status could not be read
     oom_kills: int = 0  # the run cgroup's memory.events oom_kill (cgroup mode, memory controller)
     lived_s: float = 0.0  # from the launch to the last sign of life (output, notify, GPU, CPU)
+    cpu_s: float = 0.0  # CPU time the run's processes used (wait4, its cgroup)
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,26 @@ NO_STEP_SEEN: Final = "no_step_seen"
 DEFAULT_EARLY_DEATH_S: Final = 300.0
 
 
+BUSY_CPU_S: Final = 10.0  # CPU-seconds of work before a death that make it a runtime crash
+_FRAME_FILE: Final = re.compile(r'^\s*File "([^"]+)", line \d+')
+_LIBRARY_FILE: Final = re.compile(
+    r"[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python3[.\d]*[/\\]"
+)
+
+
+def _busy_then_raised(obs: Observations) -> bool:
+    """A run that worked (``BUSY_CPU_S`` of CPU, with output) and then raised from its own code
+    is a runtime crash though no step was seen (DeepSpeed's defaults print none): the last
+    frame of its traceback is the job's file, not a library's, and the cause is no unfixable
+    one (an ImportError stays an early death)."""
+    if obs.cpu_s < BUSY_CPU_S or obs.output_lines == 0:
+        return False
+    frames = [m.group(1) for line in obs.stderr_tail if (m := _FRAME_FILE.match(line))]
+    if not frames or _LIBRARY_FILE.search(frames[-1]):
+        return False
+    return reason_from_output(obs.stderr_tail) not in UNFIXABLE_REASONS
+
+
 def classify(obs: Observations, early_death_s: float = DEFAULT_EARLY_DEATH_S) -> Classification:
     """The verdict for one ended run (docs/design.md, "Verdicts").
 
@@ -206,7 +227,7 @@ def classify(obs: Observations, early_death_s: float = DEFAULT_EARLY_DEATH_S) ->
             reason_from_output(obs.stderr_tail) == "rendezvous_timeout"
         ):  # torchrun's own join timeout
             return Classification(Verdict.RENDEZVOUS_TIMEOUT, "agent_join_timeout")
-        if obs.lived_s >= early_death_s:
+        if obs.lived_s >= early_death_s or _busy_then_raised(obs):
             return Classification(Verdict.CRASHED, f"{_death_reason(obs)}:{NO_STEP_SEEN}")
         if obs.output_lines == 0:
             return Classification(Verdict.SILENT_DEATH, _death_reason(obs))

@@ -92,3 +92,21 @@ def test_pauses_that_work_are_never_ended(tmp_path: Path, monkeypatch: pytest.Mo
             for pipe in (daemon.proc.stdout, daemon.proc.stderr):
                 if pipe is not None:
                     pipe.close()
+
+
+@pytest.mark.parametrize(("how", "cleared"), [("own", False), ("inductor", True)])
+def test_an_early_death_keeps_the_caches_unless_the_evidence_names_them(
+    start_daemon: Start, how: str, cleared: bool
+) -> None:
+    """(d): a job that works (12 CPU-seconds, no visible step) and raises from its own code is
+    a runtime crash, caches kept; one whose traceback comes from inductor has them cleared."""
+    daemon = start_daemon(
+        child("compute_then_raise.py", "12" if how == "own" else "0", how),
+        restart={"early_retries": 2, "runtime_retries": 2},
+    )
+    assert daemon.wait(180) == 0  # the relaunch completes
+    first = daemon.events("exit")[0].fields
+    expected = "crashed" if how == "own" else "crash_before_first_step"
+    assert first["verdict"] == expected, first
+    assert daemon.events("restart")[0].fields["cache_cleared"] is cleared
+    assert bool(daemon.events("cache_cleared")) is cleared
