@@ -394,3 +394,7 @@ def test_14_busy_metrics_listen_refuses_the_start(home: Path, tmp_path: Path) ->
         r for r in read_records(home / "logs") if isinstance(r, EventRecord) and r.event == "spawn"
     ]
     assert spawned == []
+    # issue 31: the refused start leaves status as it was (no phantom "starting" state)
+    assert not (home / "state.json").exists()
+    status = run_cli("status", "--home", str(home), "--json")
+    assert status.returncode == 3 and '"starting"' not in status.stdout

@@ -185,26 +185,6 @@ def test_a_home_past_the_socket_limit_is_refused_leaving_nothing(tmp_path: Path)
     assert status.returncode == 3 and "not running" in status.stdout
 
 
-def test_a_refused_start_leaves_status_as_it_was(home: Path, tmp_path: Path) -> None:
-    """A busy metrics port refuses the start: no phantom 'starting' state afterwards."""
-    import socket
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        config = write_config(
-            tmp_path / "c.toml", {"gpus": "none", "metrics_listen": f"127.0.0.1:{port}"}
-        )
-        result = run_cli(
-            "start", "--home", str(home), "--config", str(config), "--", *child("exit_silent.py")
-        )
-    assert result.returncode == 2
-    assert not (home / "state.json").exists()
-    status = run_cli("status", "--home", str(home), "--json")
-    assert status.returncode == 3 and '"starting"' not in status.stdout
-
-
 # -- 4. what dflashd says is true --------------------------------------------------------
 
 

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -153,22 +152,6 @@ def test_the_sinks_thread_survives_and_every_supervisor_record_lands(
     lines_on_disk, events_on_disk = _theirs(directory)
     assert events_on_disk == events + 1, "a supervisor record was lost"
     assert lines_on_disk + stats.writer.records_dropped == lines
-
-
-@pytest.fixture
-def few_inodes(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs with 64 inodes (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "inodes"
-    mnt.mkdir(mode=0o700)
-    mount = ["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=64,mode=0700", "tmpfs", str(mnt)]
-    if subprocess.run(mount, check=False, capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_out_of_inodes_at_rotation_keeps_every_rotated_file(few_inodes: Path) -> None:
