@@ -155,7 +155,10 @@ class OpenSet:
                 return False
             if (st.st_dev, st.st_ino) != inode:
                 return False
-        return True
+        # A rotation between the listing and the opens adds a name (the live file opened is
+        # already the next one, and the file it replaced is .1 now): the set must be listed
+        # the same after the opens, or the file that moved would be skipped.
+        return log_files(directory, basename) == names
 
     def close(self, keep_live: bool = False) -> None:
         for _, fh in self.handles:

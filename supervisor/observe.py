@@ -225,5 +225,5 @@ class RunObserver:
             fields["loss"] = progress.loss
         if progress.epoch is not None:
             fields["epoch"] = progress.epoch
-        progress.recorded = (progress.step, progress.epoch)
+        progress.recorded = (progress.step, progress.epoch, progress.loss)
         self.reporter.record(run.run_no, Event.PROGRESS, **fields)

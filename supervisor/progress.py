@@ -100,12 +100,13 @@ class Progress:
     epoch: float | None = None  # epochs done, where the output says
     full_batches: int = 0  # the largest epoch total an epoch-structured bar showed
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=CADENCE_INTERVALS))
-    recorded: tuple[int | None, float | None] = (None, None)  # step and epoch of the last record
+    # step, epoch and loss of the last progress record (the curve's last point)
+    recorded: tuple[int | None, float | None, float | None] = (None, None, None)
 
     @property
     def unrecorded(self) -> bool:
-        """The step or epoch moved since the last ``progress`` record (the curve's last point)."""
-        moved = (self.step, self.epoch) != self.recorded
+        """The step, epoch or loss moved since the last ``progress`` record (the curve's last point)."""
+        moved = (self.step, self.epoch, self.loss) != self.recorded
         return self.first_step_mono is not None and moved and self.reports_steps
 
     @property
@@ -173,7 +174,7 @@ class Progress:
         record = (step is not None or epoch is not None) and now - self.last_record_mono >= every
         if record:
             self.last_record_mono = now
-            self.recorded = (self.step, self.epoch)
+            self.recorded = (self.step, self.epoch, self.loss)
         return Change(first_step=became_first, progress_record=record)
 
     def on_alive(self, now: float) -> None:
