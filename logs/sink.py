@@ -196,16 +196,21 @@ class LogSink:
         return freed
 
     def _write_event(self, item: _EventItem) -> None:
-        if self._retry:  # records keep their order: behind the ones waiting
+        # records keep their order: behind the ones waiting, if any
+        if self._retry or not self._write_one(item):
             self._keep(item)
-            return
+
+    def _write_one(self, item: _EventItem) -> bool:
+        """Done with the record (written, or lost to an error: counted); False: the disk
+        refused it and it is to be written again."""
         try:
-            seq = self.writer.write_event(item.run, item.event, item.fields, count_drop=False)
+            return (
+                self.writer.write_event(item.run, item.event, item.fields, count_drop=False)
+                is not None
+            )
         except Exception as exc:
             self._lost_one(item, exc)
-            return
-        if seq is None:
-            self._keep(item)
+            return True
 
     def _keep(self, item: _EventItem) -> None:
         self._retry.append(item)
@@ -213,17 +218,8 @@ class LogSink:
             self._lost_one(self._retry.popleft(), None)
 
     def _write_retried(self) -> None:
-        while self._retry:
-            item = self._retry[0]
-            try:
-                seq = self.writer.write_event(item.run, item.event, item.fields, count_drop=False)
-            except Exception as exc:
-                self._retry.popleft()
-                self._lost_one(item, exc)
-                continue
-            if seq is None:
-                return  # the disk still refuses: next time
-            self._retry.popleft()
+        while self._retry and self._write_one(self._retry[0]):
+            self._retry.popleft()  # the rest waits while the disk still refuses
 
     def _lost_one(self, item: _EventItem, exc: Exception | None) -> None:
         why = "kept too long unwritten" if exc is None else f"{type(exc).__name__}: {exc}"

@@ -169,14 +169,7 @@ class RotatingLogWriter:
             seq = self.next_seq
             data = encode_event(run, event, fields or {}, ts, seq)
             self.last_run = run
-            kept = self._records_dropped, self._unreported_records
-            if self._append(data, 1):
-                return seq
-            if not count_drop:  # kept by the caller, written again later: not a drop
-                self._records_dropped, self._unreported_records = kept
-                self._bytes_dropped -= len(data)
-                self._unreported_bytes -= len(data)
-            return None
+            return seq if self._append(data, 1, counted=count_drop) else None
 
     def count_dropped(self, records: int, nbytes: int, error: str) -> None:
         """Drops made upstream that the writer never saw (counted in its stats too), and why."""
@@ -186,22 +179,23 @@ class RotatingLogWriter:
             self._unreported_bytes += nbytes
             self._noted_error = error
 
-    def _append(self, data: bytes, count: int) -> bool:
+    def _append(self, data: bytes, count: int, *, counted: bool = True) -> bool:
         """Append whole records, rotating within one record of ``max_bytes`` (a batch may span files).
 
         Only a file that grew is rotated: when a part cannot be written (a full disk), the
         rest of the batch is dropped and counted, and the set keeps its history; rotating
         on a failure would push intact files out for empty ones.  While rotation fails, the
-        live file takes the whole batch past its bound.
+        live file takes the whole batch past its bound.  ``counted=False``: what cannot be
+        written is not counted as dropped (the caller keeps it and writes it again).
         """
         try:
-            return self._append_batch(data, count)
+            return self._append_batch(data, count, counted)
         finally:  # the writer's own records, after the batch: its seqs are taken already
             while self._own:
                 event, fields = self._own.pop(0)
                 self._record_self(event, fields)
 
-    def _append_batch(self, data: bytes, count: int) -> bool:
+    def _append_batch(self, data: bytes, count: int, counted: bool) -> bool:
         live = self._live
         while data and live.size + len(data) > self.max_bytes and self._may_rotate():
             cut = data.rfind(b"\n", 0, self.max_bytes - live.size) + 1
@@ -213,13 +207,14 @@ class RotatingLogWriter:
                 cut = data.find(b"\n") + 1 or len(data)
             part, data = data[:cut], data[cut:]
             records = part.count(b"\n")
-            if not self._append_part(part, records):
-                self._count_dropped(data, count - records)
+            if not self._append_part(part, records, counted):
+                if counted:
+                    self._count_dropped(data, count - records)
                 return False
             count -= records
             if live.size > 0 and not self._rotate():
                 break
-        return self._append_part(data, count) if data else True
+        return self._append_part(data, count, counted) if data else True
 
     def _count_dropped(self, data: bytes, count: int) -> None:
         self._records_dropped += count
@@ -227,9 +222,10 @@ class RotatingLogWriter:
         self._unreported_records += count
         self._unreported_bytes += len(data)
 
-    def _append_part(self, data: bytes, count: int) -> bool:
+    def _append_part(self, data: bytes, count: int, counted: bool = True) -> bool:
         if not self._write_all(data):
-            self._count_dropped(data, count)
+            if counted:
+                self._count_dropped(data, count)
             return False
         self.next_seq += count
         self._records_written += count
