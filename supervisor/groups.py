@@ -22,7 +22,7 @@ from dflashd.supervisor.custody import (
     end_stale_cgroup,
     open_base,
 )
-from dflashd.supervisor.procfs import read_stat
+from dflashd.supervisor.procfs import cmdline_text, read_stat
 from dflashd.supervisor.proof import MODE_PID, PIDFD_SUPPORTED
 from dflashd.supervisor.recovery import recover
 from dflashd.supervisor.spawn import Launched, spawn
@@ -171,13 +171,8 @@ class HostProcesses:
             return None
 
     def cmdline(self, pid: int) -> str:
-        """psutil's cmdline, joined and cut at 200 characters."""
-        import psutil
-
-        try:
-            return " ".join(psutil.Process(pid).cmdline())[:200]
-        except (psutil.Error, OSError):
-            return "?"
+        """The command line, joined and cut at 200 characters ("?" when gone or a zombie)."""
+        return cmdline_text(pid) or "?"
 
     def reap_orphans(self, keep: set[int]) -> None:
         """See :func:`reap_orphans`."""

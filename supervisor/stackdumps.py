@@ -120,7 +120,6 @@ class StackDumps:
         custody = run.custody
         binary = self.binary
         method = "py-spy --native" if native else "py-spy"
-        torchrun = run.elastic is not None
 
         def work() -> None:
             started = time.monotonic()
@@ -128,11 +127,8 @@ class StackDumps:
             if binary is None or self.version is None or custody is None:
                 dump.error = self.tool() if custody is not None else "no live run"
             else:
-                pids = sorted(p for p in custody.members() if is_python(p))
-                roles = {pid: role_of(pid, run.pid, torchrun) for pid in pids}
-                resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT)  # noqa: E731
-                dump.processes = dump_processes(binary, roles, native, resume)
-                if not pids:
+                dump.processes = _dump_python(binary, run, sorted(custody.members()), native)
+                if not dump.processes:
                     dump.error = "no Python process in the run"
                 elif not dump.ok:
                     dump.error = next((p.error for p in dump.processes if p.error), "no stacks")
@@ -146,7 +142,6 @@ class StackDumps:
         """A hang sample on a thread: every Python process's stacks (py-spy, non-blocking: the
         job is never paused), the bytes each wrote so far and its threads' states."""
         custody, binary = run.custody, self.binary
-        torchrun = run.elastic is not None
 
         def work() -> None:
             started = time.monotonic()
@@ -155,14 +150,12 @@ class StackDumps:
             try:
                 if binary is not None and custody is not None:
                     members = sorted(custody.members())
-                    pids = [p for p in members if is_python(p)]
-                    roles = {pid: role_of(pid, run.pid, torchrun) for pid in pids}
-                    resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT)  # noqa: E731
-                    dump.processes = dump_processes(binary, roles, False, resume)
+                    dump.processes = _dump_python(binary, run, members, False)
+                    dumped = {p.pid for p in dump.processes}
                     native = [
                         ProcessStacks(pid, Role("process"), error="not Python")
                         for pid in members
-                        if pid not in roles
+                        if pid not in dumped
                     ]
                     processes = [_process_sample(p) for p in (*dump.processes, *native)]
             finally:  # always posted: the decider waits for it
@@ -197,6 +190,15 @@ class StackDumps:
         level = "info" if dump.trigger == "command" else "warning"
         self.reporter.record(dump.run_no, Event.STACKS, log_level=level, **fields)
         return fields
+
+
+def _dump_python(binary: str, run: Run, members: list[int], native: bool) -> list[ProcessStacks]:
+    """py-spy's dump of the Python processes among ``members``, each labelled with its role."""
+    custody = run.custody
+    torchrun = run.elastic is not None
+    roles = {pid: role_of(pid, run.pid, torchrun) for pid in members if is_python(pid)}
+    resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT) if custody else None  # noqa: E731
+    return dump_processes(binary, roles, native, resume)
 
 
 def _process_sample(stacks: ProcessStacks) -> ProcessSample:
