@@ -21,7 +21,7 @@ from dflashd.logs import (
     log_files,
     read_records,
 )
-from tests.faults.fsfaults import FaultyDir
+from tests.faults.fsfaults import faulty_writer
 
 
 def lines_frame(lines: list[str]) -> Frame:
@@ -132,20 +132,14 @@ def test_deleted_live_log_is_reopened_before_the_next_write(tmp_path: Path) -> N
 
 def test_disk_full_is_counted_then_reported(tmp_path: Path) -> None:
     """Writes that fail with ENOSPC are dropped and counted, then reported as log_dropped."""
-    made: list[FaultyDir] = []
-
-    def faulty(path: Path) -> FaultyDir:
-        made.append(FaultyDir(path))
-        return made[-1]
-
-    writer = RotatingLogWriter(tmp_path, max_bytes=1 << 20, fs=faulty)
+    writer, fs = faulty_writer(tmp_path, max_bytes=1 << 20)
     writer.write_event(1, "spawn", {})
-    made[0].failing["write"] = errno.ENOSPC
+    fs.failing["write"] = errno.ENOSPC
     assert writer.write_frame(1, "stdout", lines_frame(["lost one", "lost two"])) is False
     stats = writer.stats()
     assert stats.records_dropped == 2 and stats.write_errors == 1
     assert stats.last_error is not None and "ENOSPC" in stats.last_error
-    del made[0].failing["write"]
+    del fs.failing["write"]
     assert writer.write_frame(1, "stdout", lines_frame(["back"])) is True
     writer.close()
     records = list(read_records(tmp_path))

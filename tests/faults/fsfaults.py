@@ -10,8 +10,10 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 from dflashd.logs.logdir import LogDir
+from dflashd.logs.writer import RotatingLogWriter
 
 OPERATIONS = ("write", "create_new", "open_append", "rename", "unlink", "listdir", "ftruncate")
 
@@ -60,3 +62,15 @@ class FaultyDir(LogDir):
 
 
 ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO)
+
+
+def faulty_writer(directory: Path, **options: Any) -> tuple[RotatingLogWriter, FaultyDir]:
+    """A real writer on ``directory`` whose filesystem calls go through a :class:`FaultyDir`."""
+    made: list[FaultyDir] = []
+
+    def faulty(path: Path) -> FaultyDir:
+        made.append(FaultyDir(path))
+        return made[-1]
+
+    writer = RotatingLogWriter(directory, fs=faulty, **options)
+    return writer, made[0]

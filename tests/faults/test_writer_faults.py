@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dflashd.logs import EventRecord, LineRecord, LogSink, RotatingLogWriter, read_records
-from tests.faults.fsfaults import ERRNOS, OPERATIONS, FaultyDir
+from tests.faults.fsfaults import ERRNOS, OPERATIONS, faulty_writer
 from tests.test_writer_reader import lines_frame
 
 WRITERS_OWN = {"log_dropped", "log_rotation_failed", "log_rotation_resumed", "log_dir_replaced"}
@@ -76,14 +76,7 @@ def test_any_sequence_of_faults_loses_nothing_uncounted(
     tmp_path_factory: pytest.TempPathFactory, steps: list[tuple]
 ) -> None:
     directory = tmp_path_factory.mktemp("faulty")
-    made: list[FaultyDir] = []
-
-    def faulty(path: Path) -> FaultyDir:
-        made.append(FaultyDir(path))
-        return made[-1]
-
-    writer = RotatingLogWriter(directory, max_bytes=1024, backups=10_000, fs=faulty)
-    fs = made[0]
+    writer, fs = faulty_writer(directory, max_bytes=1024, backups=10_000)
     lines_written = events_written = 0
     history: set[tuple[int, int]] = set()
     for step in steps:
@@ -121,14 +114,8 @@ def test_the_sinks_thread_survives_and_every_supervisor_record_lands(
     """Through the sink: the thread lives, and supervisor records the disk refused are
     written once it takes them again (none is dropped)."""
     directory = tmp_path_factory.mktemp("sink")
-    made: list[FaultyDir] = []
-
-    def faulty(path: Path) -> FaultyDir:
-        made.append(FaultyDir(path))
-        return made[-1]
-
-    sink = LogSink(RotatingLogWriter(directory, max_bytes=1024, backups=10_000, fs=faulty))
-    fs = made[0]
+    writer, fs = faulty_writer(directory, max_bytes=1024, backups=10_000)
+    sink = LogSink(writer)
     lines = events = 0
     for step in steps:
         if step[0] == "lines":
