@@ -27,6 +27,7 @@ from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.doors import Doors
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.goodput import restored_ledger
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
 from dflashd.supervisor.groups import HostProcesses, ProcessOps
 from dflashd.supervisor.hang import HangSampled
@@ -196,6 +197,12 @@ class Daemon:
     def open(self) -> None:
         """Everything before the loop: history, sockets, recovery, GPUs, metrics, the first launch."""
         self.reporter.open_history()
+        history = self.reporter.history
+        self.ledger.goodput = restored_ledger(
+            history.goodput() if history is not None else None,
+            now_wall=self.clock.time(),
+            now_mono=self.clock.monotonic(),
+        )
         stop_s = self.config.restart.stop_timeout_s
         stop = stop_handler(stop_s, self.request_stop, lambda: self.run, STACKS_BOUND_S)
         handlers = {
@@ -322,7 +329,14 @@ class Daemon:
         view = self.status()  # built once per publish
         summary = one_line(view)
         self.reporter.publish(view, summary)
+        self._save_goodput(ended=False)
         return summary
+
+    def _save_goodput(self, *, ended: bool) -> None:
+        run, now = self.run, self.clock.monotonic()
+        book = self.ledger.goodput
+        totals = book.settled(run.times() if run is not None and run.alive else None, now)
+        self.reporter.save_goodput(book.first_start, totals, daemon_ended=ended, now=now)
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -348,6 +362,7 @@ class Daemon:
             ),
             # a refused start leaves status as it was: no phantom "starting" state
             ("state", lambda: self._publish() if self._opened else None),
+            ("goodput", lambda: self._save_goodput(ended=True) if self._opened else None),
             ("reporter", self.reporter.close),
             ("doors", lambda: self.doors.close() if self.doors is not None else None),
             ("inbox", self.inbox.close),

@@ -21,6 +21,7 @@ from dflashd.supervisor.alerts import alert_decision
 from dflashd.supervisor.config import RestartConfig
 from dflashd.supervisor.elastic import worker_exit_code
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.goodput import Cost, RunTimes, run_cost
 from dflashd.supervisor.history import RunHistory
 from dflashd.supervisor.ledger import Book
 from dflashd.supervisor.lifecycle import State
@@ -58,6 +59,9 @@ class RunFacts:
     flight_recorder: tuple[str, ...] = ()  # NCCL flight-recorder traces the ranks left
     hung_after_s: float | None = None  # a proven hang: from the last step to the decision
     stale_build_locks: tuple[str, ...] = ()  # JIT-build locks older than the run (early deaths)
+    times: RunTimes | None = None  # its launch, first step, progress (goodput); None: lost
+    died_mono: float | None = None
+    stop_at: float | None = None  # monotonic: when the user asked to stop
 
 
 # -- the effects, carried out in order by the daemon's one applier -------------------------
@@ -124,11 +128,22 @@ class ExitDaemon:
     code: int
 
 
+@dataclass(frozen=True, slots=True)
+class Account:
+    """The run's cost into the goodput ledger; the gap after ``died_mono`` is downtime when
+    a relaunch follows, stopped time when none does."""
+
+    cost: Cost
+    died_mono: float
+    relaunch: bool
+
+
 Effect = (
     WriteRecord
     | SendAlert
     | RecordHistory
     | Book
+    | Account
     | SettleProcesses
     | EnterState
     | RestartIn
@@ -242,6 +257,13 @@ def conclude(
     """Classify the run, decide what follows, and list every effect that means, in order."""
     result = classify(facts.obs, policy.early_death_s)
     fields = exit_fields(facts, result)
+    cost: Cost | None = None  # what the run cost (goodput); unknown for a run not seen end
+    if facts.times is not None and facts.died_mono is not None:
+        ok = result.verdict is Verdict.COMPLETED
+        cost = run_cost(
+            facts.times, facts.died_mono, ended=True, completed=ok, stop_at=facts.stop_at
+        )
+        fields["cost"] = cost.record()
     worker_code = worker_exit_code(facts.tail)  # a torchrun job: its first failed worker's code
     if worker_code is not None:
         fields["worker_exit_code"] = worker_code
@@ -253,6 +275,11 @@ def conclude(
     ]
     last_exit = {"run": facts.run_no, "ended_at": facts.ended_at, **fields}
     alerted = set(facts.already_alerted)
+
+    def account(relaunch: bool) -> tuple[Effect, ...]:
+        if cost is None or facts.died_mono is None:
+            return ()
+        return (Account(cost, facts.died_mono, relaunch),)
 
     def alert(kind: AlertKind, reason: str, early_before: int) -> list[Effect]:
         on = alert_decision(
@@ -286,7 +313,9 @@ def conclude(
         book = Book(last_exit=last_exit, history=decision.history, clear_cache_next=False)
         alerts = alert(verdict_alert, result.reason, history.early_deaths)
         ending = (settle, EnterState(State.STOPPED), ExitDaemon(0))
-        return Outcome(result, decision, fields, (*written, book, *alerts, *ending))
+        return Outcome(
+            result, decision, fields, (*written, book, *account(False), *alerts, *ending)
+        )
     if decision.action is Action.DONE:
         book = Book(last_exit=last_exit, history=decision.history, clear_cache_next=False)
         alerts = alert(verdict_alert, result.reason, history.early_deaths)
@@ -296,7 +325,8 @@ def conclude(
             settle,
             EnterState(done),
         )
-        return Outcome(result, decision, fields, (*written, book, *alerts, *after, ExitDaemon(0)))
+        effects = (*written, book, *account(False), *alerts, *after, ExitDaemon(0))
+        return Outcome(result, decision, fields, effects)
     if decision.action is Action.FATAL:
         book = Book(
             last_exit=last_exit,
@@ -311,7 +341,8 @@ def conclude(
             alerts = alert(verdict_alert, result.reason, history.early_deaths)
         fatal = WriteRecord(Event.FATAL, {"reason": decision.reason, "verdict": verdict}, "error")
         after = (fatal, settle, EnterState(State.FATAL), ExitDaemon(EXIT_FATAL))
-        return Outcome(result, decision, fields, (*written, book, *alerts, *after))
+        effects = (*written, book, *account(False), *alerts, *after)
+        return Outcome(result, decision, fields, effects)
     book = Book(
         last_exit=last_exit,
         history=decision.history,
@@ -333,7 +364,7 @@ def conclude(
         EnterState(State.BACKOFF),
         RestartIn(decision.delay_s),
     )
-    return Outcome(result, decision, fields, (*written, book, *alerts, *after))
+    return Outcome(result, decision, fields, (*written, book, *account(True), *alerts, *after))
 
 
 def lost_facts(run_no: int, step: int | None, ended_at: float) -> RunFacts:

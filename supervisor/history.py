@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -20,6 +22,16 @@ CREATE TABLE IF NOT EXISTS runs (
     signal TEXT,
     first_step_s REAL,
     last_step INTEGER
+)
+"""
+# The goodput ledger's settled totals (one row): a later daemon goes on from them.
+_GOODPUT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS goodput (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    first_start REAL NOT NULL,
+    totals TEXT NOT NULL,
+    daemon_ended INTEGER NOT NULL,
+    saved_at REAL NOT NULL
 )
 """
 
@@ -62,6 +74,7 @@ class RunHistory:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA cache_size=-256")  # 256 KiB: a few hundred rows need no more
         self._db.execute(_SCHEMA)
+        self._db.execute(_GOODPUT_SCHEMA)
 
     def last_run(self) -> int:
         """The highest run number recorded (0 when none)."""
@@ -95,6 +108,29 @@ class RunHistory:
             "last_step=? WHERE run=?",
             (ended_at, verdict, reason, exit_code, signal, first_step_s, last_step, run),
         )
+
+    def save_goodput(
+        self, first_start: float, totals: dict[str, float], *, daemon_ended: bool, saved_at: float
+    ) -> None:
+        """Replace the goodput row (``daemon_ended``: this daemon ended, it did not die)."""
+        self._db.execute(
+            "INSERT OR REPLACE INTO goodput (id, first_start, totals, daemon_ended, saved_at) "
+            "VALUES (1, ?, ?, ?, ?)",
+            (first_start, json.dumps(totals), int(daemon_ended), saved_at),
+        )
+
+    def goodput(self) -> tuple[float, Any, bool] | None:
+        """The saved (first start, totals as stored, whether that daemon ended), or None."""
+        row = self._db.execute(
+            "SELECT first_start, totals, daemon_ended FROM goodput WHERE id = 1"
+        ).fetchone()
+        if row is None or not isinstance(row[0], int | float) or not isinstance(row[1], str):
+            return None
+        try:
+            totals = json.loads(row[1])
+        except ValueError:
+            return None
+        return float(row[0]), totals, bool(row[2])
 
     def close(self) -> None:
         """Close the database."""

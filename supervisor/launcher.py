@@ -97,11 +97,19 @@ class Launcher:
         return max(known) + 1
 
     def launch(
-        self, previous: Run | None, *, clear_cache: bool, run_no: int | None = None
+        self,
+        previous: Run | None,
+        *,
+        clear_cache: bool,
+        run_no: int | None = None,
+        best_before: int | None = None,
+        downtime_s: float | None = None,
     ) -> tuple[Run, str | None]:
         """Start the next run (or ``run_no`` again); the run, and the exec error when it could
         not start.  Raises :class:`LaunchDeferred` when the host is out of descriptors or
-        memory before the fork: no verdict, the daemon retries."""
+        memory before the fork: no verdict, the daemon retries.  ``best_before``: the best
+        step of the earlier runs (steps up to it are redone); ``downtime_s``: since the last
+        run's death, for the ``spawn`` record (goodput)."""
         run_no = run_no or self.next_run_no(previous)
         self.gpu.new_run()
         now = self.clock.monotonic()
@@ -111,6 +119,7 @@ class Launcher:
         )
         run = Run(run_no, self.config.command, now, self.clock.time(), Progress(now))
         run.progress.sees_steps = self.sees_steps
+        run.progress.best_before = best_before
         job = torchrun_job(run.argv)
         if job is not None:  # a node of a larger job: its agent's rendezvous is warm-up
             run.elastic = ElasticState(job, rendezvous_since=now)
@@ -127,6 +136,8 @@ class Launcher:
             "config_env_keys": sorted(self.config.env),
             "dflashd_version": __version__,
         }
+        if downtime_s is not None:
+            spawn_fields["downtime_s"] = round(downtime_s, 3)
         if job is not None:
             spawn_fields["torchrun"] = job.fields()
         self.reporter.record(run_no, Event.SPAWN, wait_s=SPAWN_ON_DISK_S, **spawn_fields)

@@ -1,4 +1,4 @@
-"""The ledger: what outlives a run (restart budgets, restarts by verdict, the last exit).
+"""The ledger: what outlives a run (restart budgets, restarts by verdict, the last exit, goodput).
 
 :func:`~dflashd.supervisor.ending.conclude` reads it and says how it changes (a
 :class:`~dflashd.supervisor.ending.Book` effect); :meth:`Ledger.take` writes that down.
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from dflashd.supervisor.goodput import GoodputLedger
 from dflashd.supervisor.policy import RestartHistory
 
 STATE_TAIL_LINES: Final = 20
@@ -59,6 +60,7 @@ class Ledger:
     recovering_from: str | None = None
     agent_restarts: int = 0  # torchrun restarted its workers itself (this daemon's lifetime)
     agent_worker_failures: int = 0
+    goodput: GoodputLedger = field(default_factory=lambda: GoodputLedger(first_start=0.0))
 
     def take(self, book: Book) -> None:
         """Write down one :class:`Book` effect."""

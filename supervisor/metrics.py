@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from dflashd.supervisor import __version__
+from dflashd.supervisor.goodput import GoodputView, lost_seconds, view_from_json
 from dflashd.supervisor.lifecycle import Phase, State
 from dflashd.supervisor.verdicts import AlertKind, Verdict
 
@@ -132,6 +133,7 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
         value=extra.get("stack_dumps", 0.0),
     )
     yield from _elastic_families(snapshot.get("elastic"))
+    yield from _goodput_families(view_from_json(snapshot.get("goodput")))
     version = str(snapshot.get("version") or __version__)
     build = GaugeMetricFamily("dflashd_build_info", "dflashd's version", labels=["version"])
     build.add_metric([version], 1.0)
@@ -172,6 +174,38 @@ def _elastic_families(elastic: dict[str, Any] | None) -> Iterator[Any]:
         "How long the agent has been waiting for its peers (0 when not waiting)",
         value=float(elastic.get("rendezvous_waiting_s") or 0.0),
     )
+
+
+def _goodput_families(view: GoodputView | None) -> Iterator[Any]:
+    """Where the job's time went (goodput.py): counters that only grow, and their ratio."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    if view is None:
+        return
+    yield CounterMetricFamily(
+        "dflashd_productive_seconds",
+        "Seconds the job made new progress (steps beyond any earlier run's best)",
+        value=view["productive_s"],
+    )
+    lost = CounterMetricFamily(
+        "dflashd_lost_seconds",
+        "Seconds lost, by cause: startup, detection, downtime, redone",
+        labels=["cause"],
+    )
+    for cause, seconds in lost_seconds(view).items():
+        lost.add_metric([cause], seconds)
+    yield lost
+    yield CounterMetricFamily(
+        "dflashd_stopped_seconds",
+        "Seconds nobody wanted the job to run (stopped, completed, fatal until the next start)",
+        value=view["stopped_s"],
+    )
+    ratio = GaugeMetricFamily(
+        "dflashd_goodput_ratio", "Productive seconds over the wall time not stopped (0-1)"
+    )
+    if view["ratio"] is not None:
+        ratio.add_metric([], view["ratio"])
+    yield ratio
 
 
 class MetricsServer:

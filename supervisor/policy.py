@@ -3,7 +3,8 @@
 Early deaths (a run that never reached its first step) and runtime crashes have separate
 budgets.  The early budget is reset by a run that reaches its first step; the runtime
 budget (and the backoff exponent) by ``stable_after_s`` of progress.  A runtime crash after
-such a stretch relaunches at once; backoff begins with the next failure, doubles per
+such a stretch, or after new progress (a best step beyond every earlier run's), relaunches
+at once; backoff begins with the next failure that made no new progress, doubles per
 consecutive failure, with ±20 % jitter, and never exceeds the ceiling.
 """
 
@@ -106,6 +107,12 @@ def decide(
     stable = progress_s >= policy.stable_after_s
     if stable:
         history = replace(history, runtime_crashes=0, consecutive_failures=0, free_restart=False)
+    # New progress (a best step beyond every earlier run's): the chain of failures starts over.
+    new_progress = reached_first_step and step is not None and (
+        history.best_step is None or step > history.best_step
+    )
+    if new_progress:
+        history = replace(history, consecutive_failures=0, free_restart=False)
     history = _track_best_step(history, step)
     limit = policy.no_progress_restarts
     if limit and history.stuck_runs >= limit and history.best_step is not None:
@@ -130,9 +137,10 @@ def decide(
         again = signature is not None and signature == history.last_early_signature
         clear = cache_evidence(tail) is not None or (again and history.early_deaths >= 2)
         history = replace(history, last_early_signature=signature)
-    if stable and reached_first_step:
-        # A runtime crash after a healthy stretch: relaunch at once (a wait buys nothing the
-        # job's own start-up does not already take); backoff begins with the next crash.
+    if (stable or new_progress) and reached_first_step:
+        # A runtime crash after a healthy stretch or new progress: relaunch at once (a wait
+        # buys nothing the job's own start-up does not already take); backoff begins with
+        # the next failure that makes no new progress.
         return Decision(
             Action.RESTART, 0.0, clear, verdict.value, replace(history, free_restart=True)
         )

@@ -100,6 +100,8 @@ class Progress:
     epoch: float | None = None  # epochs done, where the output says
     full_batches: int = 0  # the largest epoch total an epoch-structured bar showed
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=CADENCE_INTERVALS))
+    best_before: int | None = None  # the best step of every earlier run (goodput: redone)
+    passed_best_mono: float | None = None  # when a step beyond ``best_before`` was first seen
     # step, epoch and loss of the last progress record (the curve's last point)
     recorded: tuple[int | None, float | None, float | None] = (None, None, None)
 
@@ -153,6 +155,8 @@ class Progress:
             self.sees_steps = True
             self.reports_steps = self.reports_steps or step is not None or epoch is not None
         if step is not None:
+            if self.passed_best_mono is None:
+                self.passed_best_mono = self._passed_best(step, now)
             self.step = step
             self.step_source = source
         if loss is not None:
@@ -176,6 +180,17 @@ class Progress:
             self.last_record_mono = now
             self.recorded = (self.step, self.epoch, self.loss)
         return Change(first_step=became_first, progress_record=record)
+
+    def _passed_best(self, step: int, now: float) -> float | None:
+        """When the run passed the earlier runs' best, if ``step`` passes it: between the last
+        step seen and this one, in proportion (steps are posted a few times a second)."""
+        best = self.best_before
+        if best is not None and step <= best:
+            return None
+        before, at = self.step, self.last_progress_mono
+        if best is None or before is None or at is None or not before <= best < step:
+            return now
+        return at + (now - at) * (best - before) / (step - before)
 
     def on_alive(self, now: float) -> None:
         """Output or GPU activity that names no step: liveness."""

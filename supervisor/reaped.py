@@ -88,6 +88,7 @@ def reaped_facts(
     ended_at: float,
     cpu_s: float | None,
     stopping: bool,
+    stop_at: float | None = None,
 ) -> RunFacts:
     """Everything :func:`~dflashd.supervisor.ending.conclude` needs about a reaped run."""
     tails = {d.src: tuple(d.tail) for d in run.drains}
@@ -116,6 +117,9 @@ def reaped_facts(
             if run.extensions_root is not None and first is None
             else ()
         ),
+        times=run.times(),
+        died_mono=died_mono,
+        stop_at=stop_at,
     )
 
 
@@ -130,7 +134,9 @@ def flight_traces(run: Run) -> tuple[str, ...]:
         return ()
 
 
-def spawn_failed_facts(run: Run, error: str, *, ended_at: float, stopping: bool) -> RunFacts:
+def spawn_failed_facts(
+    run: Run, error: str, *, ended_at: float, stopping: bool, stop_at: float | None = None
+) -> RunFacts:
     """A launch whose exec failed: nothing ran."""
     return RunFacts(
         run.run_no,
@@ -139,4 +145,7 @@ def spawn_failed_facts(run: Run, error: str, *, ended_at: float, stopping: bool)
         ended_at=ended_at,
         already_alerted=frozenset(run.alerted),
         stop_requested=stopping,
+        times=run.times(),
+        died_mono=run.started_mono,
+        stop_at=stop_at,
     )

@@ -20,6 +20,7 @@ from dflashd.supervisor.clock import Clock, SystemClock
 from dflashd.supervisor.config import Config, config_to_dict
 from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.goodput import Cost, cost_to_json
 from dflashd.supervisor.history import RunHistory, open_history
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.notify import SystemdNotifier
@@ -28,6 +29,7 @@ from dflashd.supervisor.statusview import LogStats, StatusView, write_state
 from dflashd.supervisor.verdicts import AlertKind
 
 log = get_logger("dflashd")
+GOODPUT_SAVE_EVERY_S: Final = 2.0
 _NOT_LOGGED: Final = frozenset(
     {"tail", "gpus", "holders", "traceback", "argv", "env_keys", "refused"}
 )
@@ -66,6 +68,7 @@ class Reporter:
         self.snapshot: dict[str, Any] = {}
         self._metrics: Any = None
         self._alerts_sent: dict[str, float] = {}
+        self._goodput_saved = float("-inf")
         self.stack_dumps = 0  # dumps written (metrics)  # "kind:ok" -> deliveries (metrics)
 
     def helper_pids(self) -> set[int]:
@@ -188,6 +191,19 @@ class Reporter:
             self.history_errors += 1
             if self.history_errors == 1 or self.history_errors % 100 == 0:
                 log.warning("history_write_failed", error=str(exc), failures=self.history_errors)
+
+    def save_goodput(
+        self, first_start: float, totals: Cost, *, daemon_ended: bool, now: float
+    ) -> None:
+        """The goodput ledger into runs.sqlite: every few seconds, and when the daemon ends
+        (a daemon killed outright loses at most the last few seconds, counted as downtime)."""
+        if not daemon_ended and now - self._goodput_saved < GOODPUT_SAVE_EVERY_S:
+            return
+        self._goodput_saved = now
+        stored = cost_to_json(totals)
+        self.record_history(
+            lambda db: db.save_goodput(first_start, stored, daemon_ended=daemon_ended, saved_at=now)
+        )
 
     def publish(self, view: StatusView, one_line: str) -> None:
         """state.json, the metrics snapshot and systemd's STATUS=, from one status view."""

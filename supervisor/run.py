@@ -13,6 +13,7 @@ from typing import Any
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor.elastic import ElasticState
+from dflashd.supervisor.goodput import RunTimes
 from dflashd.supervisor.hang import HangWatch
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.linewatch import LineWatcher
@@ -74,6 +75,18 @@ class Run:
     def custody(self) -> RunCustody | None:
         """The run's processes, proven (its cgroup or pidfds): the only way to signal them."""
         return self.launched.custody if self.launched is not None else None
+
+    def times(self) -> RunTimes:
+        """Its moments as goodput counts them."""
+        p = self.progress
+        return RunTimes(
+            launched=self.started_mono,
+            first_step=p.first_step_mono,
+            last_progress=p.last_progress_mono,
+            best_before=p.best_before,
+            passed_best=p.passed_best_mono,
+            stepped=p.step is not None,
+        )
 
     def belongs(self, pid: int) -> bool:
         """Is ``pid`` part of this run, proven (cgroup membership, or pidfd proof)?

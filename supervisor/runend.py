@@ -20,6 +20,7 @@ from dflashd.supervisor.config import Config
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.ending import (
     EXIT_FATAL,
+    Account,
     Effect,
     EnterState,
     ExitDaemon,
@@ -87,6 +88,8 @@ class RunEnds:
                 self.reporter.record_history(effect.write)
             elif isinstance(effect, Book):
                 self.ledger.take(effect)
+            elif isinstance(effect, Account):
+                self.ledger.goodput.ended(effect.cost, effect.died_mono, relaunch=effect.relaunch)
             elif isinstance(effect, SendAlert):
                 step = run.progress.step if run is not None else None
                 gpus = list(self.gpu.last)

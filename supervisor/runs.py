@@ -108,8 +108,15 @@ class Runs:
         self.loop.enter(State.STARTING)
         clear, self.ledger.clear_cache_next = self.ledger.clear_cache_next, False
         run_no, self._deferred_run_no = self._deferred_run_no, None
+        goodput, now = self.ledger.goodput, self.clock.monotonic()
         try:
-            run, error = self.launcher.launch(self.run, clear_cache=clear, run_no=run_no)
+            run, error = self.launcher.launch(
+                self.run,
+                clear_cache=clear,
+                run_no=run_no,
+                best_before=self.ledger.history.best_step,
+                downtime_s=goodput.downtime_s(now),
+            )
         except LaunchDeferred as deferred:
             freed = self.fd_reserve.release()  # room for the records and the next attempt
             self.reporter.record(
@@ -126,9 +133,13 @@ class Runs:
             return
         self.fd_reserve.take()
         self.run = run
+        goodput.launched(run.started_mono)
         if error is not None:
-            stopping = self.loop.stop_requested
-            facts = spawn_failed_facts(run, error, ended_at=self.clock.time(), stopping=stopping)
+            stopping, stop_at = self.loop.stop_requested, goodput.stop_at
+            ended_at = self.clock.time()
+            facts = spawn_failed_facts(
+                run, error, ended_at=ended_at, stopping=stopping, stop_at=stop_at
+            )
             self.ends.conclude(run, facts)
             self._first_launch({"ok": False, "run": run.run_no, "error": f"spawn failed: {error}"})
             return
@@ -153,6 +164,7 @@ class Runs:
         if not math.isfinite(timeout_s) or not 0 <= timeout_s <= MAX_SECONDS:
             timeout_s = self.config.restart.stop_timeout_s
         self.loop.stop_requested = True
+        self.ledger.goodput.stopping(self.clock.monotonic())
         self.timers.restart_at = self.timers.release_check_at = None
         self.loop.enter(State.STOPPING)
         self.systemd.notify("STOPPING=1")
@@ -191,6 +203,12 @@ class Runs:
             self.observer.progress_record(run)  # the curve ends where the run did
         stopping, ended_at = self.loop.stop_requested, self.clock.time()
         facts = reaped_facts(
-            run, status, died_mono=died, ended_at=ended_at, cpu_s=cpu_s, stopping=stopping
+            run,
+            status,
+            died_mono=died,
+            ended_at=ended_at,
+            cpu_s=cpu_s,
+            stopping=stopping,
+            stop_at=self.ledger.goodput.stop_at,
         )
         self.ends.conclude(run, facts)

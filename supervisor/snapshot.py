@@ -104,6 +104,9 @@ def status_view(source: StatusSource) -> StatusView:
         "stacks_tool": source.dumps.tool(),
         "log_codec": CODEC.implementation,
         "stop_timeout_s": source.config.restart.stop_timeout_s,
+        "goodput": ledger.goodput.view(
+            run.times() if alive and run is not None else None, now_mono
+        ),
     }
     if alive and run is not None and run.pid is not None:
         view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}

@@ -7,7 +7,7 @@ STATUS= line); :func:`write_state` replaces state.json atomically (temp file + r
 corrupted file is input from outside: it must never crash ``start`` or ``status``).
 
 This module sits low in the house: it imports nothing of dflashd but the never-raising
-encoder (:mod:`dflashd.logs.safejson`).  The daemon's snapshot
+encoder (:mod:`dflashd.logs.safejson`) and the goodput contract (:mod:`goodput`, a leaf).  The daemon's snapshot
 (:mod:`dflashd.supervisor.snapshot`) fills it in.
 """
 
@@ -20,6 +20,7 @@ from typing import Any, NotRequired, TypedDict
 import orjson
 
 from dflashd.logs.safejson import dumps_any
+from dflashd.supervisor.goodput import GoodputView
 
 _MAX_STATE_BYTES = 4 * 1024 * 1024
 
@@ -83,6 +84,7 @@ class StatusView(TypedDict):
     stacks_tool: str  # "py-spy 0.4.3", or why live stack dumps are unavailable
     log_codec: str  # the log path's inner loops: "c", or "python" where the C build is missing
     stop_timeout_s: float  # restart.stop_timeout_s: what `dflashd stop` without --timeout waits
+    goodput: GoodputView  # where the time went since the home's first start (goodput.py)
     child: NotRequired[ChildIdentity]  # present while a child lives
 
 
@@ -128,7 +130,7 @@ def parse_state(obj: Any) -> dict[str, Any]:
         }
     else:
         out.pop("restarts_by_verdict", None)
-    for key in ("last_exit", "child", "log_stats"):
+    for key in ("last_exit", "child", "log_stats", "goodput"):
         if key in out and not isinstance(out[key], dict):
             out.pop(key)
     child = out.get("child")

@@ -34,6 +34,11 @@ def _ended_hung(daemon: Daemon) -> EventRecord:
     assert exit_record.fields["reason"] == "hung"
     assert exit_record.fields["hung_after_s"] < 60.0
     assert exit_record.fields["stacks"]["path"]
+    # goodput: the wait for the verdict is the hang's detection cost (the kill adds a little)
+    detection = exit_record.fields["cost"]["detection_s"]
+    assert (
+        exit_record.fields["hung_after_s"] <= detection <= exit_record.fields["hung_after_s"] + 10
+    )
     return exit_record
 
 

@@ -11,6 +11,7 @@ import click
 from dflashd.logs.records import EventRecord, LineRecord, Record
 from dflashd.supervisor.echo import escape_controls
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.goodput import goodput_line, view_from_json
 
 _STYLES: Final[dict[str, dict[str, Any]]] = {
     "red": {"fg": "red"},
@@ -137,6 +138,9 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
     if status.get("restarts_this_daemon") is not None:
         restarts += f"   {status['restarts_this_daemon']} by this daemon"
     rows.append(("restarts", restarts))
+    goodput = view_from_json(status.get("goodput"))
+    if goodput is not None and goodput["wall_s"] > 0:
+        rows.append(("goodput", goodput_line(goodput).removeprefix("goodput ")))
     last = status.get("last_exit")
     if last:
         verdict = str(last.get("verdict"))
@@ -160,6 +164,8 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
             + (f", child memory by {status['gpu_method']}" if status.get("gpu_method") else ""),
         )
     )
+    if isinstance(status.get("custody"), str):  # how runs own their processes
+        rows.append(("custody", escape_controls(status["custody"])))
     tool = status.get("stacks_tool")
     if isinstance(tool, str):  # live stack dumps (dflashd stacks): the tool, or why there is none
         rows.append(("stacks", paint(tool, "yellow") if tool.startswith("unavailable") else tool))
