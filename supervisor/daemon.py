@@ -27,7 +27,6 @@ from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.doors import Doors
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.goodput import restored_ledger
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
 from dflashd.supervisor.groups import HostProcesses, ProcessOps
 from dflashd.supervisor.hang import HangSampled
@@ -47,7 +46,7 @@ from dflashd.supervisor.reporter import MetricsUnavailable, Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.runend import RunEnds
 from dflashd.supervisor.runs import FirstLaunch, Runs
-from dflashd.supervisor.snapshot import status_view
+from dflashd.supervisor.snapshot import goodput_totals, status_view
 from dflashd.supervisor.spawn import set_child_subreaper
 from dflashd.supervisor.stackdumps import STACKS_BOUND_S, Dumper, StackDumps
 from dflashd.supervisor.stacks import StacksTaken
@@ -189,20 +188,9 @@ class Daemon:
         """``dflashd stop``, SIGTERM, SIGINT: see :meth:`Runs.request_stop`."""
         self.runs.request_stop(timeout_s)
 
-    @property
-    def exit_code(self) -> int:
-        """The code the daemon exits with."""
-        return self.loop.exit_code
-
     def open(self) -> None:
         """Everything before the loop: history, sockets, recovery, GPUs, metrics, the first launch."""
         self.reporter.open_history()
-        history = self.reporter.history
-        self.ledger.goodput = restored_ledger(
-            history.goodput() if history is not None else None,
-            now_wall=self.clock.time(),
-            now_mono=self.clock.monotonic(),
-        )
         stop_s = self.config.restart.stop_timeout_s
         stop = stop_handler(stop_s, self.request_stop, lambda: self.run, STACKS_BOUND_S)
         handlers = {
@@ -219,6 +207,7 @@ class Daemon:
             boot=self.boot_id,
             stop_timeout_s=self.config.restart.stop_timeout_s,
             now_wall=self.clock.time(),
+            now_mono=self.clock.monotonic(),
         )
         if lost is not None:  # a run the dead daemon never saw end: concluded as any other
             self.ends.conclude(None, lost)
@@ -333,10 +322,9 @@ class Daemon:
         return summary
 
     def _save_goodput(self, *, ended: bool) -> None:
-        run, now = self.run, self.clock.monotonic()
-        book = self.ledger.goodput
-        totals = book.settled(run.times() if run is not None and run.alive else None, now)
-        self.reporter.save_goodput(book.first_start, totals, daemon_ended=ended, now=now)
+        totals, best = goodput_totals(self)
+        first_start, now = self.ledger.goodput.first_start, self.clock.monotonic()
+        self.reporter.save_goodput(first_start, totals, best_step=best, daemon_ended=ended, now=now)
 
     # -- shutdown -------------------------------------------------------------------------
 

@@ -56,4 +56,5 @@ class Event(StrEnum):
     LOG_TORN_TAIL = "log_torn_tail"
     LOG_DROPPED = "log_dropped"  # written by dflashd.logs.writer (which knows no supervisor names)
     DAEMON_EXIT = "daemon_exit"
+    GOODPUT_CARRIED = "goodput_carried"  # at start: the time no daemon was here, and its bucket
     HOME_REPLACED = "home_replaced"  # the home's path names another directory now: kept to ours

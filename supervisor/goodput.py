@@ -146,6 +146,13 @@ class GoodputLedger:
     gap_since: float | None = None  # monotonic: no run alive since then
     gap_wanted: bool = True  # a relaunch is wanted: the gap is downtime
     stop_at: float | None = None  # monotonic: a user's stop
+    carried_best: int | None = None  # the best step before a daemon died (its relaunch redoes)
+    absent: Cost = NOTHING  # the time no daemon was here, counted at this daemon's start
+
+    def best_before(self, policy_best: int | None) -> int | None:
+        """The best step a new run must pass to make new progress."""
+        known = [b for b in (policy_best, self.carried_best) if b is not None]
+        return max(known) if known else None
 
     def downtime_s(self, now: float) -> float | None:
         """The downtime a launch at ``now`` would close (None: no gap open, or not downtime)."""
@@ -237,10 +244,24 @@ def restored_ledger(
     if saved is None or not math.isfinite(saved[0]) or not 0 < saved[0] <= now_wall:
         return GoodputLedger(first_start=now_wall, gap_since=now_mono)
     first_start, totals, daemon_ended = saved
-    closed = resumed_ledger(
-        first_start, cost_from_json(totals), daemon_ended=daemon_ended, now_wall=now_wall
+    before = cost_from_json(totals)
+    closed = resumed_ledger(first_start, before, daemon_ended=daemon_ended, now_wall=now_wall)
+    best = totals.get("best_step") if isinstance(totals, dict) else None
+    carried = None  # a daemon that ended: the next start may be a new job; one that died: not
+    if not daemon_ended and isinstance(best, int) and not isinstance(best, bool):
+        carried = best if 0 <= best < 2**53 else None
+    return GoodputLedger(
+        first_start=first_start,
+        closed=closed,
+        gap_since=now_mono,
+        carried_best=carried,
+        absent=_minus(closed, before),
     )
-    return GoodputLedger(first_start=first_start, closed=closed, gap_since=now_mono)
+
+
+def _minus(a: Cost, b: Cost) -> Cost:
+    """``a`` less ``b``, bucket by bucket."""
+    return Cost(*(getattr(a, f.name) - getattr(b, f.name) for f in fields(Cost)))
 
 
 def resumed_ledger(first_start: float, saved: Cost, *, daemon_ended: bool, now_wall: float) -> Cost:

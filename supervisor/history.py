@@ -110,7 +110,7 @@ class RunHistory:
         )
 
     def save_goodput(
-        self, first_start: float, totals: dict[str, float], *, daemon_ended: bool, saved_at: float
+        self, first_start: float, totals: dict[str, Any], *, daemon_ended: bool, saved_at: float
     ) -> None:
         """Replace the goodput row (``daemon_ended``: this daemon ended, it did not die)."""
         self._db.execute(

@@ -108,8 +108,10 @@ def decide(
     if stable:
         history = replace(history, runtime_crashes=0, consecutive_failures=0, free_restart=False)
     # New progress (a best step beyond every earlier run's): the chain of failures starts over.
-    new_progress = reached_first_step and step is not None and (
-        history.best_step is None or step > history.best_step
+    new_progress = (
+        reached_first_step
+        and step is not None
+        and (history.best_step is None or step > history.best_step)
     )
     if new_progress:
         history = replace(history, consecutive_failures=0, free_restart=False)

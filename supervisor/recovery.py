@@ -28,6 +28,7 @@ from dflashd.supervisor.cgroups import CgroupBase
 from dflashd.supervisor.custody import end_proven, end_stale_cgroup
 from dflashd.supervisor.ending import RunFacts, lost_facts
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.goodput import restored_ledger
 from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.procfs import all_stats, carries_mark, create_time, process_mark
 from dflashd.supervisor.reporter import Reporter
@@ -179,11 +180,19 @@ def restore(
     boot: str | None,
     stop_timeout_s: float,
     now_wall: float,
+    now_mono: float = 0.0,
 ) -> RunFacts | None:
-    """Start-up, before the first launch: carry the counters over from state.json, end what a
-    dead daemon left (proven ours), note a torn log tail.  Returns the facts of a run the
-    dead daemon never saw end, for the usual conclude -> apply (verdict ``lost``)."""
+    """Start-up, before the first launch: carry the counters over from state.json and the
+    goodput ledger from runs.sqlite, end what a dead daemon left (proven ours), note a torn
+    log tail.  Returns the facts of a run the dead daemon never saw end, for the usual
+    conclude -> apply (verdict ``lost``)."""
     ledger.restarts_by_verdict = dict(previous.get("restarts_by_verdict") or {})
+    history = reporter.history
+    saved = history.goodput() if history is not None else None
+    ledger.goodput = restored_ledger(saved, now_wall=now_wall, now_mono=now_mono)
+    if (absent := ledger.goodput.absent).total_s > 0:  # no daemon was here: said so
+        counted: dict[str, Any] = absent.record()
+        reporter.record(0, Event.GOODPUT_CARRIED, **counted)
     if previous.get("state") == "fatal":
         ledger.recovering_from = "fatal"  # a run that reaches its first step sends ``recovered``
     for event, run_no, fields in recover_leftovers(previous, boot, stop_timeout_s):

@@ -193,14 +193,20 @@ class Reporter:
                 log.warning("history_write_failed", error=str(exc), failures=self.history_errors)
 
     def save_goodput(
-        self, first_start: float, totals: Cost, *, daemon_ended: bool, now: float
+        self,
+        first_start: float,
+        totals: Cost,
+        *,
+        best_step: int | None,
+        daemon_ended: bool,
+        now: float,
     ) -> None:
         """The goodput ledger into runs.sqlite: every few seconds, and when the daemon ends
         (a daemon killed outright loses at most the last few seconds, counted as downtime)."""
         if not daemon_ended and now - self._goodput_saved < GOODPUT_SAVE_EVERY_S:
             return
         self._goodput_saved = now
-        stored = cost_to_json(totals)
+        stored: dict[str, Any] = {**cost_to_json(totals), "best_step": best_step}
         self.record_history(
             lambda db: db.save_goodput(first_start, stored, daemon_ended=daemon_ended, saved_at=now)
         )

@@ -114,7 +114,7 @@ class Runs:
                 self.run,
                 clear_cache=clear,
                 run_no=run_no,
-                best_before=self.ledger.history.best_step,
+                best_before=goodput.best_before(self.ledger.history.best_step),
                 downtime_s=goodput.downtime_s(now),
             )
         except LaunchDeferred as deferred:

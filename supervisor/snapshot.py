@@ -14,6 +14,7 @@ from dflashd.logs.linecodec import CODEC
 from dflashd.supervisor import __version__
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
+from dflashd.supervisor.goodput import Cost
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.home import Home
@@ -111,6 +112,17 @@ def status_view(source: StatusSource) -> StatusView:
     if alive and run is not None and run.pid is not None:
         view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}
     return view
+
+
+def goodput_totals(source: StatusSource) -> tuple[Cost, int | None]:
+    """The goodput ledger's settled totals now, and the best step a relaunch must pass."""
+    run, book = source.run, source.ledger.goodput
+    alive = run is not None and run.alive
+    totals = book.settled(
+        run.times() if alive and run is not None else None, source.clock.monotonic()
+    )
+    steps = (source.ledger.history.best_step, run.progress.step if run is not None else None)
+    return totals, book.best_before(max((s for s in steps if s is not None), default=None))
 
 
 def _elastic(run: Run | None, ledger: Ledger, now_mono: float) -> dict[str, Any] | None:

@@ -36,10 +36,17 @@ def write_fixture(logs: Path) -> None:
     gpu(0)
     at(2)
     writer.write_event(
-        1, "exit", {"verdict": "crash_before_first_step", "reason": "import_error", "step": None}
+        1,
+        "exit",
+        {
+            "verdict": "crash_before_first_step",
+            "reason": "import_error",
+            "step": None,
+            "cost": {"startup_s": 2.0},
+        },
     )
     at(3)
-    writer.write_event(2, "spawn", {"argv": ["python", "train.py"]})
+    writer.write_event(2, "spawn", {"argv": ["python", "train.py"], "downtime_s": 1.0})
     for i, t in enumerate(range(10, 400, 30)):
         at(t)
         gpu(30000 + i * 100)
@@ -49,9 +56,12 @@ def write_fixture(logs: Path) -> None:
             writer.write_event(2, "progress", {"step": i * 100, "loss": 4.0 - i * 0.2})
     at(400)
     gpu(0)
-    writer.write_event(2, "exit", {"verdict": "crashed", "reason": "gpu_xid_79", "step": 1200})
+    cost = {"startup_s": 7.0, "productive_s": 388.0, "detection_s": 2.0}
+    writer.write_event(
+        2, "exit", {"verdict": "crashed", "reason": "gpu_xid_79", "step": 1200, "cost": cost}
+    )
     at(402)
-    writer.write_event(3, "spawn", {"argv": ["python", "train.py"]})
+    writer.write_event(3, "spawn", {"argv": ["python", "train.py"], "downtime_s": 2.0})
     at(420)
     writer.write_event(3, "first_step", {"step": 1201})
     gpu(31000)
@@ -71,7 +81,11 @@ def test_report_data_and_page(tmp_path: Path) -> None:
     ]
     assert data.runs[2].last_step == 1200 and sorted(data.gpu_memory) == [0, 1]
     page = render_html(data, "fixture")
-    assert page.count("<svg") == 4 and "gpu_xid_79" in page and "import_error" in page
+    assert page.count("<svg") == 6 and "gpu_xid_79" in page and "import_error" in page
+    # goodput, from the exits' costs and the spawns' downtime: 388 s of 402 s
+    assert "Goodput: 96.5% of 6m42s" in page
+    assert data.goodput.total.detection_s == 2.0 and data.goodput.total.downtime_s == 3.0
+    assert data.goodput.incidents[2].downtime_after_s == 2.0
     assert "<script" not in page  # self-contained and static
     # One colour per verdict everywhere: run 2 crashed, so its step and loss lines are red.
     crashed = VERDICT_COLORS["crashed"]

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dflashd.logs.records import EventRecord, Record, parse_timestamp
+from dflashd.supervisor.client.goodputhtml import GoodputData, goodput_section
+from dflashd.supervisor.client.svgaxis import LEFT, axis_svg, x_of
+from dflashd.supervisor.client.svgaxis import WIDTH as _W
 from dflashd.supervisor.events import Event
 
 # One colour per verdict, used by the table, the timeline and the step and loss lines alike.
@@ -31,9 +34,7 @@ VERDICT_COLORS: Final = {
 }
 _OTHER_COLOR: Final = "#424242"
 _GPU_PALETTE: Final = ("#1565c0", "#00838f", "#6a1b9a", "#ef6c00", "#5d4037", "#37474f")
-_W: Final = 900
-_LEFT: Final = 70
-_RIGHT: Final = 20
+_LEFT: Final = LEFT
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ReportData:
     fatal: list[tuple[float, int, str]] = field(default_factory=list)  # (time, run, reason)
     losses: list[tuple[float, int, float]] = field(default_factory=list)  # (time, run, loss)
     dumps: list[tuple[float, int, str, str]] = field(default_factory=list)  # (time, run, why, file)
+    goodput: GoodputData = field(default_factory=GoodputData)
 
     def color(self, run: int) -> str:
         """A run's colour: its verdict's."""
@@ -88,6 +90,7 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
             continue
         at = parse_timestamp(rec.ts)
         fields = rec.fields
+        data.goodput.take(rec.event, rec.run, at, fields)
         if rec.event == Event.SPAWN:
             data.runs[rec.run] = RunSpan(rec.run, at)
         elif rec.event == Event.FIRST_STEP and rec.run in data.runs:
@@ -131,27 +134,6 @@ def _clock(epoch_s: float) -> str:
     return dt.datetime.fromtimestamp(epoch_s, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _x(t: float, lo: float, hi: float) -> float:
-    return _LEFT + (t - lo) / (hi - lo) * (_W - _LEFT - _RIGHT)
-
-
-def _axis(lo: float, hi: float, y: float) -> str:
-    import datetime as dt
-
-    ticks = []
-    for i in range(6):
-        t = lo + (hi - lo) * i / 5
-        label = dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%H:%M:%S")
-        anchor = "end" if i == 5 else "middle"  # the last label inside the picture
-        ticks.append(
-            f'<line x1="{_x(t, lo, hi):.1f}" y1="{y}" x2="{_x(t, lo, hi):.1f}" y2="{y + 4}" stroke="#999"/>'
-            f'<text x="{_x(t, lo, hi):.1f}" y="{y + 16}" font-size="10" text-anchor="{anchor}" fill="#555">{label}</text>'
-        )
-    return f'<line x1="{_LEFT}" y1="{y}" x2="{_W - _RIGHT}" y2="{y}" stroke="#999"/>' + "".join(
-        ticks
-    )
-
-
 def timeline_svg(data: ReportData) -> str:
     """Each run as a bar over time, coloured by verdict, with its number and reason."""
     lo, hi = data.span
@@ -164,8 +146,8 @@ def timeline_svg(data: ReportData) -> str:
     parts.append('<text x="4" y="14" font-size="12" font-weight="bold">Runs</text>')
     for i, span in enumerate(runs):
         y = 24 + i * row
-        x0 = _x(span.start, lo, hi)
-        x1 = max(x0 + 2, _x(span.end if span.end else hi, lo, hi))
+        x0 = x_of(span.start, lo, hi)
+        x1 = max(x0 + 2, x_of(span.end if span.end else hi, lo, hi))
         color = data.color(span.run)
         title = html.escape(f"run {span.run}: {span.verdict} ({span.reason})")
         parts.append(
@@ -173,7 +155,7 @@ def timeline_svg(data: ReportData) -> str:
             f"<title>{title}</title></rect>"
         )
         if span.first_step_at is not None:  # a notch under the label line, never through it
-            xf = _x(span.first_step_at, lo, hi)
+            xf = x_of(span.first_step_at, lo, hi)
             parts.append(
                 f'<path d="M{xf - 4:.1f},{y + row - 6} L{xf:.1f},{y + row - 11} L{xf + 4:.1f},{y + row - 6} Z" fill="#fff">'
                 "<title>first step</title></path>"
@@ -190,13 +172,13 @@ def timeline_svg(data: ReportData) -> str:
             where = f'x="{x0 - 4:.1f}" fill="#333" text-anchor="end"'
         parts.append(f'<text {where} y="{y + 12}" font-size="10">{label}</text>')
         for at, _, why, path in (d for d in data.dumps if d[1] == span.run):  # stack dumps
-            xd = _x(at, lo, hi)
+            xd = x_of(at, lo, hi)
             href = html.escape("file://" + path, quote=True)
             parts.append(
                 f'<a href="{href}"><circle cx="{xd:.1f}" cy="{y + 2}" r="4" fill="#fff" '
                 f'stroke="#222"><title>{html.escape(f"stack dump ({why})")}</title></circle></a>'
             )
-    parts.append(_axis(lo, hi, height - 22))
+    parts.append(axis_svg(lo, hi, height - 22))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -231,7 +213,7 @@ def _line_chart(
         if not pts:
             continue
         coords = " ".join(
-            f"{_x(t, lo, hi):.1f},{bottom - (v / vmax) * (bottom - top):.1f}"
+            f"{x_of(t, lo, hi):.1f},{bottom - (v / vmax) * (bottom - top):.1f}"
             for t, v in sorted(pts)
         )
         parts.append(
@@ -246,7 +228,7 @@ def _line_chart(
                 f'<text x="{legend_x + 14}" y="15" font-size="10" fill="#333">{html.escape(name)}</text>'
             )
             legend_x += 24 + 7 * len(name)
-    parts.append(_axis(lo, hi, bottom))
+    parts.append(axis_svg(lo, hi, bottom))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -318,6 +300,7 @@ svg{{max-width:100%;height:auto}}</style>
 <table><tr><th>run</th><th>verdict</th><th>reason</th><th>duration</th><th>first step after</th><th>last step</th></tr>
 {"".join(rows)}</table>
 {fatal}
+{goodput_section(data.goodput, *data.span)}
 <div>{timeline_svg(data)}</div>
 {dumps}
 <div>{steps_svg(data)}</div>

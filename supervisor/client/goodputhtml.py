@@ -1,0 +1,194 @@
+"""The report's goodput section: where the time went, rebuilt from the run log alone.
+
+Each ``exit`` record carries its run's ``cost`` (startup, redone, productive, detection,
+stopped seconds), each ``spawn`` the ``downtime_s`` before it, and a daemon's start the time
+no daemon was here (``goodput_carried``).  Their sums are the ledger; their order in time is
+the timeline: a run's start-up, then its redone steps, its new progress, its detection.
+Pure functions of the records; inline SVG, no script.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from dflashd.supervisor.client.svgaxis import LEFT as _LEFT
+from dflashd.supervisor.client.svgaxis import RIGHT as _RIGHT
+from dflashd.supervisor.client.svgaxis import WIDTH as _W
+from dflashd.supervisor.client.svgaxis import axis_svg, x_of
+from dflashd.supervisor.events import Event
+from dflashd.supervisor.goodput import Cost, cost_from_json, duration_text
+
+# productive first, then the causes as status names them, stopped last
+BUCKETS: Final = (
+    ("productive", "productive_s", "#2e7d32"),
+    ("startup", "startup_s", "#f9a825"),
+    ("redone", "redone_s", "#ef6c00"),
+    ("detection", "detection_s", "#c62828"),
+    ("downtime", "downtime_s", "#6a1b9a"),
+    ("stopped", "stopped_s", "#bdbdbd"),
+)
+_IN_RUN: Final = ("startup_s", "redone_s", "productive_s", "detection_s", "stopped_s")
+
+
+@dataclass
+class Incident:
+    """One run's end and what it cost."""
+
+    run: int
+    started: float
+    ended: float | None = None
+    verdict: str = "running"
+    reason: str = ""
+    cost: Cost = field(default_factory=Cost)
+    downtime_before_s: float = 0.0
+    downtime_after_s: float | None = None  # the next spawn's, once it came
+
+
+@dataclass
+class GoodputData:
+    """What the section needs, folded from the records."""
+
+    incidents: dict[int, Incident] = field(default_factory=dict)
+    absent: list[tuple[float, Cost]] = field(default_factory=list)  # (daemon start, its gap)
+
+    def take(self, event: str, run: int, at: float, fields: dict[str, Any]) -> None:
+        """One supervisor record."""
+        if event == Event.SPAWN:
+            down = fields.get("downtime_s")
+            before = float(down) if isinstance(down, int | float) and down >= 0 else 0.0
+            for earlier in self.incidents.values():
+                if earlier.ended is not None and earlier.downtime_after_s is None:
+                    earlier.downtime_after_s = before
+            self.incidents[run] = Incident(run, at, downtime_before_s=before)
+        elif event == Event.EXIT and run in self.incidents:
+            incident = self.incidents[run]
+            incident.ended, incident.cost = at, cost_from_json(fields.get("cost"))
+            incident.verdict = str(fields.get("verdict"))
+            incident.reason = str(fields.get("reason"))
+        elif event == Event.GOODPUT_CARRIED:
+            self.absent.append((at, cost_from_json(fields)))
+
+    @property
+    def total(self) -> Cost:
+        """The ledger as the log tells it (runs still alive are not in it yet)."""
+        out = Cost()
+        for incident in self.incidents.values():
+            out = out + incident.cost + Cost(downtime_s=incident.downtime_before_s)
+        for _, gap in self.absent:
+            out = out + gap
+        return out
+
+
+def segments(data: GoodputData) -> list[tuple[float, float, str]]:
+    """(start, end, bucket) in time order: each run's buckets as they came, the gaps between."""
+    out: list[tuple[float, float, str]] = []
+    for at, gap in data.absent:
+        for name, key, _ in BUCKETS:
+            if getattr(gap, key) > 0:
+                out.append((at - getattr(gap, key), at, name))
+    for incident in sorted(data.incidents.values(), key=lambda i: i.started):
+        if incident.downtime_before_s > 0:
+            out.append(
+                (incident.started - incident.downtime_before_s, incident.started, "downtime")
+            )
+        t = incident.started
+        for key in _IN_RUN:
+            seconds = getattr(incident.cost, key)
+            if seconds > 0:
+                out.append((t, t + seconds, key.removesuffix("_s")))
+                t += seconds
+    return sorted(out)
+
+
+def _color(name: str) -> str:
+    return next(c for n, _, c in BUCKETS if n == name)
+
+
+def _share_bar(total: Cost) -> str:
+    """One bar: each bucket's share of the time, labelled with its seconds."""
+    whole = total.total_s or 1.0
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="64" font-family="sans-serif">'
+    ]
+    x = float(_LEFT)
+    span = _W - _LEFT - _RIGHT
+    for name, key, color in BUCKETS:
+        seconds = getattr(total, key)
+        if seconds <= 0:
+            continue
+        width = max(1.0, seconds / whole * span)
+        title = html.escape(f"{name}: {duration_text(seconds)} ({seconds / whole:.1%})")
+        parts.append(
+            f'<rect x="{x:.1f}" y="4" width="{width:.1f}" height="22" fill="{color}"><title>{title}</title></rect>'
+        )
+        x += width
+    legend = float(_LEFT)
+    for name, key, color in BUCKETS:
+        label = html.escape(f"{name} {duration_text(getattr(total, key))}")
+        parts.append(
+            f'<rect x="{legend:.1f}" y="38" width="10" height="10" fill="{color}"/>'
+            f'<text x="{legend + 14:.1f}" y="47" font-size="11" fill="#333">{label}</text>'
+        )
+        legend += 30 + 7 * len(label)
+    parts.append('<text x="4" y="20" font-size="11" fill="#333">share</text></svg>')
+    return "".join(parts)
+
+
+def _timeline(data: GoodputData, lo: float, hi: float) -> str:
+    """The buckets over time, on the report's time axis."""
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="56" font-family="sans-serif">'
+    ]
+    parts.append('<text x="4" y="20" font-size="11" fill="#333">time</text>')
+    for start, end, name in segments(data):
+        x0, x1 = x_of(max(start, lo), lo, hi), x_of(min(end, hi), lo, hi)
+        title = html.escape(f"{name}: {duration_text(end - start)}")
+        parts.append(
+            f'<rect x="{x0:.1f}" y="4" width="{max(0.8, x1 - x0):.1f}" height="22" '
+            f'fill="{_color(name)}"><title>{title}</title></rect>'
+        )
+    parts.append(axis_svg(lo, hi, 30))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def goodput_section(data: GoodputData, lo: float, hi: float) -> str:
+    """The section: the ratio, the share bar, the timeline, the table of incidents."""
+    total = data.total
+    if total.total_s <= 0:
+        return ""
+    working = total.total_s - total.stopped_s
+    ratio = f"{total.productive_s / working:.1%}" if working > 0 else "—"
+    rows = []
+    for incident in sorted(data.incidents.values(), key=lambda i: i.run):
+        if incident.ended is None:
+            continue
+        cost = incident.cost
+        after = incident.downtime_after_s
+        cells = [
+            cost.startup_s,
+            cost.redone_s,
+            cost.detection_s,
+            after if after is not None else None,
+            cost.productive_s,
+        ]
+        text = "".join(
+            f"<td class='num'>{'-' if c is None else duration_text(c) if c >= 1 else f'{c:.2f}s'}</td>"
+            for c in cells
+        )
+        rows.append(
+            f"<tr><td>{incident.run}</td><td>{html.escape(incident.verdict)}</td>"
+            f"<td>{html.escape(incident.reason)}</td>{text}</tr>"
+        )
+    return f"""<h3>Goodput: {ratio} of {duration_text(working)} went into new progress</h3>
+<p class='note'>From the run log: each run's cost is in its <code>exit</code> record, the wait
+before each launch in its <code>spawn</code>.  A run still alive is counted when it ends;
+<code>dflashd status</code> shows the live ledger.</p>
+<div>{_share_bar(total)}</div>
+<div>{_timeline(data, lo, hi)}</div>
+<table><tr><th>run</th><th>verdict</th><th>reason</th><th>startup</th><th>redone</th>
+<th>detection</th><th>downtime after</th><th>productive</th></tr>
+{"".join(rows)}</table>
+"""
