@@ -154,6 +154,13 @@ def _timeline(data: GoodputData, lo: float, hi: float) -> str:
     return "".join(parts)
 
 
+def _seconds(value: float | None) -> str:
+    """A table cell: ``-`` for nothing, ``0.42s`` below a second, else ``7m02s``."""
+    if value is None or value <= 0.0005:
+        return "-"
+    return duration_text(value) if value >= 10 else f"{value:.2f}s"
+
+
 def goodput_section(data: GoodputData, lo: float, hi: float) -> str:
     """The section: the ratio, the share bar, the timeline, the table of incidents."""
     total = data.total
@@ -174,10 +181,7 @@ def goodput_section(data: GoodputData, lo: float, hi: float) -> str:
             after if after is not None else None,
             cost.productive_s,
         ]
-        text = "".join(
-            f"<td class='num'>{'-' if c is None else duration_text(c) if c >= 1 else f'{c:.2f}s'}</td>"
-            for c in cells
-        )
+        text = "".join(f"<td class='num'>{_seconds(c)}</td>" for c in cells)
         rows.append(
             f"<tr><td>{incident.run}</td><td>{html.escape(incident.verdict)}</td>"
             f"<td>{html.escape(incident.reason)}</td>{text}</tr>"
@@ -188,7 +192,7 @@ before each launch in its <code>spawn</code>.  A run still alive is counted when
 <code>dflashd status</code> shows the live ledger.</p>
 <div>{_share_bar(total)}</div>
 <div>{_timeline(data, lo, hi)}</div>
-<table><tr><th>run</th><th>verdict</th><th>reason</th><th>startup</th><th>redone</th>
-<th>detection</th><th>downtime after</th><th>productive</th></tr>
+<table class='incidents'><tr><th>run</th><th>verdict</th><th>reason</th><th>startup</th>
+<th>redone</th><th>detection</th><th>downtime after</th><th>productive</th></tr>
 {"".join(rows)}</table>
 """

@@ -294,7 +294,7 @@ def render_html(data: ReportData, title: str) -> str:
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:20px;color:#222}}table{{border-collapse:collapse}}
 td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}}.fatal{{color:#c62828;font-weight:bold}}
-svg{{max-width:100%;height:auto}}</style>
+svg{{max-width:100%;height:auto}}.incidents{{margin-bottom:18px}}.note{{color:#555}}</style>
 </head><body>
 <h2>{html.escape(title)}</h2>
 <table><tr><th>run</th><th>verdict</th><th>reason</th><th>duration</th><th>first step after</th><th>last step</th></tr>
