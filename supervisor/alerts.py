@@ -106,6 +106,10 @@ def summary_text(payload: dict[str, Any]) -> str:
     )
     duration = payload.get("duration_s")
     after = f" after {duration:.1f}s" if isinstance(duration, int | float) else ""
+    if payload.get("error"):  # it never ran: the OS said why
+        how, after = f"spawn failed: {payload['error']}", ""
+    if payload.get("run_verdict") and payload["run_verdict"] != verdict:
+        how = f"run {payload['run_verdict']}, {how}"
     text = (
         f":rotating_light: dflashd on {payload['host']}: run {payload['run']} *{verdict}* "
         f"({payload['reason']}), {how}{after}. Log: {payload['log']}"
@@ -288,6 +292,11 @@ class AlertDispatcher:
     def enabled(self) -> bool:
         """True when a sink is configured."""
         return bool(self._sinks)
+
+    @property
+    def sink_names(self) -> list[str]:
+        """The configured sinks: ``webhook``, ``command``."""
+        return [sink.name for sink in self._sinks]
 
     @property
     def busy(self) -> bool:

@@ -2,13 +2,15 @@
 
 :func:`conclude` takes everything known about a dead run (:class:`RunFacts`) and the
 counters kept between runs, and returns an :class:`Outcome`: the verdict and its reason,
-and the effects, in the order the daemon carries them out (``Daemon.apply``, the one
-applier): the ``exit`` record, the runs.sqlite row, the ledger's new counters, the alerts,
+and the effects, in the order the daemon carries them out (the one
+applier, :meth:`~dflashd.supervisor.runend.RunEnds.apply`; the effect types are in
+:mod:`effects`): the ``exit`` record, the runs.sqlite row, the ledger's new counters, the alerts,
 the records that follow (``restart``, ``fatal``, ``done``), what becomes of the run's
 processes, the loop's next state, the restart timer, the daemon's exit code.
 
-:func:`resumed` decides the other end of a bad run, the ``recovered`` alert, through the
-same alert rule (``alerts.on``).  A run a killed daemon never saw end (``lost``) is
+A failure of the kind already alerted, before any run passed its step, is one more of the
+same incident (:mod:`incidents`): no new alert; :func:`~dflashd.supervisor.incidents.resumed`
+decides the other end, the ``recovered`` alert.  A run a killed daemon never saw end (``lost``) is
 concluded here too, through :func:`classify`.  No clock, no I/O: time and jitter come in.
 """
 
@@ -19,11 +21,22 @@ from typing import Any, Final
 
 from dflashd.supervisor.alerts import alert_decision
 from dflashd.supervisor.config import RestartConfig
+from dflashd.supervisor.effects import (
+    Account,
+    Effect,
+    EnterState,
+    ExitDaemon,
+    RecordHistory,
+    RestartIn,
+    SendAlert,
+    SettleProcesses,
+    WriteRecord,
+)
 from dflashd.supervisor.elastic import worker_exit_code
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.goodput import Cost, RunTimes, run_cost
-from dflashd.supervisor.history import RunHistory
-from dflashd.supervisor.ledger import Book
+from dflashd.supervisor.incidents import extended, repeats
+from dflashd.supervisor.ledger import Book, Incident
 from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.policy import Action, Decision, RestartHistory, decide
 from dflashd.supervisor.verdicts import (
@@ -62,93 +75,6 @@ class RunFacts:
     times: RunTimes | None = None  # its launch, first step, progress (goodput); None: lost
     died_mono: float | None = None
     stop_at: float | None = None  # monotonic: when the user asked to stop
-
-
-# -- the effects, carried out in order by the daemon's one applier -------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class WriteRecord:
-    """One ``dflashd`` record; ``log_level``: also dflashd's own log; ``wait_s``: onto disk."""
-
-    event: Event
-    fields: dict[str, Any]
-    log_level: str | None = None
-    wait_s: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SendAlert:
-    """One alert; ``fields``: the exit's (code, signal, duration, tail) for the payload."""
-
-    kind: AlertKind
-    reason: str
-    fields: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class RecordHistory:
-    """The run's row in runs.sqlite."""
-
-    run_no: int
-    ended_at: float
-    row: dict[str, Any]
-
-    def write(self, db: RunHistory) -> None:
-        """Write the row (the reporter calls this, degrading on a full disk)."""
-        db.ended(self.run_no, ended_at=self.ended_at, **self.row)
-
-
-@dataclass(frozen=True, slots=True)
-class SettleProcesses:
-    """What becomes of the dead run's processes: killed now (dflashd ended it), or noted
-    as leftovers and ended before the next launch."""
-
-    kill_now: bool
-
-
-@dataclass(frozen=True, slots=True)
-class EnterState:
-    """The loop's next state."""
-
-    state: State
-
-
-@dataclass(frozen=True, slots=True)
-class RestartIn:
-    """The next launch, after ``delay_s``."""
-
-    delay_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class ExitDaemon:
-    """The daemon ends with ``code`` (done, stopped, fatal)."""
-
-    code: int
-
-
-@dataclass(frozen=True, slots=True)
-class Account:
-    """The run's cost into the goodput ledger; the gap after ``died_mono`` is downtime when
-    a relaunch follows, stopped time when none does."""
-
-    cost: Cost
-    died_mono: float
-    relaunch: bool
-
-
-Effect = (
-    WriteRecord
-    | SendAlert
-    | RecordHistory
-    | Book
-    | Account
-    | SettleProcesses
-    | EnterState
-    | RestartIn
-    | ExitDaemon
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,8 +179,12 @@ def conclude(
     policy: RestartConfig,
     alerts_on: tuple[AlertKind, ...],
     jitter: float,
+    incident: Incident | None = None,
 ) -> Outcome:
-    """Classify the run, decide what follows, and list every effect that means, in order."""
+    """Classify the run, decide what follows, and list every effect that means, in order.
+
+    ``incident``: the failure already alerted that no run has passed yet; one more of its
+    kind alerts nobody (the ``fatal`` that ends a loop of them does)."""
     result = classify(facts.obs, policy.early_death_s)
     fields = exit_fields(facts, result)
     cost: Cost | None = None  # what the run cost (goodput); unknown for a run not seen end
@@ -282,7 +212,7 @@ def conclude(
         return (Account(cost, facts.died_mono, relaunch),)
 
     def alert(kind: AlertKind, reason: str, early_before: int) -> list[Effect]:
-        on = alert_decision(
+        on = not repeats(incident, kind) and alert_decision(
             kind, on=alerts_on, already_alerted=frozenset(alerted), early_deaths_before=early_before
         )
         alerted.add(kind)
@@ -349,6 +279,7 @@ def conclude(
         counted_verdict=verdict,
         clear_cache_next=decision.clear_cache,
         recovering_from="stalled" if result.verdict is Verdict.STALLED else None,
+        incident=extended(incident, verdict, facts.step),
     )
     alerts = alert(verdict_alert, result.reason, history.early_deaths)
     restart = {
@@ -371,21 +302,3 @@ def lost_facts(run_no: int, step: int | None, ended_at: float) -> RunFacts:
     """A run the previous daemon ran when it was killed: its end was never seen."""
     obs = Observations(ended_by=EndedBy.DAEMON_DIED, status_unknown=True)
     return RunFacts(run_no, obs, None, ended_at=ended_at, step=step)
-
-
-def resumed(
-    recovering_from: str | None,
-    *,
-    alerts_on: tuple[AlertKind, ...],
-    already_alerted: frozenset[AlertKind],
-) -> tuple[Effect, ...]:
-    """Training reached a step after a stall or a fatal: the ``recovered`` alert, if on."""
-    if recovering_from is None:
-        return ()
-    effects: list[Effect] = []
-    if alert_decision(
-        AlertKind.RECOVERED, on=alerts_on, already_alerted=already_alerted, early_deaths_before=0
-    ):
-        effects.append(SendAlert(AlertKind.RECOVERED, recovering_from, {"tail": []}))
-    effects.append(Book(recovered=True))
-    return tuple(effects)

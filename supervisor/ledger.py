@@ -35,6 +35,14 @@ def capped_exit(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
+class Incident:
+    """A failure a person was told of, open until a run passes its step (:mod:`incidents`)."""
+
+    kind: str  # the verdict alerted: stalled, crashed, ...
+    step: int | None  # the furthest step its runs reached (None: passed by any first step)
+
+
+@dataclass(frozen=True, slots=True)
 class Book:
     """How the ledger changes after a run's end (or a resumed run): an effect of ``conclude``."""
 
@@ -45,6 +53,7 @@ class Book:
     fatal_reason: str | None = None
     recovering_from: str | None = None  # "stalled"/"fatal": alert when training resumes
     recovered: bool = False  # the recovery was announced: nothing to wait for any more
+    incident: Incident | None = None  # None: unchanged
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Ledger:
     fatal_reason: str | None = None
     clear_cache_next: bool = False
     recovering_from: str | None = None
+    incident: Incident | None = None
     agent_restarts: int = 0  # torchrun restarted its workers itself (this daemon's lifetime)
     agent_worker_failures: int = 0
     goodput: GoodputLedger = field(default_factory=lambda: GoodputLedger(first_start=0.0))
@@ -78,5 +88,7 @@ class Ledger:
             self.fatal_reason = book.fatal_reason
         if book.recovering_from is not None:
             self.recovering_from = book.recovering_from
+        if book.incident is not None:
+            self.incident = book.incident
         if book.recovered:
-            self.recovering_from = None
+            self.recovering_from = self.incident = None

@@ -14,12 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dflashd.supervisor.effects import Effect
 from dflashd.supervisor.elastic import AgentLine, AgentSaid, ElasticState
-from dflashd.supervisor.ending import Effect, resumed
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.groups import ProcessOps
-from dflashd.supervisor.ledger import Ledger
+from dflashd.supervisor.incidents import passed, resumed
+from dflashd.supervisor.ledger import Incident, Ledger
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.linewatch import LinesSeen
 from dflashd.supervisor.notify import NotifyMessage
@@ -208,13 +209,22 @@ class RunObserver:
                 step=progress.step,
                 source=source,
             )
-            # Training resumed after a stall or a fatal: decided where every alert is.
-            recovering = self.ledger.recovering_from
-            already = frozenset(run.alerted)
-            if effects := resumed(recovering, alerts_on=self.alerts_on, already_alerted=already):
-                self.apply(run, effects)
+        self._maybe_recovered(run)
         if change.progress_record:
             self.progress_record(run)
+
+    def _maybe_recovered(self, run: Run) -> None:
+        """Training passed the step of the open incident (a stall, a fatal, a crash loop):
+        closed, with the ``recovered`` alert where it was a stall or a fatal."""
+        ledger = self.ledger
+        incident = ledger.incident
+        if incident is None and ledger.recovering_from is not None:
+            incident = Incident(ledger.recovering_from, None)  # a fatal before this daemon
+        if not run.progress.reached_first_step or not passed(incident, run.progress.step):
+            return
+        already = frozenset(run.alerted)
+        recovering = ledger.recovering_from
+        self.apply(run, resumed(recovering, alerts_on=self.alerts_on, already_alerted=already))
 
     def progress_record(self, run: Run) -> None:
         """A ``progress`` record of where the run is (rate-limited by Progress; also the last

@@ -8,6 +8,7 @@ counted, the run goes on.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
@@ -69,6 +70,10 @@ class Reporter:
         self._metrics: Any = None
         self._alerts_sent: dict[str, float] = {}
         self._goodput_saved = float("-inf")
+        self._wall = wall
+        # the last alert handed to the sinks, and what each sink said (None: not yet)
+        self.last_alert: dict[str, Any] | None = None
+        self._alert_lock = threading.Lock()
         self.stack_dumps = 0  # dumps written (metrics)  # "kind:ok" -> deliveries (metrics)
 
     def helper_pids(self) -> set[int]:
@@ -157,15 +162,33 @@ class Reporter:
             step=step,
             stacks=(fields.get("stacks") or {}).get("top"),
         )
-        for key in ("hung_after_s", "stale_build_locks"):  # what a person acts on first
+        for key in ("hung_after_s", "stale_build_locks", "error"):  # what a person acts on first
             if fields.get(key):
                 payload[key] = fields[key]
+        if kind is AlertKind.FATAL and fields.get("verdict"):
+            payload["run_verdict"] = fields["verdict"]  # the early death behind the fatal, say
         odd = (fields.get("stacks") or {}).get("odd_summary")
         if odd:
             payload["odd_rank_out"] = odd
+        with self._alert_lock:
+            self.last_alert = self._new_alert(kind, reason, run_no)
         self.alerts.send(run_no, payload)
 
+    def _new_alert(self, kind: AlertKind, reason: str, run_no: int) -> dict[str, Any]:
+        return {
+            "kind": kind.value,
+            "reason": reason,
+            "run": run_no,
+            "at": self._wall(),
+            "sinks": {name: None for name in self.alerts.sink_names},
+        }
+
     def _alert_done(self, run_no: int, outcome: AlertOutcome) -> None:
+        with self._alert_lock:  # two sinks may finish at once, each on its own thread
+            last = self.last_alert  # replaced whole, never changed in place: status reads it
+            if last is not None and last["run"] == run_no and last["kind"] == outcome.verdict:
+                took = {"ok": outcome.ok, "detail": outcome.detail, "attempts": outcome.attempts}
+                self.last_alert = {**last, "sinks": {**last["sinks"], outcome.sink: took}}
         key = f"{outcome.verdict}:{'true' if outcome.ok else 'false'}"
         self._alerts_sent = {**self._alerts_sent, key: self._alerts_sent.get(key, 0.0) + 1}
         fields: dict[str, Any] = {

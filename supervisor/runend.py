@@ -17,21 +17,19 @@ from typing import Any
 
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
-from dflashd.supervisor.endedruns import EndedRuns
-from dflashd.supervisor.ending import (
-    EXIT_FATAL,
+from dflashd.supervisor.effects import (
     Account,
     Effect,
     EnterState,
     ExitDaemon,
     RecordHistory,
     RestartIn,
-    RunFacts,
     SendAlert,
     SettleProcesses,
     WriteRecord,
-    conclude,
 )
+from dflashd.supervisor.endedruns import EndedRuns
+from dflashd.supervisor.ending import EXIT_FATAL, RunFacts, conclude
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.ledger import Book, Ledger
@@ -69,6 +67,7 @@ class RunEnds:
             policy=self.config.restart,
             alerts_on=self.config.alerts.on,
             jitter=self._rng.random(),
+            incident=self.ledger.incident,
         )
         self.apply(run, outcome.effects, run_no=facts.run_no)
 

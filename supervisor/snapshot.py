@@ -105,6 +105,7 @@ def status_view(source: StatusSource) -> StatusView:
         "stacks_tool": source.dumps.tool(),
         "log_codec": CODEC.implementation,
         "stop_timeout_s": source.config.restart.stop_timeout_s,
+        "last_alert": source.reporter.last_alert,
         "goodput": ledger.goodput.view(
             run.times() if alive and run is not None else None, now_mono
         ),

@@ -84,6 +84,7 @@ class StatusView(TypedDict):
     stacks_tool: str  # "py-spy 0.4.3", or why live stack dumps are unavailable
     log_codec: str  # the log path's inner loops: "c", or "python" where the C build is missing
     stop_timeout_s: float  # restart.stop_timeout_s: what `dflashd stop` without --timeout waits
+    last_alert: dict[str, Any] | None  # kind, reason, run, at, sinks: {name: {ok, detail} | None}
     goodput: GoodputView  # where the time went since the home's first start (goodput.py)
     child: NotRequired[ChildIdentity]  # present while a child lives
 
@@ -130,7 +131,7 @@ def parse_state(obj: Any) -> dict[str, Any]:
         }
     else:
         out.pop("restarts_by_verdict", None)
-    for key in ("last_exit", "child", "log_stats", "goodput"):
+    for key in ("last_exit", "child", "log_stats", "goodput", "last_alert"):
         if key in out and not isinstance(out[key], dict):
             out.pop(key)
     child = out.get("child")

@@ -20,3 +20,4 @@ echo "== promtool check metrics (a real scrape)"
 "$PY" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode(), end='')" \
     | tee "$work/scrape.txt" | promtool check metrics
 grep -c '^dflashd_' "$work/scrape.txt" | sed 's/^/samples: /'
+grep -E "^dflashd_(productive|lost|stopped|goodput)" "$work/scrape.txt" || true

@@ -11,18 +11,10 @@ import signal
 import pytest
 
 from dflashd.supervisor.config import RestartConfig
-from dflashd.supervisor.ending import (
-    EXIT_FATAL,
-    RecordHistory,
-    RunFacts,
-    SendAlert,
-    SettleProcesses,
-    WriteRecord,
-    conclude,
-    lost_facts,
-    resumed,
-)
+from dflashd.supervisor.effects import RecordHistory, SendAlert, SettleProcesses, WriteRecord
+from dflashd.supervisor.ending import EXIT_FATAL, RunFacts, conclude, lost_facts
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.incidents import passed, resumed
 from dflashd.supervisor.ledger import Book, Ledger
 from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.policy import RestartHistory
@@ -157,7 +149,57 @@ def test_a_restart_after_a_stall_waits_for_the_recovery() -> None:
     assert quiet == (Book(recovered=True),)  # the book only: nothing sent
     ledger.take(Book(recovered=True))
     assert ledger.recovering_from is None
-    assert resumed(None, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset()) == ()
+    # no stall to recover from: the incident closes, nobody is told
+    assert resumed(None, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset()) == (
+        Book(recovered=True),
+    )
+
+
+def test_one_stuck_job_is_one_incident_one_alert_then_the_fatal() -> None:
+    """Stalled at step 3, again and again: ``stalled`` once, no ``recovered``, then ``fatal``."""
+    ledger = Ledger()
+    policy = RestartConfig(no_progress_restarts=3, backoff_initial_s=0.0)
+    sent: list[str] = []
+    for run in range(1, 5):
+        assert not passed(ledger.incident, 1)  # each relaunch steps 1-3: never past 3
+        facts = RunFacts(run, STALL, 10.0, ended_at=float(run), step=3)
+        outcome = conclude(
+            facts,
+            history=ledger.history,
+            policy=policy,
+            alerts_on=DEFAULT_ALERTS,
+            jitter=0.0,
+            incident=ledger.incident,
+        )
+        for effect in outcome.effects:
+            if isinstance(effect, Book):
+                ledger.take(effect)
+        sent += [kind.value for kind, _ in outcome.alerts]
+    assert sent == ["stalled", "fatal"]
+    assert ledger.fatal_reason == "no_progress_past_step_3"
+
+
+def test_an_incident_ends_when_a_run_passes_its_step() -> None:
+    ledger = Ledger()
+    on = (*DEFAULT_ALERTS, AlertKind.CRASHED)
+    for run, step in ((1, 100), (2, 80)):
+        facts = RunFacts(run, RUNTIME_CRASH, 10.0, ended_at=1.0, step=step)
+        outcome = conclude(
+            facts,
+            history=ledger.history,
+            policy=POLICY,
+            alerts_on=on,
+            jitter=0.0,
+            incident=ledger.incident,
+        )
+        ledger.take(outcome.book)
+        assert [k.value for k, _ in outcome.alerts] == (["crashed"] if run == 1 else [])
+    assert ledger.incident is not None and ledger.incident.step == 100
+    assert not passed(ledger.incident, 100) and passed(ledger.incident, 101)
+    ledger.take(Book(recovered=True))
+    facts = RunFacts(3, RUNTIME_CRASH, 10.0, ended_at=1.0, step=150)
+    outcome = conclude(facts, history=ledger.history, policy=POLICY, alerts_on=on, jitter=0.0)
+    assert [k.value for k, _ in outcome.alerts] == ["crashed"]  # a new incident pages again
 
 
 def test_a_lost_run_is_classified_and_counted_like_any_other() -> None:

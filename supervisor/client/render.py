@@ -149,6 +149,9 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
             if last.get("exit_code") is not None
             else str(last.get("signal") or "no exit status")
         )
+        if last.get("error"):  # it never ran: the OS error says why
+            how = f"spawn failed: {escape_controls(str(last['error']))[:160]}"
+
         text = (
             f"run {last.get('run')}: {paint(verdict, _VERDICT_COLOR.get(verdict, 'red'))}"
             f" ({last.get('reason')}), {how} after {duration(last.get('duration_s'))}, {ago(last.get('ended_at'))}"
@@ -156,6 +159,9 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         rows.append(("last exit", text))
         for tail_line in (last.get("tail") or [])[-5:]:
             rows.append(("", paint("  " + escape_controls(str(tail_line)), "dim")))
+    alert = status.get("last_alert")
+    if isinstance(alert, dict) and alert.get("kind"):
+        rows.append(("last alert", _alert_text(alert, paint)))
     gpus = status.get("gpus") or []
     rows.append(
         (
@@ -195,6 +201,24 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
     rows.append(("log", log_line))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{paint(label.ljust(width), 'bold')}  {value}" for label, value in rows)
+
+
+def _alert_text(alert: dict[str, Any], paint: Painter) -> str:
+    """``stalled (hung) run 2, 3m ago: webhook ok, command FAILED (exit code 1)``."""
+    text = f"{alert.get('kind')} ({alert.get('reason')}) run {alert.get('run')}"
+    at = alert.get("at")
+    if isinstance(at, int | float):
+        text += f", {ago(at)}"
+    said = []
+    for sink, took in sorted((alert.get("sinks") or {}).items()):
+        if not isinstance(took, dict):
+            said.append(f"{sink} " + paint("sending", "yellow"))
+        elif took.get("ok"):
+            said.append(f"{sink} ok")
+        else:
+            detail = escape_controls(str(took.get("detail") or ""))[:120]
+            said.append(f"{sink} " + paint(f"FAILED ({detail})", "red"))
+    return text + (": " + ", ".join(said) if said else "")
 
 
 def format_record(record: Record, paint: Painter, *, escape: bool = True) -> str:

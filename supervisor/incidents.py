@@ -1,0 +1,52 @@
+"""Incidents: a failure a person hears about once, and the step that ends it (pure).
+
+A run ends stalled at step 3 and is alerted: that opens an incident.  Its relaunch stalling
+again before passing step 3 is the same incident, not a new page; the ``fatal`` that ends a
+loop of them is (:func:`repeats`).  The incident ends when a run passes the step its failures
+reached (:func:`passed`): after a stall or a fatal, that is the ``recovered`` alert
+(:func:`resumed`); after other failures it closes quietly, and the next failure pages again.
+"""
+
+from __future__ import annotations
+
+from dflashd.supervisor.alerts import alert_decision
+from dflashd.supervisor.effects import Effect, SendAlert
+from dflashd.supervisor.ledger import Book, Incident
+from dflashd.supervisor.verdicts import AlertKind
+
+
+def repeats(incident: Incident | None, kind: AlertKind) -> bool:
+    """A failure of the open incident's kind: one more of the same, no new alert."""
+    return incident is not None and kind is not AlertKind.FATAL and incident.kind == kind.value
+
+
+def extended(incident: Incident | None, verdict: str, step: int | None) -> Incident:
+    """The incident after a failure ``verdict`` at ``step``: the furthest step of its kind."""
+    if incident is not None and incident.kind == verdict:
+        steps = [s for s in (incident.step, step) if s is not None]
+        step = max(steps) if steps else None
+    return Incident(verdict, step)
+
+
+def passed(incident: Incident | None, step: int | None) -> bool:
+    """A run's progress at ``step`` ends the incident (any first step when it has no step)."""
+    if incident is None:
+        return False
+    return incident.step is None or (step is not None and step > incident.step)
+
+
+def resumed(
+    recovering_from: str | None,
+    *,
+    alerts_on: tuple[AlertKind, ...],
+    already_alerted: frozenset[AlertKind],
+) -> tuple[Effect, ...]:
+    """Training passed the failure: the ``recovered`` alert after a stall or a fatal (if on),
+    and the incident closed."""
+    effects: list[Effect] = []
+    if recovering_from is not None and alert_decision(
+        AlertKind.RECOVERED, on=alerts_on, already_alerted=already_alerted, early_deaths_before=0
+    ):
+        effects.append(SendAlert(AlertKind.RECOVERED, recovering_from, {"tail": []}))
+    effects.append(Book(recovered=True))
+    return tuple(effects)
