@@ -30,6 +30,7 @@ class RecordFilter:
     run: int | None = None
     src: str | None = None
     since_ts: str | None = None  # RFC 3339 UTC, compared as text (the format sorts)
+    until_ts: str | None = None  # records after it are left out (same format)
     grep: re.Pattern[str] | None = None  # searched in a line's text or an event's name and fields
     skip_blank: bool = False  # whitespace-only lines (a progress bar's clears) left out
 
@@ -42,6 +43,8 @@ class RecordFilter:
         if self.src is not None and record.src != self.src:
             return False
         if self.since_ts is not None and record.ts < self.since_ts:
+            return False
+        if self.until_ts is not None and record.ts > self.until_ts:
             return False
         if self.grep is not None:
             text = record.line if isinstance(record, LineRecord) else _event_text(record)

@@ -181,6 +181,11 @@ def _string(where: str, value: Any) -> str:
 
 
 def _strings(where: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):  # command = "python train.py": a shell line, not argv
+        raise ConfigError(
+            f"{where}: expected a list of strings, got the string {value!r} "
+            f"(write {where} = {value.split()!r})"
+        )
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
     return tuple(_string(where, v) for v in value)
@@ -367,6 +372,8 @@ def load_config(path: Path | None, command: tuple[str, ...] = ()) -> Config:
         except RecursionError:
             raise ConfigError(f"{path}: nested too deeply") from None
     if command:
+        if "command" in data:  # the file's own command is checked even when the CLI's wins
+            _strings("command", data["command"])
         data = {**data, "command": list(command)}
     return parse_config(data)
 

@@ -32,9 +32,12 @@ def escape_controls(text: str) -> str:
 class Echo:
     """A writer thread between the drains and a stream; drops rather than blocks."""
 
-    def __init__(self, stream: BinaryIO, *, raw: bool = False, color: bool = False) -> None:
+    def __init__(
+        self, stream: BinaryIO, *, raw: bool = False, color: bool = False, redraw: bool = False
+    ) -> None:
         self._stream = stream
         self._raw = raw
+        self._redraw = redraw or raw  # keep the job's \r (a terminal; --raw always)
         self._color = color
         self._queue: queue.Queue[tuple[int, str, Frame] | None] = queue.Queue(MAX_QUEUED_FRAMES)
         self.dropped_lines = 0
@@ -63,11 +66,20 @@ class Echo:
                 return frame.text + b"\n"
             head = self._prefix(run_no, src).encode()
             return head + frame.text.replace(b"\n", b"\n" + head) + b"\n"
+        ends = self._ends(frame)
+        pairs = zip(frame.lines, ends, strict=True)
         if self._raw:
-            return ("\n".join(frame.lines) + "\n").encode("utf-8", "replace")
+            return "".join(f"{line}{end}" for line, end in pairs).encode("utf-8", "replace")
         prefix = self._prefix(run_no, src)
-        text = "".join(f"{prefix}{escape_controls(line)}\n" for line in frame.lines)
+        text = "".join(f"{prefix}{escape_controls(line)}{end}" for line, end in pairs)
         return text.encode("utf-8", "replace")
+
+    def _ends(self, frame: Frame) -> list[str]:
+        """Each line's terminator as the job wrote it: a bar's ``\r`` redraws in place, as it
+        does under ``tee`` (kept with --raw, and on a terminal; the journal gets lines)."""
+        if frame.flags is None or not self._redraw:
+            return ["\n"] * len(frame.lines)
+        return ["\n" if partial or eol is None else eol for partial, eol in frame.flags]
 
     def _run(self) -> None:
         fd = self._stream.fileno()

@@ -272,6 +272,7 @@ def test_a_second_stop_signal_exits_at_once_when_no_boundary_comes() -> None:
         "import sys, threading, time\n"
         "from dflashd.trainer.stopping import Stop\n"
         "stop = Stop(grace_s=600)\n"
+        "stop.step_took(0.1)\n"  # it trained a step: a stop waits for the next boundary
         "threading.Thread(target=lambda: (stop.event.wait(), print('event', flush=True)),"
         " daemon=True).start()\n"
         "print('ready', flush=True)\n"
@@ -295,6 +296,35 @@ def test_a_second_stop_signal_exits_at_once_when_no_boundary_comes() -> None:
             proc.communicate()
 
 
+def test_ctrl_c_before_the_first_step_exits_at_once_saying_what_it_was_doing(
+    tmp_path: Path,
+) -> None:
+    """SIGINT while the trainer imports torch or sets up: exit 130 now (nothing is in flight,
+    nothing new to save), and the message names the phase, not a hung collective."""
+    listen = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listen.bind(str(tmp_path / "notify.sock"))
+    listen.settimeout(60)
+    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock")}
+    argv = [sys.executable, "-m", "dflashd.trainer", "--device", "cpu", "--steps", "50"]
+    argv += ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert listen.recv(4096) == b"STATUS=starting"  # sent once the stop handler is in
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        listen.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert re.search(r"stop: SIGINT while [a-z (),]+, before the first step: exiting now", err), err
+    assert "collective" not in err and "Traceback" not in err
+    assert not re.search(r"^step \d", out, re.M)
+
+
 def test_a_stop_is_still_seen_if_something_replaces_the_wakeup_pipe() -> None:
     """Another library taking the wakeup fd must not make SIGTERM vanish: Python's own
     handler makes the request too (and is not counted as a second signal)."""
@@ -302,6 +332,7 @@ def test_a_stop_is_still_seen_if_something_replaces_the_wakeup_pipe() -> None:
         "import signal, sys\n"
         "from dflashd.trainer.stopping import Stop\n"
         "stop = Stop(grace_s=600)\n"
+        "stop.step_took(0.1)\n"  # mid-training: the stop waits for the loop's boundary
         "signal.set_wakeup_fd(-1)\n"
         "print('ready', flush=True)\n"
         "sys.exit(0 if stop.event.wait(30) else 3)\n"

@@ -18,6 +18,7 @@ from dflashd.trainer.train import EX_CONFIG, RecompileBlocked, parse_args, say
 def main(argv: list[str] | None = None) -> int:
     """Parse, apply the injected fault if any, train; the exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    stop = Stop(args.stop_grace_s)  # from here a Ctrl-C or SIGTERM says what it interrupted
     # Speak the child protocol from the first instruction: the supervisor then knows it can
     # see this job's steps, so its first-step timeout applies (a silent hang is a stall).
     Notifier().send("STATUS=starting")
@@ -27,10 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     if inject.kind == "hang_before_cuda":
         say("injected: hanging before CUDA initialisation")
         threading.Event().wait()
-    stop = Stop(args.stop_grace_s)
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stack dump on demand, into the log
+    stop.doing = "importing torch"
     from dflashd.trainer.session import run
 
     try:

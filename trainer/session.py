@@ -58,6 +58,7 @@ def worker_devices(cfg: TrainConfig) -> list[torch.device]:
 def run(args: argparse.Namespace, stop: Stop, inject: Injection) -> int:
     """Configure, join the process group (under torchrun), train, leave; the exit code."""
     notifier = Notifier()
+    stop.doing = "looking for GPUs"
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     cfg = build_config(args, cuda)
     if cfg.device == "cpu" and cfg.attention == "flex":
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace, stop: Stop, inject: Injection) -> int:
     devices = worker_devices(cfg)
     if cfg.device == "cuda":
         torch.cuda.set_device(devices[0])  # NCCL binds to the main thread's current device
+    stop.doing = "joining the process group" if os.environ.get("WORLD_SIZE") else "setting up"
     node = join(cfg.device, args.dist_timeout_s)
     code, error = 1, None
     try:
@@ -97,6 +99,7 @@ def _with_workers(
     notifier: Notifier,
 ) -> int:
     mcfg = model_config(cfg)
+    stop.doing = "building the model and loading the checkpoint"
     torch.manual_seed(cfg.seed)
     target, drafter = TargetModel(mcfg), Drafter(mcfg)
     ckpt_path = checkpoint_dir(args) / "latest.pt"
@@ -141,6 +144,7 @@ def _with_workers(
         )
         for i, dev in enumerate(devices)
     ]
+    stop.doing = "warming up (compiling the attention)" if cfg.compile else "warming up"
     for w in workers:
         w.start()
     try:

@@ -14,7 +14,9 @@ sets the event and arms a deadline.  If the loop has not reached its step bounda
 says so on stderr and exits 128+signal at once (``os._exit``:
 a thread stuck in a collective would hang an orderly shutdown), without a checkpoint; the
 last periodic one stands.  A second signal exits at once.  Signal masks are left alone:
-they would be inherited by the compile workers the trainer spawns.
+they would be inherited by the compile workers the trainer spawns.  Before the first step
+(importing torch, building the model, compiling) nothing is in flight and nothing new would be
+saved: a stop exits at once, and says what the trainer was doing (``Stop.doing``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Stop:
         self._lock = threading.RLock()  # the main thread's handler may run inside step_took
         self._signalled_before = False
         self._recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        # What the process is doing, for the stop message: set as the trainer moves on.
+        self.doing = "starting"
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._on_main_thread)
         read_fd, write_fd = os.pipe()
@@ -139,6 +143,13 @@ class Stop:
         return grace_for(recent, self.grace_s)
 
     def _deadline(self, signum: int) -> None:
+        with self._lock:
+            stepped = bool(self._recent)
+        if not stepped and not self._boundary.is_set():
+            # Before the first step there is no step in flight to finish and nothing new to
+            # save (the last checkpoint, if any, stands): stop now, saying what it was doing.
+            name = signal.Signals(signum).name
+            self._exit(signum, f"{name} while {self.doing}, before the first step: exiting now")
         grace_s = self._grace_now()
         if self._boundary.wait(grace_s):
             return

@@ -26,12 +26,11 @@ from dflashd.supervisor.client.common import (
     resolve_home,
     timeout_option,
 )
+from dflashd.supervisor.client.invocation import has_run, load_invocation, load_invocation_cwd
 from dflashd.supervisor.client.logcmds import report, tail
 from dflashd.supervisor.client.stackscmd import stacks
 from dflashd.supervisor.client.start import (
     already_running_message,
-    load_invocation,
-    load_invocation_cwd,
     prepare,
     run_foreground,
     start_detached,
@@ -90,6 +89,7 @@ main.help = (main.help or "").replace(
 
 main.add_command(tail)
 main.add_command(report)
+main.add_command(tail, name="logs")  # journalctl's and pm2's word for it
 main.add_command(stacks)
 
 
@@ -307,6 +307,8 @@ def restart(
     """Stop the job and the daemon, then start again as the last `start` did (or as told here),
     in the directory it was started from."""
     where = resolve_home(home)
+    if not has_run(where) and not lock_is_held(where.lock):  # a typo'd --home: start nothing
+        fail(f"{where.root}: no job has run in this home, nothing to restart (dflashd start)", 2)
     last_config, last_command = load_invocation(where)
     started_in = load_invocation_cwd(where)
     if not command and started_in is not None and started_in.is_dir():

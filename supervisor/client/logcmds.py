@@ -30,6 +30,7 @@ _HOME_WAIT_POLL_S: Final = 0.2
 @home_option
 @click.option(
     "-n",
+    "--lines",
     "lines",
     type=click.IntRange(min=0),
     default=20,
@@ -50,6 +51,11 @@ _HOME_WAIT_POLL_S: Final = 0.2
     help="Only records since then: 30s, 10m, 2h, 1d, or an ISO time (local time unless it ends "
     "in Z or an offset such as +02:00; tail prints times in UTC).",
 )
+@click.option(
+    "--until",
+    default=None,
+    help="Only records up to then (the same forms as --since); not with -f.",
+)
 @click.option("--grep", "pattern", default=None, help="Only records whose text matches this regex.")
 @click.option("--json", "as_json", is_flag=True, help="Raw JSON-lines records.")
 @click.option(
@@ -62,14 +68,17 @@ def tail(
     which_run: str | None,
     src: str | None,
     since: str | None,
+    until: str | None,
     pattern: str | None,
     as_json: bool,
     raw: bool,
 ) -> None:
-    """Show the run log: child output and dflashd's own records, across rotated files.
+    """Show the run log: child output and dflashd's own records, across rotated files
+    (``dflashd logs`` is the same command).
 
     Control characters in the job's output (escape sequences that retitle or clear a
     terminal) are shown escaped, as journalctl does; --raw and --json keep the bytes.
+    Times are UTC, with the date when the records shown span more than one day.
     """
     from dflashd.logs.reader import RecordFilter, last_records
     from dflashd.logs.reader import follow as follow_records
@@ -77,6 +86,8 @@ def tail(
     from dflashd.supervisor.client.render import Painter, format_record, use_color
 
     where = resolve_home(home)
+    if until is not None and follow:
+        fail("--until and -f: a followed log has no end; pick one", EXIT_USAGE)
     if not where.logs.is_dir():
         if not follow:
             fail(
@@ -101,6 +112,7 @@ def tail(
         run=resolve_run(where, which_run),
         src=src,
         since_ts=parse_since(since) if since else None,
+        until_ts=parse_since(until) if until else None,
         grep=grep,
         # text mode leaves out whitespace-only lines (a tqdm.write clearing the bar); the log,
         # --raw and --json keep every byte
@@ -108,18 +120,26 @@ def tail(
     )
     paint = Painter(use_color(sys.stdout))
     safe = not (raw or as_json)
+    days: dict[str, Any] = {"first": None, "dated": False}  # another day shown: dates on
 
     def show(record: Any) -> None:
         if as_json:
             sys.stdout.write(encode(record).decode())
-        else:
-            sys.stdout.write(format_record(record, paint, escape=safe) + "\n")
+            return
+        day = record.ts[:10]
+        if days["first"] is None:
+            days["first"] = day
+        elif day != days["first"]:
+            days["dated"] = True
+        sys.stdout.write(format_record(record, paint, escape=safe, dated=days["dated"]) + "\n")
 
     try:
         # A filter may read the whole set backwards: a progress bar on a terminal for big logs.
         filtered = keep.grep is not None or keep.run is not None or keep.src is not None
         with _reading_bar(where.logs) if filtered else contextlib.nullcontext() as progress:
             records = last_records(where.logs, lines, keep, progress=progress)
+        if records and records[0].ts[:10] != records[-1].ts[:10]:
+            days["dated"] = True  # the lines span days: every time with its date
         for record in records:
             show(record)
         sys.stdout.flush()

@@ -221,14 +221,17 @@ def _alert_text(alert: dict[str, Any], paint: Painter) -> str:
     return text + (": " + ", ".join(said) if said else "")
 
 
-def format_record(record: Record, paint: Painter, *, escape: bool = True) -> str:
-    """One log record as a readable line: time, run, source, then the text or the event.
+def format_record(
+    record: Record, paint: Painter, *, escape: bool = True, dated: bool = False
+) -> str:
+    """One log record as a readable line: time (UTC; ``dated``: with the date), run, source,
+    then the text or the event.
 
     With ``escape`` (the default), control characters from the job are shown escaped, so a
     job's escape sequences cannot retitle, clear or reprogram the reader's terminal.
     """
     clean = escape_controls if escape else _same
-    ts = record.ts[11:23]
+    ts = f"{record.ts[:10]} {record.ts[11:23]}" if dated else record.ts[11:23]
     prefix = paint(f"{ts} r{record.run}", "dim")
     if isinstance(record, LineRecord):
         src = paint("err", "red") if record.src == "stderr" else paint("out", "dim")

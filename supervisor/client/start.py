@@ -1,7 +1,7 @@
 """``dflashd start`` and ``dflashd restart``: the daemon in the foreground, or detached and checked.
 
 Detached, ``start`` launches the daemon, waits for the first launch (the ready pipe), then
-for a sign of life: the job's first output line, or its death.  A job that dies within
+for the job's first step, its death, or ``start_wait_s``.  A job that dies within
 ``start_wait_s`` (an ImportError, a typo in the command) is reported there and then, with
 its verdict and stderr tail, and ``start`` exits non-zero.
 """
@@ -21,6 +21,7 @@ import click
 import orjson
 
 from dflashd.supervisor.client.common import EXIT_USAGE, fail
+from dflashd.supervisor.client.invocation import save_invocation
 from dflashd.supervisor.config import Config, ConfigError, load_config
 from dflashd.supervisor.echo import escape_controls
 from dflashd.supervisor.events import Event
@@ -37,6 +38,7 @@ from dflashd.supervisor.home import (
 EXIT_ALREADY_RUNNING: Final = 1
 EXIT_JOB_DIED: Final = 1
 EXIT_FATAL: Final = 4
+EXIT_INTERRUPTED: Final = 130  # Ctrl-C while waiting: 128 + SIGINT, as shells report it
 _READY_TIMEOUT_S: Final = 120.0
 _FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record
 
@@ -78,42 +80,6 @@ def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> C
     except HomeError as exc:
         fail(str(exc), EXIT_USAGE)
     return config
-
-
-def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ...]) -> None:
-    """What ``dflashd restart`` repeats: the config file and the command (no secrets)."""
-    from dflashd.supervisor.statusview import write_state
-
-    data = {
-        "config": str(config_path.absolute()) if config_path else None,
-        "command": list(command),
-        "cwd": os.getcwd(),  # what `restart` runs in, wherever it is typed
-    }
-    try:
-        write_state(home.root / "invocation.json", data)
-    except OSError:
-        pass
-
-
-def load_invocation_cwd(home: Home) -> Path | None:
-    """The directory the last ``start`` ran in."""
-    from dflashd.supervisor.statusview import read_state
-
-    cwd = (read_state(home.root / "invocation.json") or {}).get("cwd")
-    return Path(cwd) if isinstance(cwd, str) and cwd else None
-
-
-def load_invocation(home: Home) -> tuple[Path | None, tuple[str, ...]]:
-    """The last ``start``'s config path and command."""
-    from dflashd.supervisor.statusview import read_state
-
-    data = read_state(home.root / "invocation.json") or {}
-    config = data.get("config")
-    command = data.get("command")
-    return (
-        Path(config) if isinstance(config, str) else None,
-        tuple(str(c) for c in command) if isinstance(command, list) else (),
-    )
 
 
 def run_foreground(
@@ -160,7 +126,8 @@ def run_foreground(
         from dflashd.supervisor.echo import Echo
 
         if sys.stdout is not None:
-            printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout))
+            tty = sys.stdout.isatty()
+            printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout), redraw=tty)
 
     def first_launch(info: dict[str, Any]) -> None:
         if ready_fd is not None:
@@ -258,7 +225,11 @@ def start_detached(
             start_new_session=True,
         )
     os.close(write_fd)
-    info = _read_ready(read_fd)
+    try:
+        info = _read_ready(read_fd)
+    except KeyboardInterrupt:
+        click.echo("\ndflashd: stopped waiting; the daemon goes on starting the job", err=True)
+        return EXIT_INTERRUPTED
     if info is None:
         fail(f"the daemon exited before launching anything; see {home.daemon_log}", 1)
     if not info.get("ok"):
@@ -270,7 +241,14 @@ def start_detached(
     print_launch(info)
     if not wait:
         return 0
-    return _wait_for_first_step(home, int(info["run"]), config.start_wait_s, after_seq)
+    try:
+        return _wait_for_first_step(home, int(info["run"]), config.start_wait_s, after_seq)
+    except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the job (its own session)
+        click.echo(
+            f"\ndflashd: stopped waiting; run {info['run']} keeps running (dflashd stop to end it)",
+            err=True,
+        )
+        return EXIT_INTERRUPTED
 
 
 def _read_ready(fd: int) -> dict[str, Any] | None:
