@@ -123,7 +123,7 @@ FORMATS: Final[tuple[_Format, ...]] = (
             + r"\["
         ),
         1,
-        _c(r"\b(?:train_)?loss[=:]" + _SP + _NUM),
+        _c(r"\b(?:train[_/])?loss(?:_step)?[=:]" + _SP + _NUM),
         zero_is_start=True,
     ),
     # Lightning's RichProgressBar: Epoch 3/-2 ━━━━━━━━ 8/8 0:00:00 • 0:00:00 14.95it/s
@@ -134,7 +134,7 @@ FORMATS: Final[tuple[_Format, ...]] = (
             r"(?P<step>[0-9]{1,15})/(?P<total>[0-9]{1,15})\b"
         ),
         1,
-        _c(r"\b(?:train_)?loss[=:]" + _SP + _NUM),
+        _c(r"\b(?:train[_/])?loss(?:_step)?[=:]" + _SP + _NUM),
         zero_is_start=True,
     ),
     # PyTorch's MNIST example: Train Epoch: 1 [640/60000 (1%)]\tLoss: 0.107590 (1-based)

@@ -34,6 +34,16 @@ Start = Callable[..., Daemon]
             "Epoch 3/-2 ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 8/8 0:00:00 • 0:00:00 14.95it/s v_num: 0.000",
             {"format": "lightning", "step": 8, "epoch_index": 3, "batches": 8},
         ),
+        # the same with the loss Lightning logs on_step (Rich draws it in italics: escapes)
+        (
+            "\x1b[2KEpoch 1/1  \x1b[35m━━━━━━━━━━━━━━━━━\x1b[0m 32/32 \x1b[2m0:00:01 • 0:00:00\x1b[0m"
+            " \x1b[3mv_num: 0 train_loss_step: 0.112 train_loss_epoch: 0.300\x1b[0m",
+            {"format": "lightning", "step": 32, "loss": 0.112},
+        ),
+        (
+            "Epoch 3/-2 ━━━━━━━━━━━━━━━━━━━━ 8/8 0:00:00 • 0:00:00 14.95it/s train_loss: 0.112",
+            {"format": "lightning", "step": 8, "loss": 0.112},
+        ),
         # PyTorch's MNIST example: 1-based epochs, [seen/total]
         (
             "Train Epoch: 1 [640/3200 (20%)]\tLoss: 0.107590",
