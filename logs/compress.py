@@ -10,25 +10,31 @@ put it in place: the file's current name (found by inode) gets a ``.zst`` (or ``
 and the plain file goes.  A file that rotated out of the set meanwhile is simply dropped.
 Readers see ``base.N`` or its packed twin (the plain one wins while both briefly exist).
 
-At exit the daemon waits at most ``EXIT_WAIT_S`` (1 s): the helper dies with it, the file
-stays plain and is read as such, and the next daemon compresses it.
+At exit the daemon waits at most ``EXIT_WAIT_S`` (1 s); what is still plain goes to a
+finisher (``squeeze.py finish``), a helper of its own session holding the set's compression
+lock, which waits for the daemon to be gone and compresses the rest.  A later daemon's
+compressor waits for that lock; its rotations and every placing of a packed file take the
+rotation lock, so the finisher never renames a file a rotation is moving.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Final
 
 from dflashd.logs.packed import GZ_SUFFIX, ZST_SUFFIX, zstd_home
 
 TMP_PREFIX: Final = ".compressing-"
+LOCK_NAME: Final = ".compress.lock"  # held by whoever compresses the set (one at a time)
+ROTATE_LOCK_NAME: Final = ".rotate.lock"  # held across a rotation and a packed file's placing
 SQUEEZE: Final = Path(__file__).with_name("squeeze.py")
 EXIT_WAIT_S: Final = 1.0
 _STOP: Final = None
@@ -56,6 +62,13 @@ class Compressor:
         self._jobs: queue.SimpleQueue[tuple[BinaryIO, tuple[int, int]] | None] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._pending = 0
+        # One open file for the compression lock, held by this process while it squeezes:
+        # flock belongs to the open file, so a finisher that inherits it holds it on.
+        self._lock_fd = os.open(
+            directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        self._handed_over = False
+        self.finisher: subprocess.Popen[bytes] | None = None  # what finishes after the daemon
         self._thread = threading.Thread(target=self._run, name="log-compressor", daemon=True)
         self._thread.start()
         self.compressed = 0
@@ -69,15 +82,68 @@ class Compressor:
             self._pending += 1
         self._jobs.put((fh, (st.st_dev, st.st_ino)))
 
-    def close(self, timeout_s: float = EXIT_WAIT_S) -> None:
-        """Stop taking files; wait at most ``timeout_s`` for the one in hand.  What is left
-        stays plain (read as such; the next daemon compresses it)."""
+    def close(
+        self, timeout_s: float = EXIT_WAIT_S, *, basename: str = "", backups: int = 0
+    ) -> None:
+        """Stop taking files; wait at most ``timeout_s`` for the one in hand.  Files still
+        plain then (``basename``/``backups`` name the set) go to a finisher, a helper of its
+        own session that outlives the daemon and compresses them once it has exited."""
         self._jobs.put(_STOP)
         self._thread.join(timeout_s)
+        with self._idle:
+            left = self._pending > 0
+        with contextlib.suppress(OSError):
+            left = left or bool(self._rotated())  # a helper that failed leaves files plain too
+        if left and basename and backups:
+            self._hand_over(basename, backups)
+        else:
+            os.close(self._lock_fd)
+
+    def _hand_over(self, basename: str, backups: int) -> None:
+        """The finisher, holding this process's compression lock (its thread may hold it
+        already: the same open file), started at nice 19 and the idle I/O class."""
+        import fcntl
+
+        self._handed_over = True  # the thread keeps the lock taken from here
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # another daemon's finisher has the set: it takes these files too
+            return
+        argv = [sys.executable, "-I", "-S", str(SQUEEZE), "finish", self.codec, str(os.getpid())]
+        argv += [str(self.directory), basename, str(backups)]
+        try:
+            self.finisher = subprocess.Popen(
+                argv,
+                pass_fds=(self._lock_fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=helper_env(self._zstd_home),
+                start_new_session=True,  # a stop's signal to the daemon's group spares it
+            )
+        except OSError:
+            return  # the files stay plain: read as such, compressed by the next daemon
+        lowest_priority(self.finisher.pid)
+
+    def _take_lock(self) -> bool:
+        """The set's compression lock (waits while a finisher of an earlier daemon works)."""
+        import fcntl
+
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        except OSError:
+            return False
+        return True
+
+    def _release_lock(self) -> None:
+        import fcntl
+
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _place(self, tmp: Path, inode: tuple[int, int]) -> None:
         """The packed file takes the plain file's place, wherever a rotation has moved it since."""
-        with self._lock:
+        with self._lock, rotation_lock(self.directory):
             for path in self._rotated():
                 try:
                     st = os.stat(path, follow_symlinks=False)
@@ -126,10 +192,13 @@ class Compressor:
                 (fh, inode, self.directory / f"{TMP_PREFIX}{inode[1]}{self.suffix}")
                 for fh, inode in jobs
             ]
+            locked = self._take_lock()
             try:
                 for _, _, tmp in outputs:
                     tmp.unlink(missing_ok=True)
-                self._squeeze([(fh, tmp) for fh, _, tmp in outputs])
+                todo = [(fh, tmp) for fh, _, tmp in outputs if os.fstat(fh.fileno()).st_nlink]
+                if todo:  # a file a finisher compressed meanwhile is gone: nothing to do
+                    self._squeeze(todo)
             except OSError:
                 pass
             for fh, inode, tmp in outputs:
@@ -143,6 +212,8 @@ class Compressor:
                 except OSError:
                     self.errors += 1
                     tmp.unlink(missing_ok=True)
+            if locked and not self._handed_over:
+                self._release_lock()
             with self._idle:
                 self._pending -= len(jobs)
                 self._idle.notify_all()
@@ -176,6 +247,46 @@ def lowest_priority(pid: int) -> None:
 
 
 def remove_stale_tmp(directory: Path) -> None:
-    """Temporary files a killed daemon (or helper) left behind."""
-    for entry in directory.glob(f"{TMP_PREFIX}*"):
-        entry.unlink(missing_ok=True)
+    """Temporary files a killed daemon (or helper) left behind; none while a finisher works
+    (it holds the compression lock: its files are not stale)."""
+    import fcntl
+
+    try:
+        fd = os.open(
+            directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return
+    try:
+        for entry in directory.glob(f"{TMP_PREFIX}*"):
+            entry.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def rotation_lock(directory: Path) -> Iterator[None]:
+    """Across processes: a rotation of the set, or a packed file taking a plain one's place
+    (a finisher of the previous daemon may place files while this one rotates)."""
+    import fcntl
+
+    try:
+        fd = os.open(
+            directory / ROTATE_LOCK_NAME,
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError:
+        yield  # no lock file can be made (a full or read-only disk): the rename fails anyway
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

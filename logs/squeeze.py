@@ -2,6 +2,7 @@
 pays nothing for it (neither its CPU nor its GIL).
 
     python -I -S squeeze.py CODEC PARENT_PID FD=OUT [FD=OUT ...]
+    python -I -S squeeze.py finish CODEC DAEMON_PID DIR BASE BACKUPS
 
 Reads each inherited descriptor ``FD`` (a rotated file, whatever it is named by now) and
 writes ``OUT`` with ``CODEC`` (``zstd``: level 1; ``gzip``: level 6); a burst of rotations is
@@ -12,8 +13,9 @@ dflashd, and zstandard's C backend loaded from its file (``DFLASHD_ZSTD_HOME``, 
 holding the package; the package's own import brings ``platform`` and ``typing`` and doubled
 the start).  The daemon sets its priority (nice 19, the idle I/O class) from outside, so no
 ``ctypes`` either.  It gives up when its parent is gone (checked before each file): a daemon
-never waits for it at exit; the file stays plain, is read as such, and the next daemon compresses
-it.
+never waits for it at exit.  What is left plain when the daemon ends goes to ``finish``: a
+helper of its own session that waits for the daemon to be gone, then compresses the rest
+(each file whole or not at all, under the locks a later daemon's writer also takes).
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def zstd_backend() -> ModuleType:
 
 
 def squeeze(src: io.BufferedReader, dst: io.BufferedWriter, codec: str, parent: int) -> None:
-    """``src`` from its start into ``dst``, while ``parent`` lives."""
-    if os.getppid() != parent:
+    """``src`` from its start into ``dst``, while ``parent`` lives (0: whoever it is)."""
+    if parent and os.getppid() != parent:
         raise ParentGone
     if codec == "zstd":
         # One shot over the mapped file: 20-35 % less CPU than zstandard's streaming paths here,
@@ -84,12 +86,102 @@ def squeeze(src: io.BufferedReader, dst: io.BufferedWriter, codec: str, parent: 
         filename="", mode="wb", fileobj=dst, compresslevel=GZIP_LEVEL, mtime=0
     ) as packed:
         while chunk := src.read(CHUNK):
-            if os.getppid() != parent:
+            if parent and os.getppid() != parent:
                 raise ParentGone
             packed.write(chunk)
 
 
+def _wait_gone(pid: int) -> None:
+    """Until process ``pid`` (the daemon handing over) has exited."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already, or no pidfds here: the parent's change says it
+        while os.getppid() == pid:
+            select.select([], [], [], 0.05)
+        return
+    try:
+        select.select([fd], [], [], None)
+    finally:
+        os.close(fd)
+
+
+def _plain(directory: str, base: str, backups: int) -> list[str]:
+    """The set's rotated files still plain, oldest first."""
+    names = set(os.listdir(directory))
+    found = []
+    for number in range(backups, 0, -1):
+        name = f"{base}.{number}"
+        if name in names and name + ".zst" not in names and name + ".gz" not in names:
+            found.append(name)
+    return found
+
+
+def _place(
+    directory: str, base: str, backups: int, tmp: str, inode: tuple[int, int], suffix: str
+) -> None:
+    """The packed file takes the plain one's place, wherever a rotation has moved it, under
+    the rotation lock a running writer also takes (a new daemon may be rotating)."""
+    import fcntl
+
+    lock = os.open(os.path.join(directory, ".rotate.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for number in range(1, backups + 1):
+            path = os.path.join(directory, f"{base}.{number}")
+            try:
+                st = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if (st.st_dev, st.st_ino) == inode:
+                os.replace(tmp, path + suffix)
+                os.unlink(path)
+                return
+        os.unlink(tmp)  # it rotated out of the set meanwhile
+    finally:
+        os.close(lock)  # the flock goes with it
+
+
+def finish(argv: list[str]) -> int:
+    """``finish CODEC DAEMON_PID DIR BASE BACKUPS``: the daemon has exited (waited for here)
+    with rotated files still plain; compress them all.  Holds the home's compression lock,
+    inherited locked from the daemon, so no other compressor works on the set meanwhile."""
+    codec, daemon, directory, base, backups = argv[0], int(argv[1]), argv[2], argv[3], int(argv[4])
+    suffix = ".zst" if codec == "zstd" else ".gz"
+    _wait_gone(daemon)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(3):  # a new daemon may rotate more meanwhile: look again, a few times
+        todo = _plain(directory, base, backups)
+        if not todo:
+            return 0
+        for name in todo:
+            try:
+                src_fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue  # rotated out, or compressed by now
+            st = os.fstat(src_fd)
+            tmp = os.path.join(directory, f".compressing-{st.st_ino}{suffix}")
+            try:
+                with (
+                    os.fdopen(src_fd, "rb") as src,
+                    os.fdopen(os.open(tmp + ".part", flags, 0o640), "wb") as dst,
+                ):
+                    squeeze(src, dst, codec, 0)
+                os.replace(tmp + ".part", tmp)
+                _place(directory, base, backups, tmp, (st.st_dev, st.st_ino), suffix)
+            except OSError:
+                for leftover in (tmp, tmp + ".part"):
+                    try:
+                        os.unlink(leftover)
+                    except OSError:
+                        pass
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "finish":
+        return finish(argv[1:])
     codec, parent, jobs = argv[0], int(argv[1]), argv[2:]
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     failed = 0

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from dflashd.logs.compress import Compressor, remove_stale_tmp
+from dflashd.logs.compress import EXIT_WAIT_S, Compressor, remove_stale_tmp, rotation_lock
 from dflashd.logs.framer import Frame
 from dflashd.logs.livefile import LiveFile, error_text
 from dflashd.logs.logdir import LogDir, rotate_into_place
@@ -116,6 +116,7 @@ class RotatingLogWriter:
         except OSError as exc:
             raise LogWriterError(f"cannot open log {self.path}: {exc.strerror or exc}") from None
         self.compressor: Compressor | None = None  # rotated files' helper (drain: tests)
+        self.finisher: Any = None  # the helper that finishes compressing after close (tests)
         if compress:
             remove_stale_tmp(self.directory)
             self.compressor = Compressor(self.directory, self._lock, self._plain_rotated)
@@ -280,7 +281,9 @@ class RotatingLogWriter:
         except OSError as exc:
             return self._rotation_failed(exc)
         try:
-            rotated = rotate_into_place(self._dir, self.basename, self.backups, self._new_name)
+            locked = rotation_lock(self.directory) if self.compressor else contextlib.nullcontext()
+            with locked:  # a finisher of the last daemon may be placing packed files
+                rotated = rotate_into_place(self._dir, self.basename, self.backups, self._new_name)
         except OSError as exc:
             os.close(new_fd)
             with contextlib.suppress(OSError):
@@ -345,12 +348,14 @@ class RotatingLogWriter:
             return
         self.compressor.submit(os.fdopen(fd, "rb"))
 
-    def close(self) -> None:
-        """Close the live file (idempotent); wait at most 1 s for the compression helper."""
+    def close(self, compress_wait_s: float = EXIT_WAIT_S) -> None:
+        """Close the live file (idempotent); wait at most ``compress_wait_s`` for the
+        compression helper, then hand what is still plain to a finisher (compress.py)."""
         with self._lock:
             self._live.close()
         if self.compressor is not None:
-            self.compressor.close()
+            self.compressor.close(compress_wait_s, basename=self.basename, backups=self.backups)
+            self.finisher = self.compressor.finisher
             self.compressor = None
 
     def __enter__(self) -> RotatingLogWriter:

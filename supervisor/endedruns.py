@@ -154,7 +154,10 @@ class EndedRuns:
         self.ended = []
         if own_descendants:
             # pidfd mode's last net (a grandchild that scrubbed its environment): named too
-            self._name_ended(run, end_adopted(exclude=self.reporter.alerts.pids), "adopted")
+            # our own helpers (alert commands, the log's compression helper, py-spy) are not
+            # the run's: they finish their work (the log's close waits for the helper)
+            mine = self.reporter.helper_pids()
+            self._name_ended(run, end_adopted(exclude=mine), "adopted")
 
     def _name_ended(self, run: Run | None, named: dict[str, str], by: str) -> None:
         """Every process dflashd ends at shutdown is named in a record, in every custody mode."""
