@@ -129,3 +129,55 @@ def test_the_foreground_echo_keeps_a_bars_carriage_returns(tmp_path: Path, home:
     os.close(main)
     assert proc.wait(30) == 0
     assert b"| 20%\r" in seen and b"| 30%\r" in seen, seen  # no newline between redraws
+
+
+def test_a_config_holding_the_webhook_warns_when_others_can_read_it(
+    tmp_path: Path, home: Path
+) -> None:
+    config = write_config(
+        tmp_path / "c.toml",
+        {"gpus": "none"},
+        alerts={"webhook_url": "http://127.0.0.1:9/services/SECRET"},
+    )
+    config.chmod(0o644)
+    opened = run_cli(
+        "start",
+        "--foreground",
+        "--quiet",
+        "--home",
+        str(home),
+        "--config",
+        str(config),
+        "--",
+        "true",
+    )
+    assert opened.returncode == 0
+    warning = [line for line in opened.stderr.splitlines() if "readable by every user" in line]
+    assert warning and "alerts.webhook_url" in warning[0] and "mode 0644" in warning[0]
+    assert "SECRET" not in opened.stderr
+    config.chmod(0o640)
+    private = run_cli(
+        "start",
+        "--foreground",
+        "--quiet",
+        "--home",
+        str(home),
+        "--config",
+        str(config),
+        "--",
+        "true",
+    )
+    assert private.returncode == 0 and "readable by every user" not in private.stderr
+
+
+def test_the_service_steps_link_the_command_and_keep_the_secret_private() -> None:
+    """The documented install makes `sudo -u dflashd dflashd` findable and the config 0640
+    (a real systemd is not to be had here: this checks the steps as written)."""
+    root = Path(__file__).parents[1]
+    readme = (root / "README.md").read_text()
+    assert "sudo ln -sf /opt/dflashd/bin/dflashd /usr/local/bin/dflashd" in readme
+    assert "install -D -m 0640 -o root -g dflashd systemd/dflashd.toml.example" in readme
+    assert "apt-get install python3-venv" in readme and "git archive HEAD" in readme
+    assert "-m 0644" not in readme.split("## As a systemd service")[1].split("## ")[0]
+    unit = (root / "systemd" / "dflashd.service").read_text()
+    assert "/usr/local/bin/dflashd" in unit and "-m 0640 -o root -g dflashd" in unit

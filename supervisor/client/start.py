@@ -43,6 +43,24 @@ _READY_TIMEOUT_S: Final = 120.0
 _FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record
 
 
+def exposed_secret(path: Path | None, config: Config) -> str | None:
+    """A warning when the config holds a secret (``alerts.webhook_url``) and others may read
+    the file; None when it does not, or the file is private."""
+    if path is None or not config.alerts.webhook_url:
+        return None
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if not mode & 0o004:
+        return None
+    return (
+        f"warning: {path} holds alerts.webhook_url (a secret) and is readable by every user "
+        f"(mode {mode & 0o777:04o}): chmod o-r {path}"
+        + (" (0640 root:dflashd for the service)" if str(path).startswith("/etc/") else "")
+    )
+
+
 def already_running_message(home: Home) -> str:
     """What a second start says: who holds the home, and what to do instead."""
     return (
@@ -68,6 +86,8 @@ def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> C
         config = load_config(config_path, command)
     except ConfigError as exc:
         fail(f"config error: {exc}", EXIT_USAGE)
+    if (warning := exposed_secret(config_path, config)) is not None:
+        click.echo(f"dflashd: {warning}", err=True)
     cwd = Path(config.cwd).expanduser()
     if not cwd.is_dir():
         fail(f"config error: cwd: not a directory: {cwd}", EXIT_USAGE)
