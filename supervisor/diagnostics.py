@@ -8,12 +8,15 @@ rendered for where they go.
   journald adds the time;
 - anything else (daemon.log for the detached daemon, a pipe): one JSON object per line.
 
-Context is bound once per run (``run``, ``pid``) through a context variable.  The run log keeps
-its own schema on its fast path; this log is for dflashd's events and diagnostics.
+Context is bound once per run (``run``, ``pid``) through structlog's context variables.  The
+run log keeps its own schema on its fast path; this log is for dflashd's events and diagnostics.
 
-It is dflashd's own, some 150 lines, where it used structlog before: structlog's import
-brought asyncio (and rich, where installed) into a daemon that must stay small, about 7 MiB
-of resident memory and 0.1 s of start-up for three renderers and a context variable.
+structlog (the project's logging library) carries every event: its bound logger filters by
+level, ``merge_contextvars`` adds the run's context, and the last processor is one of the three
+renderers here.  It is imported on the first event, not with this module: the CLI's commands
+that log nothing (``status``, ``--help``) do not pay its import, which brings asyncio (and
+rich, where installed).  What it costs the idle daemon is measured by
+``tests/perf/idle_cost.py`` (README, "Measured").
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextvars import ContextVar
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any, Final, Protocol
 
 from dflashd.logs.records import utc_timestamp
@@ -40,7 +42,6 @@ _LEVEL_COLOURS: Final = {
     "error": "\x1b[31;1m",
     "critical": "\x1b[31;1m",
 }
-_context: ContextVar[dict[str, Any]] = ContextVar("dflashd_log_context")
 
 Renderer = Callable[[str, str, dict[str, Any]], str]  # (level, event, fields) -> one line
 
@@ -137,20 +138,52 @@ class _Sink:
         self.render: Renderer = renderer_for(self.stream, os.environ)
         self.min_level = _LEVELS["info"]
         self.captured: list[dict[str, Any]] | None = None
+        self.configured_level: int | None = None  # structlog configured for this level
 
-    def emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
-        merged = {**_context.get({}), **fields}
+    def write(self, line: str) -> None:
         with self.lock:
-            if self.captured is not None:
-                self.captured.append({**merged, "event": event, "log_level": level})
-                return
-            if _LEVELS[level] < self.min_level:
-                return
-            self.stream.write(self.render(level, event, merged) + "\n")
+            self.stream.write(line + "\n")
             self.stream.flush()
 
 
 _SINK: Final = _Sink()
+
+
+class _SinkWriter:
+    """structlog's "logger": takes the rendered line, writes it to the sink's stream."""
+
+    def msg(self, line: str) -> None:
+        _SINK.write(line)
+
+    debug = info = warning = error = critical = msg
+
+
+def _render_processor(_logger: object, method: str, event_dict: MutableMapping[str, Any]) -> str:
+    """structlog's last processor: capture (tests) or render for the stream."""
+    event = str(event_dict.pop("event", ""))
+    level = "warning" if method == "warn" else method
+    captured = _SINK.captured
+    if captured is not None:
+        captured.append({**event_dict, "event": event, "log_level": level})
+        import structlog
+
+        raise structlog.DropEvent
+    return _SINK.render(level, event, dict(event_dict))
+
+
+def _structlog(level: int) -> Any:
+    """structlog, configured for ``level`` (imported and configured on first use)."""
+    import structlog
+
+    if _SINK.configured_level != level:
+        structlog.configure(
+            processors=[structlog.contextvars.merge_contextvars, _render_processor],
+            wrapper_class=structlog.make_filtering_bound_logger(level),
+            logger_factory=lambda *_args: _SinkWriter(),
+            cache_logger_on_first_use=False,
+        )
+        _SINK.configured_level = level
+    return structlog
 
 
 def configure_logging(
@@ -164,30 +197,36 @@ def configure_logging(
 
 
 class Logger:
-    """``log.info("event", key=value)``: one event, its fields, the bound context."""
+    """``log.info("event", key=value)``: one event, its fields, the bound context (structlog)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
+    def _emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        capturing = _SINK.captured is not None  # tests see every level
+        floor = _LEVELS["debug"] if capturing else _SINK.min_level
+        logger = _structlog(floor).get_logger(self.name)
+        getattr(logger, level)(event, **fields)
+
     def debug(self, event: str, **fields: Any) -> None:
         """An event at debug level."""
-        _SINK.emit("debug", event, fields)
+        self._emit("debug", event, fields)
 
     def info(self, event: str, **fields: Any) -> None:
         """An event at info level."""
-        _SINK.emit("info", event, fields)
+        self._emit("info", event, fields)
 
     def warning(self, event: str, **fields: Any) -> None:
         """An event at warning level."""
-        _SINK.emit("warning", event, fields)
+        self._emit("warning", event, fields)
 
     def error(self, event: str, **fields: Any) -> None:
         """An event at error level."""
-        _SINK.emit("error", event, fields)
+        self._emit("error", event, fields)
 
     def critical(self, event: str, **fields: Any) -> None:
         """An event at critical level."""
-        _SINK.emit("critical", event, fields)
+        self._emit("critical", event, fields)
 
 
 def get_logger(name: str = "dflashd") -> Logger:
@@ -197,7 +236,7 @@ def get_logger(name: str = "dflashd") -> Logger:
 
 def bind_run(**context: Any) -> None:
     """Bind ``run``/``pid`` to every later event of this context (the loop's thread)."""
-    _context.set({**_context.get({}), **context})
+    _structlog(_SINK.min_level).contextvars.bind_contextvars(**context)
 
 
 @contextlib.contextmanager
