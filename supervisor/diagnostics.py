@@ -13,9 +13,10 @@ run log keeps its own schema on its fast path; this log is for dflashd's events 
 
 structlog (the project's logging library) carries every event: its bound logger filters by
 level, ``merge_contextvars`` adds the run's context, and the last processor is one of the three
-renderers here.  It is imported on the first event, not with this module: the CLI's commands
-that log nothing (``status``, ``--help``) do not pay its import, which brings asyncio (and
-rich, where installed).  What it costs the idle daemon is measured by
+renderers here.  It is imported when the daemon configures its log (:func:`configure_logging`,
+before the first launch), not with this module: the CLI's commands that log nothing
+(``status``, ``--help``) do not pay its import, which brings asyncio (and rich, where
+installed).  What it costs the idle daemon is measured by
 ``tests/perf/idle_cost.py`` (README, "Measured").
 """
 
@@ -194,6 +195,9 @@ def configure_logging(
     renderer = renderer_for(surviving, os.environ if environ is None else environ)
     with _SINK.lock:
         _SINK.stream, _SINK.render, _SINK.min_level = surviving, renderer, _LEVELS[level]
+    # structlog now, not on the first event: that one comes right after the first fork, where
+    # 0.1 s of imports would delay the loop reading the child's first notify messages
+    _structlog(_LEVELS[level])
 
 
 class Logger:

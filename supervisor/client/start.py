@@ -245,11 +245,25 @@ def start_detached(
             start_new_session=True,
         )
     os.close(write_fd)
-    try:
-        info = _read_ready(read_fd)
+    launched: dict[str, Any] = {}
+    try:  # Ctrl-C from here stops the waiting, not the job (its own session)
+        return _after_launch(home, config, read_fd, after_seq, wait, launched)
     except KeyboardInterrupt:
-        click.echo("\ndflashd: stopped waiting; the daemon goes on starting the job", err=True)
+        if launched.get("run"):
+            message = (
+                f"stopped waiting; run {launched['run']} keeps running (dflashd stop to end it)"
+            )
+        else:
+            message = "stopped waiting; the daemon goes on starting the job (dflashd status)"
+        click.echo(f"\ndflashd: {message}", err=True)
         return EXIT_INTERRUPTED
+
+
+def _after_launch(
+    home: Home, config: Config, read_fd: int, after_seq: int, wait: bool, launched: dict[str, Any]
+) -> int:
+    """The daemon's launch report, then (``wait``) its first step; ``launched`` gets the run."""
+    info = _read_ready(read_fd)
     if info is None:
         fail(f"the daemon exited before launching anything; see {home.daemon_log}", 1)
     if not info.get("ok"):
@@ -258,17 +272,11 @@ def start_detached(
             fail(error, int(info.get("code") or 1))
         print_launch(info)
         return EXIT_FATAL
+    launched["run"] = info["run"]
     print_launch(info)
     if not wait:
         return 0
-    try:
-        return _wait_for_first_step(home, int(info["run"]), config.start_wait_s, after_seq)
-    except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the job (its own session)
-        click.echo(
-            f"\ndflashd: stopped waiting; run {info['run']} keeps running (dflashd stop to end it)",
-            err=True,
-        )
-        return EXIT_INTERRUPTED
+    return _wait_for_first_step(home, int(info["run"]), config.start_wait_s, after_seq)
 
 
 def _read_ready(fd: int) -> dict[str, Any] | None:
