@@ -8,7 +8,13 @@ from pathlib import Path
 from unittest import mock
 
 from dflashd.logs import RotatingLogWriter, read_records
-from dflashd.supervisor.client.htmlreport import VERDICT_COLORS, collect, render_html, svg_document
+from dflashd.supervisor.client.htmlreport import (
+    VERDICT_COLORS,
+    collect,
+    loss_svg,
+    render_html,
+    svg_document,
+)
 
 
 def write_fixture(logs: Path) -> None:
@@ -87,11 +93,18 @@ def test_report_data_and_page(tmp_path: Path) -> None:
     assert data.goodput.total.detection_s == 2.0 and data.goodput.total.downtime_s == 3.0
     assert data.goodput.incidents[2].downtime_after_s == 2.0
     assert "<script" not in page  # self-contained and static
-    # One colour per verdict everywhere: run 2 crashed, so its step and loss lines are red.
-    crashed = VERDICT_COLORS["crashed"]
-    assert data.color(2) == crashed
-    assert page.count(f'stroke="{crashed}"') == 2  # its step line and its loss line
-    assert f"color:{crashed}" in page and f'fill="{crashed}"' in page
+    # One colour per run everywhere (runs apart at a glance); the verdict is the bar's label
+    # and the table's coloured word.
+    run2 = data.color(2)
+    assert len({data.color(1), data.color(2), data.color(3)}) == 3
+    assert page.count(f'stroke="{run2}"') == 2  # its step line and its loss line
+    assert f'fill="{run2}"' in page  # its timeline bar
+    assert f"color:{VERDICT_COLORS['crashed']}'><b>crashed" in page
+    assert ">crashed gpu_xid_79</text>" in page
+    # the loss axis spans the data (3.8 down to 1.6), not 0 to the top
+    assert 'text-anchor="end">0</text>' not in loss_svg(data)
+    assert "UTC</text>" in page and "01-15 08:00:00" in page  # the axes: date, time, UTC
+    assert "svg{width:100%" in page  # the charts take the page's width
     assert [round(loss, 1) for _, run, loss in data.losses if run == 2][:2] == [3.8, 3.6]
 
 

@@ -110,7 +110,7 @@ def _share_bar(total: Cost) -> str:
     """One bar: each bucket's share of the time, labelled with its seconds."""
     whole = total.total_s or 1.0
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="64" font-family="sans-serif">'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="64" viewBox="0 0 {_W} 64" font-family="sans-serif">'
     ]
     x = float(_LEFT)
     span = _W - _LEFT - _RIGHT
@@ -139,7 +139,7 @@ def _share_bar(total: Cost) -> str:
 def _timeline(data: GoodputData, lo: float, hi: float) -> str:
     """The buckets over time, on the report's time axis."""
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="56" font-family="sans-serif">'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="56" viewBox="0 0 {_W} 56" font-family="sans-serif">'
     ]
     parts.append('<text x="4" y="20" font-size="11" fill="#333">time</text>')
     for start, end, name in segments(data):

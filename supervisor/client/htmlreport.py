@@ -1,6 +1,6 @@
 """``dflashd report``: one self-contained HTML page (inline SVG, no dependencies) from the run log.
 
-Three charts share one time axis: each run's span coloured by its verdict, the step over time
+Three charts share one time axis: each run's span in its own colour, labelled with its verdict, the step over time
 (from ``first_step``, ``progress`` and ``exit`` records), and each GPU's memory from the ``gpu``
 records.  Everything is computed from the log by pure functions; nothing runs in the daemon.
 """
@@ -33,6 +33,19 @@ VERDICT_COLORS: Final = {
     "running": "#1565c0",
 }
 _OTHER_COLOR: Final = "#424242"
+# One colour per run (cycled): distinct hues that read on white, for bars, lines and legends.
+RUN_PALETTE: Final = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+)
 _GPU_PALETTE: Final = ("#1565c0", "#00838f", "#6a1b9a", "#ef6c00", "#5d4037", "#37474f")
 _LEFT: Final = LEFT
 
@@ -66,9 +79,14 @@ class ReportData:
     goodput: GoodputData = field(default_factory=GoodputData)
 
     def color(self, run: int) -> str:
-        """A run's colour: its verdict's."""
-        span = self.runs.get(run)
-        return VERDICT_COLORS.get(span.verdict if span else "running", _OTHER_COLOR)
+        """A run's colour, the same in every chart: runs apart at a glance (its verdict is
+        the bar's label and the table's coloured word)."""
+        return RUN_PALETTE[(run - 1) % len(RUN_PALETTE)]
+
+    @staticmethod
+    def verdict_color(verdict: str) -> str:
+        """A verdict's colour (the table's verdict column)."""
+        return VERDICT_COLORS.get(verdict, _OTHER_COLOR)
 
     @property
     def span(self) -> tuple[float, float]:
@@ -135,7 +153,7 @@ def _clock(epoch_s: float) -> str:
 
 
 def timeline_svg(data: ReportData) -> str:
-    """Each run as a bar over time, coloured by verdict, with its number and reason."""
+    """Each run as a bar over time, in the run's colour, labelled with its verdict and reason."""
     lo, hi = data.span
     runs = sorted(data.runs.values(), key=lambda r: r.run)
     row = 22
@@ -189,14 +207,20 @@ def _line_chart(
     lo: float,
     hi: float,
     unit: str,
+    zero_based: bool = True,
 ) -> str:
     """Lines over the shared time axis; ``series``: name -> (colour, points).  The legend sits
-    in the title row, outside the plot, so it never covers a line's end."""
+    in the title row, outside the plot, so it never covers a line's end.  ``zero_based``:
+    the value axis starts at 0 (steps, memory), else it spans the data (the loss)."""
     height = 170
     top, bottom = 34, height - 24
     values = [v for _, pts in series.values() for _, v in pts]
     vmax = max(values) if values else 1.0
-    vmax = vmax if vmax > 0 else 1.0
+    vmin = 0.0
+    if not zero_based and values:  # the loss: its own range, padded, not squeezed above 0
+        pad = (vmax - min(values)) * 0.08 or abs(vmax) * 0.05 or 1.0
+        vmin, vmax = min(values) - pad, vmax + pad
+    vmax = vmax if vmax > vmin else vmin + 1.0
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" font-family="sans-serif">'
     ]
@@ -207,13 +231,16 @@ def _line_chart(
     parts.append(
         f'<text x="{_LEFT - 6}" y="{top + 8}" font-size="10" text-anchor="end">{label}</text>'
     )
-    parts.append(f'<text x="{_LEFT - 6}" y="{bottom}" font-size="10" text-anchor="end">0</text>')
+    low = "0" if vmin == 0 else (f"{vmin:,.0f}" if abs(vmin) >= 10 else f"{vmin:.3g}")
+    parts.append(
+        f'<text x="{_LEFT - 6}" y="{bottom}" font-size="10" text-anchor="end">{low}</text>'
+    )
     legend_x = _LEFT + 80
     for name, (color, pts) in series.items():
         if not pts:
             continue
         coords = " ".join(
-            f"{x_of(t, lo, hi):.1f},{bottom - (v / vmax) * (bottom - top):.1f}"
+            f"{x_of(t, lo, hi):.1f},{bottom - ((v - vmin) / (vmax - vmin)) * (bottom - top):.1f}"
             for t, v in sorted(pts)
         )
         parts.append(
@@ -242,7 +269,7 @@ def _per_run(data: ReportData, points: list[tuple[float, int, float]]) -> dict[s
 
 
 def steps_svg(data: ReportData) -> str:
-    """The step over time, one line per run, in its verdict's colour."""
+    """The step over time, one line per run, in the run's colour."""
     lo, hi = data.span
     points = [(t, run, float(step)) for t, run, step in data.steps]
     return _line_chart("Steps", _per_run(data, points), lo, hi, "")
@@ -251,7 +278,7 @@ def steps_svg(data: ReportData) -> str:
 def loss_svg(data: ReportData) -> str:
     """The training loss over time, one line per run (from recognised formats or notify)."""
     lo, hi = data.span
-    return _line_chart("Loss", _per_run(data, data.losses), lo, hi, "")
+    return _line_chart("Loss", _per_run(data, data.losses), lo, hi, "", zero_based=False)
 
 
 def gpu_svg(data: ReportData) -> str:
@@ -270,9 +297,10 @@ def render_html(data: ReportData, title: str) -> str:
     for span in sorted(data.runs.values(), key=lambda r: r.run):
         duration = f"{(span.end - span.start):.1f}s" if span.end else "running"
         first = f"{span.first_step_at - span.start:.1f}s" if span.first_step_at else "-"
-        color = data.color(span.run)
+        color, shade = data.color(span.run), data.verdict_color(span.verdict)
+        swatch = f"<span style='color:{color}'>&#9632;</span>"
         rows.append(
-            f"<tr><td>{span.run}</td><td style='color:{color}'><b>{html.escape(span.verdict)}</b></td>"
+            f"<tr><td>{swatch} {span.run}</td><td style='color:{shade}'><b>{html.escape(span.verdict)}</b></td>"
             f"<td>{html.escape(span.reason)}</td><td>{duration}</td><td>{first}</td>"
             f"<td>{'' if span.last_step is None else span.last_step}</td></tr>"
         )
@@ -294,7 +322,7 @@ def render_html(data: ReportData, title: str) -> str:
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:20px;color:#222}}table{{border-collapse:collapse}}
 td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}}.fatal{{color:#c62828;font-weight:bold}}
-svg{{max-width:100%;height:auto}}.incidents{{margin-bottom:18px}}.note{{color:#555}}</style>
+svg{{width:100%;height:auto;display:block}}.incidents{{margin-bottom:18px}}.note{{color:#555}}</style>
 </head><body>
 <h2>{html.escape(title)}</h2>
 <table><tr><th>run</th><th>verdict</th><th>reason</th><th>duration</th><th>first step after</th><th>last step</th></tr>

@@ -197,7 +197,7 @@ _BAR_MIN_BYTES = 64 << 20  # below this, reading takes well under a second
     help="Where to write the report: .html (a self-contained page) or .svg (the charts alone).",
 )
 def report(home: Path | None, which_run: str | None, output: Path) -> None:
-    """A picture of the recent runs: timeline by verdict, steps over time, GPU memory."""
+    """A picture of the recent runs: goodput, a timeline of runs, steps and loss over time, GPU memory."""
     from dflashd.logs.reader import RecordFilter, read_records
     from dflashd.supervisor.client.htmlreport import collect, render_html, summarize, svg_document
 
