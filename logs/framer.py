@@ -2,7 +2,7 @@
 
 The framer works per chunk, not per byte: the common case (a chunk of ``\\n``-terminated
 lines of printable ASCII, no ``\\r``, none longer than ``max_line_bytes``) is one
-:func:`~dflashd.logs.linecodec.scan` and no split at all; other text is one ``decode`` and
+``linecodec.CODEC.scan`` and no split at all; other text is one ``decode`` and
 one ``split``, both in C.  Everything else (``\\r\\n``, tqdm-style ``\\r`` redraws, overlong
 lines) takes a slower, exact path.
 

@@ -3,7 +3,7 @@
     scan(data, max_line)                      -> lines in ``data``, or -1
     encode(data, count, head, seq0, mid, tail) -> bytes
 
-``data`` is complete lines joined by ``\\n`` (no trailing one).  :func:`scan` counts them when
+``data`` is complete lines joined by ``\\n`` (no trailing one).  ``CODEC.scan`` counts them when
 every byte is printable ASCII that a JSON string holds verbatim (0x20 to 0x7f except ``"``
 and ``\\``) and no line is longer than ``max_line`` bytes, else -1: the framer's fast path.
 :func:`encode` writes ``head + seq + mid + line + tail`` per line, ``seq`` counting up
@@ -31,7 +31,7 @@ _UNSAFE: Final = bytes([0x22, 0x5C, *(b for b in range(0x20) if b != 0x0A)])
 
 
 def split_python(data: bytes, max_line: int) -> list[bytes] | None:
-    """The Python scan, keeping what it found: the lines, or None where :func:`scan` says -1.
+    """The Python scan, keeping what it found: the lines, or None where ``CODEC.scan`` says -1.
 
     The framer keeps the lines with the frame, so the Python encoder does not split again.
     """
@@ -44,7 +44,7 @@ def split_python(data: bytes, max_line: int) -> list[bytes] | None:
 
 
 def scan_python(data: bytes, max_line: int) -> int:
-    """The reference :func:`scan`."""
+    """The reference ``CODEC.scan``."""
     parts = split_python(data, max_line)
     return -1 if parts is None else len(parts)
 

@@ -2,7 +2,7 @@
 
 Everything else lives in its own room and is called through a small interface: the run
 (:mod:`run`), progress (:mod:`progress`), the GPU watch (:mod:`gpuwatch`), the end of a run
-(:mod:`ending`, pure), status (:mod:`status`), the run's processes (:mod:`custody`, through
+(:mod:`ending`, pure), status (:mod:`snapshot`), the run's processes (:mod:`custody`, through
 the :mod:`groups` seam), recovery (:mod:`recovery`) and control (:mod:`control`).  Threads
 (pipe drains, the log writer, the GPU poller, alert sinks, custody watchers) never call into
 the loop: they post a message to the inbox and poke the wake pipe.  Signal handlers do

@@ -3,7 +3,7 @@
 :class:`ProcessOps` is the seam: the daemon launches, reaps and recovers through it, so the
 loop tests drive the real daemon logic with a scripted stand-in and no process is touched.
 :class:`HostProcesses` is the real thing.  Every signal to a run goes through that run's
-:class:`~dflashd.supervisor.custody.RunCustody` (its cgroup, or pidfds of proven members),
+:class:`~dflashd.supervisor.proof.RunCustody` (its cgroup, or pidfds of proven members),
 never through a bare pid, a process group id, a name or a pattern.
 """
 

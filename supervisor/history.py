@@ -121,10 +121,15 @@ class RunHistory:
 
     def goodput(self) -> tuple[float, Any, bool] | None:
         """The saved (first start, totals as stored, whether that daemon ended), or None."""
-        row = self._db.execute(
-            "SELECT first_start, totals, daemon_ended FROM goodput WHERE id = 1"
-        ).fetchone()
+        try:  # a damaged or locked file: the ledger starts afresh, the start goes on
+            row = self._db.execute(
+                "SELECT first_start, totals, daemon_ended FROM goodput WHERE id = 1"
+            ).fetchone()
+        except sqlite3.Error:
+            return None
         if row is None or not isinstance(row[0], int | float) or not isinstance(row[1], str):
+            return None
+        if len(row[1]) > 65536:  # a few totals: anything larger is not ours
             return None
         try:
             totals = json.loads(row[1])

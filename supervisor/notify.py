@@ -3,7 +3,7 @@
 :func:`parse_notify` is pure.  :class:`NotifyServer` is the socket dflashd gives the
 child as ``NOTIFY_SOCKET``; it reads the sender's pid from the kernel (SCM_CREDENTIALS)
 so a message from a previous run's leftover process is not taken as this run's progress.
-:func:`notify_systemd` is the other direction: dflashd telling systemd about itself.
+:class:`SystemdNotifier` is the other direction: dflashd telling systemd about itself.
 """
 
 from __future__ import annotations

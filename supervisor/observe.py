@@ -5,7 +5,7 @@ The :class:`RunObserver` takes each piece of evidence with ``now``, updates the 
 (``first_step``, ``progress``, ``child_status``, ``gpu`` records).
 It never signals anything: when the evidence says the run must end (no GPU memory past
 the grace, a stall), it returns the reason and :mod:`liverun` ends the run.  The
-``recovered`` alert is decided by :func:`~dflashd.supervisor.ending.resumed` and carried out
+``recovered`` alert is decided by :func:`~dflashd.supervisor.incidents.resumed` and carried out
 by the daemon's one applier.
 """
 
