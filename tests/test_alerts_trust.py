@@ -8,29 +8,16 @@ A launch that fails says the OS error; the fatal that follows an early death nam
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.conftest import Daemon, child, run_cli
-from tests.test_alerts_metrics import Hook
+from tests.test_alerts_metrics import Hook, hook_factory
+
+__all__ = ["hook_factory"]  # the fixture, shared with tests/test_alerts_metrics.py
 
 Start = Callable[..., Daemon]
-
-
-@pytest.fixture
-def hooks() -> Iterator[Callable[[str], Hook]]:
-    made: list[Hook] = []
-
-    def make(behaviour: str) -> Hook:
-        made.append(Hook(behaviour))
-        return made[-1]
-
-    yield make
-    for hook in made:
-        hook.close()
 
 
 def _status(home: Path) -> tuple[dict[str, Any], str]:
@@ -39,9 +26,9 @@ def _status(home: Path) -> tuple[dict[str, Any], str]:
 
 
 def test_one_stuck_job_is_one_alert_then_the_fatal(
-    start_daemon: Start, hooks: Callable[[str], Hook]
+    start_daemon: Start, hook_factory: Callable[[str], Hook]
 ) -> None:
-    hook = hooks("ok")
+    hook = hook_factory("ok")
     daemon = start_daemon(
         child("stuck_at_three.py"),
         stall_timeout_s=2,
@@ -59,9 +46,9 @@ def test_one_stuck_job_is_one_alert_then_the_fatal(
 
 
 def test_a_failed_launch_says_the_os_error_everywhere(
-    start_daemon: Start, home: Path, hooks: Callable[[str], Hook]
+    start_daemon: Start, home: Path, hook_factory: Callable[[str], Hook]
 ) -> None:
-    hook = hooks("ok")
+    hook = hook_factory("ok")
     daemon = start_daemon(["pyhton-not-here", "train.py"], alerts={"webhook_url": hook.url})
     assert daemon.wait(30) == 4
     (exit_record,) = daemon.events("exit")
@@ -75,9 +62,9 @@ def test_a_failed_launch_says_the_os_error_everywhere(
 
 
 def test_the_fatal_after_an_import_error_names_the_early_death(
-    start_daemon: Start, hooks: Callable[[str], Hook]
+    start_daemon: Start, hook_factory: Callable[[str], Hook]
 ) -> None:
-    hook = hooks("ok")
+    hook = hook_factory("ok")
     daemon = start_daemon(child("import_error.py"), alerts={"webhook_url": hook.url})
     assert daemon.wait(60) == 4
     (body,) = hook.bodies
@@ -86,9 +73,9 @@ def test_the_fatal_after_an_import_error_names_the_early_death(
 
 
 def test_a_failed_delivery_shows_in_status(
-    start_daemon: Start, home: Path, hooks: Callable[[str], Hook]
+    start_daemon: Start, home: Path, hook_factory: Callable[[str], Hook]
 ) -> None:
-    hook = hooks("500")
+    hook = hook_factory("500")
     daemon = start_daemon(child("import_error.py"), alerts={"webhook_url": hook.url})
     assert daemon.wait(60) == 4
     status, text = _status(home)

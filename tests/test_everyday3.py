@@ -132,6 +132,13 @@ def test_the_foreground_echo_keeps_a_bars_carriage_returns(tmp_path: Path, home:
     assert b"| 20%\r" in seen and b"| 30%\r" in seen, seen  # no newline between redraws
 
 
+def _run_true(home: Path, config: Path) -> subprocess.CompletedProcess[str]:
+    """The foreground daemon running ``true`` to its end."""
+    return subprocess.run(
+        daemon_argv(home, config, ["true"]), capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def test_a_config_holding_the_webhook_warns_when_others_can_read_it(
     tmp_path: Path, home: Path
 ) -> None:
@@ -141,33 +148,13 @@ def test_a_config_holding_the_webhook_warns_when_others_can_read_it(
         alerts={"webhook_url": "http://127.0.0.1:9/services/SECRET"},
     )
     config.chmod(0o644)
-    opened = run_cli(
-        "start",
-        "--foreground",
-        "--quiet",
-        "--home",
-        str(home),
-        "--config",
-        str(config),
-        "--",
-        "true",
-    )
+    opened = _run_true(home, config)
     assert opened.returncode == 0
     warning = [line for line in opened.stderr.splitlines() if "readable by every user" in line]
     assert warning and "alerts.webhook_url" in warning[0] and "mode 0644" in warning[0]
     assert "SECRET" not in opened.stderr
     config.chmod(0o640)
-    private = run_cli(
-        "start",
-        "--foreground",
-        "--quiet",
-        "--home",
-        str(home),
-        "--config",
-        str(config),
-        "--",
-        "true",
-    )
+    private = _run_true(home, config)
     assert private.returncode == 0 and "readable by every user" not in private.stderr
 
 
