@@ -34,6 +34,7 @@ from dflashd.supervisor.effects import (
 )
 from dflashd.supervisor.elastic import worker_exit_code
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.exitcodes import EXIT_FATAL
 from dflashd.supervisor.goodput import Cost, RunTimes, run_cost
 from dflashd.supervisor.incidents import extended, repeats
 from dflashd.supervisor.ledger import Book, Incident
@@ -49,7 +50,6 @@ from dflashd.supervisor.verdicts import (
     signal_name,
 )
 
-EXIT_FATAL: Final = 4  # the daemon gave up (fatal); systemd's RestartPreventExitStatus names it
 EXIT_RECORD_WAIT_S: Final = 0.1  # the exit record is waited onto disk before the bookkeeping
 
 

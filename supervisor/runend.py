@@ -29,8 +29,9 @@ from dflashd.supervisor.effects import (
     WriteRecord,
 )
 from dflashd.supervisor.endedruns import EndedRuns
-from dflashd.supervisor.ending import EXIT_FATAL, RunFacts, conclude
+from dflashd.supervisor.ending import RunFacts, conclude
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.exitcodes import EXIT_FATAL
 from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.ledger import Book, Ledger
 from dflashd.supervisor.lifecycle import LoopState, State

@@ -12,8 +12,9 @@ import pytest
 
 from dflashd.supervisor.config import RestartConfig
 from dflashd.supervisor.effects import RecordHistory, SendAlert, SettleProcesses, WriteRecord
-from dflashd.supervisor.ending import EXIT_FATAL, RunFacts, conclude, lost_facts
+from dflashd.supervisor.ending import RunFacts, conclude, lost_facts
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.exitcodes import EXIT_FATAL
 from dflashd.supervisor.incidents import passed, resumed
 from dflashd.supervisor.ledger import Book, Ledger
 from dflashd.supervisor.lifecycle import State

@@ -18,8 +18,6 @@ import orjson
 from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor import __version__
 from dflashd.supervisor.client.common import (
-    EXIT_NOT_RUNNING,
-    EXIT_USAGE,
     config_option,
     fail,
     home_option,
@@ -35,6 +33,7 @@ from dflashd.supervisor.client.start import (
     run_foreground,
     start_detached,
 )
+from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
 from dflashd.supervisor.home import Home, lock_is_held, read_lock_pid
 
 

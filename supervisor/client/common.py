@@ -12,10 +12,9 @@ from typing import Any, Final, NoReturn
 
 import click
 
+from dflashd.supervisor.config import Config
+from dflashd.supervisor.exitcodes import EXIT_USAGE
 from dflashd.supervisor.home import Home, default_home
-
-EXIT_NOT_RUNNING: Final = 3
-EXIT_USAGE: Final = 2
 
 home_option = click.option(
     "--home",
@@ -134,3 +133,21 @@ def _ranges(runs: list[int]) -> str:
         if run_no is not None:
             start = prev = run_no
     return ", ".join(parts)
+
+
+def exposed_secret(path: Path | None, config: Config) -> str | None:
+    """A warning when the config holds a secret (``alerts.webhook_url``) and others may read
+    the file; None when it does not, or the file is private."""
+    if path is None or not config.alerts.webhook_url:
+        return None
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if not mode & 0o004:
+        return None
+    return (
+        f"warning: {path} holds alerts.webhook_url (a secret) and is readable by every user "
+        f"(mode {mode & 0o777:04o}): chmod o-r {path}"
+        + (" (0640 root:dflashd for the service)" if str(path).startswith("/etc/") else "")
+    )

@@ -14,14 +14,13 @@ from typing import Any, Final
 import click
 
 from dflashd.supervisor.client.common import (
-    EXIT_NOT_RUNNING,
-    EXIT_USAGE,
     fail,
     home_option,
     parse_since,
     resolve_home,
     resolve_run,
 )
+from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
 
 _HOME_WAIT_POLL_S: Final = 0.2
 

@@ -20,10 +20,11 @@ import orjson
 
 from dflashd.logs import EventRecord, RecordFilter, follow, last_records
 from dflashd.logs.safejson import dumps_any
-from dflashd.supervisor.client.common import EXIT_NOT_RUNNING, fail, home_option, resolve_home
+from dflashd.supervisor.client.common import fail, home_option, resolve_home
 from dflashd.supervisor.control import ControlError, request
 from dflashd.supervisor.echo import escape_controls
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING
 from dflashd.supervisor.home import Home, lock_is_held
 from dflashd.supervisor.statusview import read_state
 

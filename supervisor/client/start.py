@@ -20,11 +20,18 @@ from typing import Any, Final
 import click
 import orjson
 
-from dflashd.supervisor.client.common import EXIT_USAGE, fail
+from dflashd.supervisor.client.common import exposed_secret, fail
 from dflashd.supervisor.client.invocation import save_invocation
 from dflashd.supervisor.config import Config, ConfigError, load_config
 from dflashd.supervisor.echo import escape_controls
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.exitcodes import (
+    EXIT_ALREADY_RUNNING,
+    EXIT_FATAL,
+    EXIT_INTERRUPTED,
+    EXIT_JOB_DIED,
+    EXIT_USAGE,
+)
 from dflashd.supervisor.home import (
     AlreadyRunning,
     Home,
@@ -35,30 +42,8 @@ from dflashd.supervisor.home import (
     unusable_path,
 )
 
-EXIT_ALREADY_RUNNING: Final = 1
-EXIT_JOB_DIED: Final = 1
-EXIT_FATAL: Final = 4
-EXIT_INTERRUPTED: Final = 130  # Ctrl-C while waiting: 128 + SIGINT, as shells report it
 _READY_TIMEOUT_S: Final = 120.0
 _FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record
-
-
-def exposed_secret(path: Path | None, config: Config) -> str | None:
-    """A warning when the config holds a secret (``alerts.webhook_url``) and others may read
-    the file; None when it does not, or the file is private."""
-    if path is None or not config.alerts.webhook_url:
-        return None
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return None
-    if not mode & 0o004:
-        return None
-    return (
-        f"warning: {path} holds alerts.webhook_url (a secret) and is readable by every user "
-        f"(mode {mode & 0o777:04o}): chmod o-r {path}"
-        + (" (0640 root:dflashd for the service)" if str(path).startswith("/etc/") else "")
-    )
 
 
 def already_running_message(home: Home) -> str:

@@ -1,0 +1,16 @@
+"""dflashd's exit codes, in one stdlib-only leaf: the daemon and the CLI say the same numbers.
+
+README ("CLI") and docs/design.md name them; systemd's ``RestartPreventExitStatus=4`` names
+:data:`EXIT_FATAL`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+EXIT_JOB_DIED: Final = 1  # `start`: the job died and is being restarted
+EXIT_ALREADY_RUNNING: Final = 1  # `start`: a daemon already holds this home
+EXIT_USAGE: Final = 2  # a bad config, home, option or command: nothing was launched
+EXIT_NOT_RUNNING: Final = 3  # a command that needs the daemon found none
+EXIT_FATAL: Final = 4  # the daemon gave up (fatal): not restarted by systemd
+EXIT_INTERRUPTED: Final = 130  # Ctrl-C while `start` waits: 128 + SIGINT, as shells report it
