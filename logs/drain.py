@@ -20,10 +20,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
-from dflashd.logs.sink import LogSink
 
 READ_BYTES: Final = 256 * 1024
 PIPE_BYTES: Final = 1 << 20
@@ -50,6 +49,14 @@ def pending_bytes(fd: int) -> int:
     return int.from_bytes(buf, "little")
 
 
+class FrameSink(Protocol):
+    """Where a drain hands its frames (the run log's :class:`~dflashd.logs.sink.LogSink`)."""
+
+    def submit_frame(self, run: int, src: str, frame: Frame) -> object:
+        """Take one frame of ``src`` output of ``run``; may push back, never raises."""
+        ...
+
+
 class PipeDrain:
     """Reads one pipe of one run to its end; tracks the last lines for the ``exit`` record."""
 
@@ -59,7 +66,7 @@ class PipeDrain:
         *,
         run: int,
         src: str,
-        sink: LogSink,
+        sink: FrameSink,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         tail_lines: int = 20,
         on_lines: LinesCallback | None = None,

@@ -19,10 +19,11 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from dflashd.logs.limits import MIN_LINE_BYTES
 from dflashd.logs.linecodec import CODEC
 
 DEFAULT_MAX_LINE_BYTES: Final = 64 * 1024
-MIN_LINE_BYTES: Final = 4  # one UTF-8 character must fit in a piece
+
 _TERMINATOR = re.compile(rb"\r\n|\r|\n")
 
 

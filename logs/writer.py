@@ -34,6 +34,7 @@ from typing import Any, Final
 
 from dflashd.logs.compress import EXIT_WAIT_S, Compressor, remove_stale_tmp, rotation_lock
 from dflashd.logs.framer import Frame
+from dflashd.logs.limits import MIN_MAX_BYTES
 from dflashd.logs.livefile import LiveFile, error_text
 from dflashd.logs.logdir import LogDir, rotate_into_place
 from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
@@ -42,7 +43,7 @@ from dflashd.logs.resume import plain_rotated, recover_tail
 DEFAULT_BASENAME: Final = "dflashd.jsonl"
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
 DEFAULT_BACKUPS: Final = 10
-MIN_MAX_BYTES: Final = 1024  # a smaller bound would rotate on nearly every record
+
 ROTATE_RETRY_S: Final = 1.0  # a rotation that failed is tried again this much later
 
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final, get_type_hints
 
-from dflashd.logs.framer import MIN_LINE_BYTES
-from dflashd.logs.writer import MIN_MAX_BYTES
+from dflashd.logs.limits import MIN_LINE_BYTES, MIN_MAX_BYTES
 from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind
 
 # Deadlines must stay finite and representable for select() and float arithmetic: no
@@ -310,7 +309,7 @@ def _validate(config: Config) -> Config:
         if key == "step_pattern" and compiled.groups < 1:
             raise ConfigError("step_pattern: needs one group that captures the step number")
     if config.metrics_listen:
-        from dflashd.supervisor.metrics import parse_listen
+        from dflashd.supervisor.httpserve import parse_listen
 
         try:
             parse_listen(config.metrics_listen)

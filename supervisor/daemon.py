@@ -28,7 +28,7 @@ from dflashd.supervisor.doors import Doors
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
-from dflashd.supervisor.groups import HostProcesses, ProcessOps
+from dflashd.supervisor.groups import HostProcesses
 from dflashd.supervisor.hang import HangSampled
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.inbox import GpuSampled, Inbox, RunEmptied
@@ -40,6 +40,7 @@ from dflashd.supervisor.liverun import LiveRunControl
 from dflashd.supervisor.notify import SystemdNotifier
 from dflashd.supervisor.nvml import NvmlSampler
 from dflashd.supervisor.observe import RunObserver
+from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.progress import Limits
 from dflashd.supervisor.recovery import boot_id, restore
 from dflashd.supervisor.reporter import MetricsUnavailable, Reporter

@@ -16,7 +16,7 @@ from typing import Final
 
 from dflashd.supervisor.custody import end_adopted
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.groups import ProcessOps
+from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.proof import RunCustody
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run

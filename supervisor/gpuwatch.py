@@ -22,7 +22,6 @@ from typing import Any, Final
 
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.nvml import (
     ChildGpuUse,
     GpuPoller,
@@ -33,6 +32,7 @@ from dflashd.supervisor.nvml import (
     join_with_tree,
     reading_to_dict,
 )
+from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.run import Run
 
 RECORD_EVERY_S: Final = 60.0

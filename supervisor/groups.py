@@ -1,8 +1,8 @@
 """The process seam: what the daemon does to processes, and only to those it started.
 
-:class:`ProcessOps` is the seam: the daemon launches, reaps and recovers through it, so the
-loop tests drive the real daemon logic with a scripted stand-in and no process is touched.
-:class:`HostProcesses` is the real thing.  Every signal to a run goes through that run's
+:class:`~dflashd.supervisor.processops.ProcessOps` (a leaf) is the seam: the daemon launches,
+reaps and recovers through it, so the loop tests drive the real daemon logic with a scripted
+stand-in and no process is touched.  :class:`HostProcesses` is the real thing.  Every signal to a run goes through that run's
 :class:`~dflashd.supervisor.proof.RunCustody` (its cgroup, or pidfds of proven members),
 never through a bare pid, a process group id, a name or a pattern.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from dflashd.supervisor.cgroups import CgroupBase, cgroup_pids, own_cgroup
 from dflashd.supervisor.custody import (
@@ -22,62 +22,11 @@ from dflashd.supervisor.custody import (
     end_stale_cgroup,
     open_base,
 )
+from dflashd.supervisor.processops import Launched
 from dflashd.supervisor.procfs import cmdline_text, read_stat
 from dflashd.supervisor.proof import MODE_PID, PIDFD_SUPPORTED
 from dflashd.supervisor.recovery import recover
-from dflashd.supervisor.spawn import Launched, spawn
-
-
-class ProcessOps(Protocol):
-    """What the daemon does to processes."""
-
-    @property
-    def mode(self) -> str:
-        """How runs own their processes: ``cgroup``, ``pidfd`` or ``pid`` (status names it)."""
-        ...
-
-    def spawn(
-        self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
-    ) -> Launched:
-        """Fork and exec in a new session, in the run's custody; OSError when exec fails."""
-        ...
-
-    def wait_nohang(self, pid: int) -> int | None:
-        """The wait status of our child ``pid`` if it ended, None while it lives.
-
-        Raises ChildProcessError when the status can no longer be known.
-        """
-        ...
-
-    def reaped_cpu_s(self, pid: int) -> float | None:
-        """The CPU time of our reaped child ``pid``, once (None when unknown)."""
-        ...
-
-    def live_children(self, pid: int) -> set[int]:
-        """The live (non-zombie) children of ``pid``."""
-        ...
-
-    def create_time(self, pid: int) -> float | None:
-        """When ``pid`` was created (seconds since the epoch), None when it is gone."""
-        ...
-
-    def cmdline(self, pid: int) -> str:
-        """The command line of ``pid``, for naming it in the log."""
-        ...
-
-    def reap_orphans(self, keep: set[int]) -> None:
-        """Reap zombie children (orphans we inherited as subreaper), except ``keep``."""
-        ...
-
-    def recover(
-        self, previous: dict[str, Any], boot: str | None, timeout_s: float
-    ) -> list[tuple[str, int, dict[str, Any]]]:
-        """End what a dead daemon of this home left, proven ours; the records (event, run, fields)."""
-        ...
-
-    def close(self) -> None:
-        """The daemon is done: remove what it made on the host (its cgroups)."""
-        ...
+from dflashd.supervisor.spawn import spawn
 
 
 class HostProcesses:

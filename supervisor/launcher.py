@@ -24,10 +24,10 @@ from dflashd.supervisor.diagnostics import bind_run, get_logger
 from dflashd.supervisor.elastic import ElasticState, scan_frame, torchrun_job
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
-from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.linewatch import LineWatcher
+from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.progress import Progress
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run

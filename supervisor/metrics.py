@@ -13,21 +13,11 @@ from typing import Any, Final
 
 from dflashd.supervisor import __version__
 from dflashd.supervisor.goodput import GoodputView, lost_seconds, view_from_json
+from dflashd.supervisor.httpserve import parse_listen
 from dflashd.supervisor.lifecycle import Phase, State
 from dflashd.supervisor.verdicts import AlertKind, Verdict
 
 _MIB: Final = 1024 * 1024
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``"127.0.0.1:9464"``, ``":9464"`` or ``"9464"`` -> (host, port); a bare port binds loopback."""
-    host, sep, port = listen.rpartition(":")
-    if not sep:
-        host, port = "", listen
-    host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"metrics_listen: expected host:port, got {listen!r}")
-    return host, int(port)
 
 
 def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float) -> Iterator[Any]:

@@ -18,13 +18,13 @@ from dflashd.supervisor.effects import Effect
 from dflashd.supervisor.elastic import AgentLine, AgentSaid, ElasticState
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
-from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.incidents import passed, resumed
 from dflashd.supervisor.ledger import Incident, Ledger
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.linewatch import LinesSeen
 from dflashd.supervisor.notify import NotifyMessage
 from dflashd.supervisor.nvml import GpuSample
+from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.procfs import CLK_TCK, read_stat
 from dflashd.supervisor.progress import GPU, Change
 from dflashd.supervisor.reporter import Reporter

@@ -14,8 +14,8 @@ from typing import Final
 
 from dflashd.supervisor.caches import stale_build_locks
 from dflashd.supervisor.ending import RunFacts
-from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import Observations
 

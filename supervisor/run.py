@@ -18,9 +18,9 @@ from dflashd.supervisor.hang import HangWatch
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.linewatch import LineWatcher
 from dflashd.supervisor.nvml import ChildGpuUse
+from dflashd.supervisor.processops import Launched
 from dflashd.supervisor.progress import Progress
 from dflashd.supervisor.proof import RunCustody
-from dflashd.supervisor.spawn import Launched
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
 
 

@@ -21,13 +21,13 @@ from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.fdreserve import FdReserve
 from dflashd.supervisor.gpuwatch import GpuWatch
-from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
 from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.lifecycle import LoopState, State
 from dflashd.supervisor.liverun import LiveRunControl
 from dflashd.supervisor.notify import SystemdNotifier
 from dflashd.supervisor.observe import RunObserver
+from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.reaped import mark_reaped, reaped_facts, spawn_failed_facts
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run

@@ -16,10 +16,10 @@ from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.goodput import Cost
 from dflashd.supervisor.gpuwatch import GpuWatch
-from dflashd.supervisor.groups import ProcessOps
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.stackdumps import Dumper

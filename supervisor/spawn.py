@@ -19,7 +19,7 @@ from typing import Final
 from dflashd.logs.drain import grow_pipe
 from dflashd.supervisor.cgroups import enter_cgroup_fd, open_procs_fd
 from dflashd.supervisor.custody import die_with_parent
-from dflashd.supervisor.proof import RunCustody
+from dflashd.supervisor.processops import Launched
 
 PR_SET_PDEATHSIG: Final = 1
 # Variables systemd gives *us*; the child must get dflashd's NOTIFY_SOCKET, never systemd's.
@@ -103,17 +103,6 @@ def _in_child(parent_pid: int, death_signal: int, procs_fd: int | None) -> None:
     enter_cgroup_fd(procs_fd)()
     _prctl(PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
     die_with_parent(parent_pid, death_signal)  # the daemon died before prctl took effect
-
-
-@dataclass(slots=True)
-class Launched:
-    """A running child: its pid (also its process group and session id), its pipes, its custody."""
-
-    pid: int
-    stdout_fd: int
-    stderr_fd: int
-    process: subprocess.Popen[bytes] | None = None
-    custody: RunCustody | None = None
 
 
 def spawn(

@@ -27,7 +27,7 @@ from dflashd.supervisor.events import Event
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.nvml import GpuProcess, GpuReading
-from dflashd.supervisor.spawn import Launched
+from dflashd.supervisor.processops import Launched
 from dflashd.supervisor.stacks import StacksTaken, summary
 
 

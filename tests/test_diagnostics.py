@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import io
 import json
 import signal
@@ -23,10 +24,14 @@ class _Stream(io.StringIO):
 
 def _render(environ: dict[str, str], tty: bool) -> str:
     stream = _Stream(tty)
-    configure_logging(stream=stream, environ=environ)
-    try:
+
+    def log_two() -> None:
         get_logger().error("exit", run=3, verdict="crashed")
         get_logger().info("launched", run=4, pid=99)
+
+    configure_logging(stream=stream, environ=environ)
+    try:  # an empty context: nothing an earlier test's daemon bound (run, pid) comes along
+        contextvars.Context().run(log_two)
     finally:
         configure_logging()  # back to stderr
     return stream.getvalue()
