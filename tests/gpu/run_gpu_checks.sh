@@ -5,7 +5,8 @@
 #   no_gpu_memory timing, relaunch, the trainer's flex path, supervised vs unsupervised), then
 #   tests/gpu/custody_gpu.py (the trainer under each custody mode: SIGKILL, release, relaunch; an
 #   escaped GPU holder ended at stop).
-# Wheels for packages the machine lacks may sit in .whl/ (see the device tool's README).
+# Wheels for packages the machine lacks sit in .whl/ (see the device tool's README): orjson, zstandard,
+# py-spy, prometheus-client and structlog for its Python 3.12 (`pip download --no-deps -d .whl ...`).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=tests/gpu/_env.sh
