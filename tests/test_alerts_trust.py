@@ -8,6 +8,7 @@ A launch that fails says the OS error; the fatal that follows an early death nam
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,7 @@ def test_a_failed_launch_says_the_os_error_everywhere(
     status, text = _status(home)
     assert "No such file or directory" in status["last_exit"]["error"]
     assert "spawn failed: " in text and "pyhton-not-here" in text
+    assert re.search(r"^custody\s+(cgroup|pidfd|pid)$", text, re.M)  # as the README says
 
 
 def test_the_fatal_after_an_import_error_names_the_early_death(

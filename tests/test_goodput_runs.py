@@ -77,7 +77,7 @@ def _matches_the_records(home: Path, exits: list[EventRecord], spawns: list[Even
 def test_a_sigkill_after_a_checkpoint_costs_the_ten_steps_redone(
     start_daemon: Start, home: Path, tmp_path: Path
 ) -> None:
-    job = child("checkpointed.py", str(tmp_path / "ckpt"), "0.1", "20", "50", "80")
+    job = child("checkpointed.py", str(tmp_path / "ckpt"), "0.1", "20", "50", "60")
     exits, spawns = _two_runs(start_daemon(job, restart=SLOW_BACKOFF))
     assert exits[0].fields["cost"].get("redone_s", 0.0) == 0.0  # the first run redid nothing
     redone = exits[1].fields["cost"]["redone_s"]
@@ -88,10 +88,10 @@ def test_a_sigkill_after_a_checkpoint_costs_the_ten_steps_redone(
 def test_a_relaunch_from_step_one_redoes_every_earlier_step(
     start_daemon: Start, home: Path
 ) -> None:
-    job = child("checkpointed.py", "none", "0.1", "20", "50", "80")
+    job = child("checkpointed.py", "none", "0.05", "20", "50", "60")
     exits, spawns = _two_runs(start_daemon(job, restart=SLOW_BACKOFF))
     redone = exits[1].fields["cost"]["redone_s"]
-    assert redone == pytest.approx(50 * 0.1, rel=0.25)
+    assert redone == pytest.approx(50 * 0.05, rel=0.25)
     _matches_the_records(home, exits, spawns)
 
 
