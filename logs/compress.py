@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import queue
 import subprocess
@@ -102,8 +103,6 @@ class Compressor:
     def _hand_over(self, basename: str, backups: int) -> None:
         """The finisher, holding this process's compression lock (its thread may hold it
         already: the same open file), started at nice 19 and the idle I/O class."""
-        import fcntl
-
         self._handed_over = True  # the thread keeps the lock taken from here
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -127,8 +126,6 @@ class Compressor:
 
     def _take_lock(self) -> bool:
         """The set's compression lock (waits while a finisher of an earlier daemon works)."""
-        import fcntl
-
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         except OSError:
@@ -136,8 +133,6 @@ class Compressor:
         return True
 
     def _release_lock(self) -> None:
-        import fcntl
-
         with contextlib.suppress(OSError):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
@@ -249,8 +244,6 @@ def lowest_priority(pid: int) -> None:
 def remove_stale_tmp(directory: Path) -> None:
     """Temporary files a killed daemon (or helper) left behind; none while a finisher works
     (it holds the compression lock: its files are not stale)."""
-    import fcntl
-
     try:
         fd = os.open(
             directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
@@ -273,8 +266,6 @@ def remove_stale_tmp(directory: Path) -> None:
 def rotation_lock(directory: Path) -> Iterator[None]:
     """Across processes: a rotation of the set, or a packed file taking a plain one's place
     (a finisher of the previous daemon may place files while this one rotates)."""
-    import fcntl
-
     try:
         fd = os.open(
             directory / ROTATE_LOCK_NAME,

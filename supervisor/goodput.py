@@ -245,32 +245,27 @@ def restored_ledger(
         return GoodputLedger(first_start=now_wall, gap_since=now_mono)
     first_start, totals, daemon_ended = saved
     before = cost_from_json(totals)
-    closed = resumed_ledger(first_start, before, daemon_ended=daemon_ended, now_wall=now_wall)
+    away = absence(first_start, before, daemon_ended=daemon_ended, now_wall=now_wall)
     best = totals.get("best_step") if isinstance(totals, dict) else None
     carried = None  # a daemon that ended: the next start may be a new job; one that died: not
     if not daemon_ended and isinstance(best, int) and not isinstance(best, bool):
         carried = best if 0 <= best < 2**53 else None
     return GoodputLedger(
         first_start=first_start,
-        closed=closed,
+        closed=before + away,
         gap_since=now_mono,
         carried_best=carried,
-        absent=_minus(closed, before),
+        absent=away,
     )
 
 
-def _minus(a: Cost, b: Cost) -> Cost:
-    """``a`` less ``b``, bucket by bucket."""
-    return Cost(*(getattr(a, f.name) - getattr(b, f.name) for f in fields(Cost)))
-
-
-def resumed_ledger(first_start: float, saved: Cost, *, daemon_ended: bool, now_wall: float) -> Cost:
-    """The totals a new daemon starts from: the saved ones, and the time no daemon was here
-    (from the last settled moment to ``now_wall``): stopped after a daemon that ended (a stop,
-    a completion, a fatal end), downtime after one that died with its job (killed, a reboot)."""
+def absence(first_start: float, saved: Cost, *, daemon_ended: bool, now_wall: float) -> Cost:
+    """The time no daemon was here, from the last settled moment to ``now_wall``: stopped after
+    a daemon that ended (a stop, a completion, a fatal end), downtime after one that died with
+    its job (killed, a reboot)."""
     settled_until = first_start + saved.total_s
     gap = max(0.0, min(now_wall - settled_until, MAX_SECONDS))
-    return saved + (Cost(stopped_s=gap) if daemon_ended else Cost(downtime_s=gap))
+    return Cost(stopped_s=gap) if daemon_ended else Cost(downtime_s=gap)
 
 
 def view_from_json(obj: Any) -> GoodputView | None:

@@ -28,6 +28,16 @@ from tests.helpers import daemon_argv
 KILL_PAST = 40  # steps past the last checkpoint when the trainer is killed
 
 
+def wait_for_step(home: Path, step: int, timeout_s: float = 240.0) -> None:
+    """Until status says the run reached ``step`` (the steps reach dflashd by notify, and
+    status is their only observable from here: polled, bounded by a deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while (json.loads(cli(home, "status", "--json").stdout).get("step") or 0) < step:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"step {step} not reached within {timeout_s:g}s")
+        time.sleep(0.2)
+
+
 def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="dflashd-goodput-gpu-"))
     home = work / "home"
@@ -40,21 +50,12 @@ def main() -> int:
     try:
         first = wait_event(home, lambda r: r.event == "first_step", 300)
         launched = events(home, "launched")[0]
-        target = 100 + KILL_PAST
-        while True:  # the step reaches dflashd by notify: status says where it is
-            step = json.loads(cli(home, "status", "--json").stdout).get("step") or 0
-            if step >= target:
-                break
-            time.sleep(0.2)
+        wait_for_step(home, 100 + KILL_PAST)
         os.kill(int(launched.fields["pid"]), signal.SIGKILL)
         exit_one = wait_event(home, lambda r: r.event == "exit", 60)
         best = int(exit_one.fields.get("step") or 0)
         wait_event(home, lambda r: r.event == "first_step" and r.run == 2, 300)
-        while True:
-            status = json.loads(cli(home, "status", "--json").stdout)
-            if (status.get("step") or 0) >= best + 200:
-                break
-            time.sleep(0.2)
+        wait_for_step(home, best + 200)
         out["first_step_after_s"] = first.fields.get("after_s")
         cli(home, "stop", "--timeout", "60")
         daemon.wait(120)
