@@ -119,6 +119,17 @@ def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:
     )
 
 
+def _mentions(frame: Frame, word: str) -> bool:
+    """The frame's text holds ``word`` (a substring test on the bytes where it has them)."""
+    if frame.text is not None:
+        return word.encode() in frame.text
+    return any(word in line for line in frame.lines)
+
+
+def _mentions_any(frame: Frame) -> bool:
+    return _mentions(frame, "loss") or _mentions(frame, "poch")
+
+
 LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second
 STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most four times a second
 MATCH_EVERY_S: Final = 0.02  # after the first step, frames are matched at most 50 times a second
@@ -184,16 +195,32 @@ class LineWatcher:
         self._post(message)
 
     def _match_unmatched(self, now: float) -> None:
-        """Match the waiting frames newest first, up to the first that holds a step."""
+        """Match the waiting frames newest first, up to the first that holds a step; past it,
+        only the frames that mention a loss or an epoch the step lacks (Hugging Face prints
+        its loss on a line of its own, then redraws the bar: a starved drain thread can hold
+        both, and the curve must not keep an older loss)."""
         if not self._unmatched:
             return
         found: list[LineProgress] = []
-        for frame in reversed(self._unmatched[-MATCH_BACK:]):
+        step = loss = epoch = False
+        for index, frame in enumerate(reversed(self._unmatched)):
+            if (
+                step
+                and (loss or not _mentions(frame, "loss"))
+                and (epoch or not _mentions(frame, "poch"))
+            ):
+                continue  # cheap: a substring test, no match
+            if not step and index >= MATCH_BACK and not _mentions_any(frame):
+                continue
             progress = self._matcher.match(frame)
-            if progress is not None:
-                found.append(progress)
-                if progress.step is not None:
-                    break
+            if progress is None:
+                continue
+            found.append(progress)
+            step = step or progress.step is not None
+            loss = loss or progress.loss is not None
+            epoch = epoch or progress.epoch is not None
+            if step and loss and epoch:
+                break
         for progress in reversed(found):  # oldest first: the newer wins in _merged
             self._pending = _merged(self._pending, progress)
         self._unmatched.clear()

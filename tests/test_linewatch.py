@@ -100,3 +100,20 @@ def test_a_waiting_frame_is_posted_when_due_with_no_more_output() -> None:
     assert watcher.flush_if_due(due)
     assert posted[-1].progress is not None and posted[-1].progress.step == 2
     assert watcher.due() is None
+
+
+def test_a_loss_line_before_the_bars_newest_redraw_is_kept_when_matched_late() -> None:
+    # A starved drain thread (a loaded box): Hugging Face's loss lines and the bar's redraws
+    # after them all wait unmatched; the newest frame holds the step, an older one the loss.
+    watcher, _matcher, clock, posted = make()
+    watcher("stdout", frame("step 1 loss 9.5\n"))
+    clock.now += 0.001
+    watcher("stdout", frame("{'loss': '3.888', 'grad_norm': '0.77', 'epoch': '0.75'}\n"))
+    for n in range(16, 21):
+        watcher("stdout", frame(f" {n * 5}%|#####     | {n}/20 [00:01<00:01,  4.47it/s]\n"))
+    watcher("stdout", frame("{'loss': '3.388', 'grad_norm': '0.77', 'epoch': '1.0'}\n"))
+    for _ in range(12):  # more redraws than MATCH_BACK
+        watcher("stdout", frame("100%|##########| 20/20 [00:04<00:00,  4.47it/s]\n"))
+    watcher.flush()
+    last = posted[-1].progress
+    assert last is not None and (last.step, last.loss, last.epoch) == (20, 3.388, 1.0)
