@@ -1,6 +1,6 @@
 """Alerts: who hears about a bad run, off the daemon's main path.
 
-The policy (:func:`alert_decision`) is pure.  Each sink (webhook, command) has a thread of
+Whether to alert is decided elsewhere (:func:`~dflashd.supervisor.incidents.alert_decision`, pure); this is delivery.  Each sink (webhook, command) has a thread of
 its own, so one that hangs or fails never silences the other; each webhook attempt has an
 overall deadline and is retried with backoff; nothing a sink raises ends its thread.  A
 hung webhook or alert command never stalls death detection or pipe draining.  The webhook URL is a secret: it is never
@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.custody import end_own_child_session
-from dflashd.supervisor.verdicts import EARLY_DEATH_NAMES, AlertKind
+from dflashd.supervisor.verdicts import AlertKind
 
 COMMAND_TIMEOUT_S: Final = 30.0
 WEBHOOK_TIMEOUT_S: Final = 5.0
@@ -38,23 +38,6 @@ class AlertOutcome:
     detail: str
     verdict: str = ""
     attempts: int = 1
-
-
-def alert_decision(
-    kind: AlertKind,
-    *,
-    on: tuple[AlertKind, ...],
-    already_alerted: frozenset[AlertKind],
-    early_deaths_before: int,
-) -> bool:
-    """Whether to alert: one alert per verdict per run, for the verdicts in ``alerts.on``.
-
-    A crash loop alerts on its first early death and on the ``fatal``, not on every
-    attempt: an early death that follows another early death stays quiet.
-    """
-    if kind not in on or kind in already_alerted:
-        return False
-    return not (kind.value in EARLY_DEATH_NAMES and early_deaths_before > 0)
 
 
 def alert_payload(

@@ -4,14 +4,42 @@ A step, epoch or run number printed by a job, sent over notify or read back from
 state.json is input from outside: one beyond JSON's safe integers (``2**53``), or a float
 that is not finite, is refused here (the job's line itself stays in the log as text), so
 no encoder, comparison or float conversion downstream ever meets it.  Stdlib only.
+
+The config's bounded fields (:func:`bounded_field`, :func:`seconds_field`) live here too: a
+bound sits next to its field, in the field's metadata, and the config's parser checks it.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections.abc import Callable
+from dataclasses import field
+from typing import Any, Final
 
 MAX_COUNT: Final = 2**53  # JSON's safe integers: beyond, a "count" is not one
+# Deadlines must stay finite and representable for select() and float arithmetic: no
+# duration may exceed about 115 days (longer than any run this tool supervises).
+MAX_SECONDS: Final = 1e7
+
+
+def bounded_field(
+    default: Any = None,
+    *,
+    factory: Callable[[], Any] | None = None,
+    low: float | None = None,
+    above: float | None = None,
+    high: float | None = None,
+) -> Any:
+    """A config field with its bound: ``low`` <= value, ``above`` < value, value <= ``high``."""
+    meta = {"low": low, "above": above, "high": high}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def seconds_field(default: float, *, above: float | None = 0.0, low: float | None = None) -> Any:
+    """A duration field: finite, at most :data:`MAX_SECONDS`."""
+    return bounded_field(default, above=above, low=low, high=MAX_SECONDS)
 
 
 def bounded_int(value: object) -> int | None:

@@ -15,16 +15,14 @@ import sys
 import tomllib
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final, get_type_hints
 
 from dflashd.logs.limits import MIN_LINE_BYTES, MIN_MAX_BYTES
+from dflashd.supervisor.bounds import bounded_field, seconds_field
+from dflashd.supervisor.policy import RestartConfig
 from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind
-
-# Deadlines must stay finite and representable for select() and float arithmetic: no
-# duration may exceed about 115 days (longer than any run this tool supervises).
-MAX_SECONDS: Final = 1e7
 
 
 class ConfigError(ValueError):
@@ -36,46 +34,7 @@ def default_command() -> tuple[str, ...]:
     return (sys.executable, "-m", "dflashd.trainer")
 
 
-def _key(
-    default: Any = None,
-    *,
-    factory: Callable[[], Any] | None = None,
-    low: float | None = None,
-    above: float | None = None,
-    high: float | None = None,
-) -> Any:
-    """A config field with its bound: ``low`` <= value, ``above`` < value, value <= ``high``."""
-    meta = {"low": low, "above": above, "high": high}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _seconds(default: float, *, above: float | None = 0.0, low: float | None = None) -> Any:
-    return _key(default, above=above, low=low, high=MAX_SECONDS)
-
-
-@dataclass(frozen=True)
-class RestartConfig:
-    """The ``[restart]`` table."""
-
-    early_retries: int = _key(3, low=0, high=1000)
-    runtime_retries: int = _key(10, low=0, high=100000)
-    stable_after_s: float = _seconds(600.0)
-    # A run that showed signs of life (output, notify, GPU, CPU) this long before dying had
-    # left its start-up: a runtime crash even when no step was seen, never an early death.
-    early_death_s: float = _seconds(300.0)
-    # Runs that end without passing the highest step any earlier run reached: after this many
-    # in a row, fatal (a crash loop that resumes and dies at the same step).  0: never.
-    no_progress_restarts: int = _key(3, low=0, high=100000)
-    backoff_initial_s: float = _seconds(1.0, above=None, low=0.0)
-    backoff_max_s: float = _seconds(300.0)
-    clear_cache_on_early_death: bool = True
-    # A failure that retrying cannot fix (exec failed, ImportError, SyntaxError before the
-    # first step, a no-restart exit code) is fatal at once; true retries it like any early death.
-    retry_unfixable: bool = False
-    no_restart_exit_codes: tuple[int, ...] = (78,)
-    stop_timeout_s: float = _seconds(30.0, above=None, low=0.0)
+_key, _seconds = bounded_field, seconds_field
 
 
 @dataclass(frozen=True)

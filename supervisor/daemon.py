@@ -17,14 +17,17 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from typing import Final
+from dataclasses import dataclass
+from typing import Any, Final
 
 from dflashd.supervisor.clock import Clock, SystemClock
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.control import stop_handler
+from dflashd.supervisor.core import DaemonCore
 from dflashd.supervisor.daemonlog import reopen_daemon_log
 from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.doors import Doors
+from dflashd.supervisor.effects import Deadline, SetTimer
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
@@ -42,11 +45,10 @@ from dflashd.supervisor.nvml import NvmlSampler
 from dflashd.supervisor.observe import RunObserver
 from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.progress import Limits
-from dflashd.supervisor.recovery import boot_id, restore
+from dflashd.supervisor.recovery import Restored, boot_id, restore
 from dflashd.supervisor.reporter import MetricsUnavailable, Reporter
 from dflashd.supervisor.run import Run
-from dflashd.supervisor.runend import RunEnds
-from dflashd.supervisor.runs import FirstLaunch, Runs
+from dflashd.supervisor.runs import FirstLaunch, LoopHooks, RunRooms, Runs
 from dflashd.supervisor.snapshot import goodput_totals, status_view
 from dflashd.supervisor.spawn import set_child_subreaper
 from dflashd.supervisor.stackdumps import STACKS_BOUND_S, Dumper, StackDumps
@@ -62,6 +64,18 @@ class StartupError(Exception):
     """Something the daemon needs before launching is unusable; nothing was launched."""
 
 
+@dataclass(frozen=True, slots=True)
+class Seams:
+    """What a test puts in place of the host (None: the real one): the clock, the processes,
+    the GPU sampler, a tap on the run's frames, the stack dumps."""
+
+    clock: Clock | None = None
+    ops: ProcessOps | None = None
+    sampler_factory: SamplerFactory | None = None
+    line_tap: LineTap | None = None
+    dumps: Dumper | None = None
+
+
 class Daemon:
     """One supervised job in one home directory: the loop and what only the loop may do."""
 
@@ -70,25 +84,19 @@ class Daemon:
         home: Home,
         config: Config,
         *,
-        clock: Clock | None = None,
-        ops: ProcessOps | None = None,
-        sampler_factory: SamplerFactory | None = None,
+        seams: Seams | None = None,
         on_first_launch: FirstLaunch | None = None,
-        line_tap: LineTap | None = None,
-        dumps: Dumper | None = None,
     ) -> None:
+        seams = seams or Seams()
         self.home, self.config = home, config
-        self.clock = clock or SystemClock()
-        self.ops = ops or HostProcesses(home.id)
-        self._sampler_factory = sampler_factory or (lambda _pid: NvmlSampler(config.gpus))
-        self.loop = LoopState()
+        self.clock = clock = seams.clock or SystemClock()
+        self.ops = seams.ops or HostProcesses(home.id)
+        self._sampler_factory = seams.sampler_factory or (lambda _pid: NvmlSampler(config.gpus))
         self._opened = False  # open() finished: the start was not refused
-        self.ledger = Ledger()
-        self.timers = Timers()
-        self.started_wall = self.clock.time()
+        self.started_wall = clock.time()
         self.inbox = Inbox()
         self._systemd = SystemdNotifier.from_environ(dict(os.environ))
-        self._matcher = LineMatcher(
+        matcher = LineMatcher(
             config.first_step_pattern, config.step_pattern, config.builtin_formats
         )
         self._limits = Limits(
@@ -96,59 +104,50 @@ class Daemon:
         )
         self.gpu = GpuWatch(GpuSettings.from_config(config))
         self.boot_id = boot_id()
-        self.reporter = Reporter(home, config, self._systemd, self.clock)
+        self.reporter = Reporter(home, config, self._systemd, clock)
+        emptied = lambda run_no: self.inbox.post(RunEmptied(run_no))  # noqa: E731
+        self.ended_runs = EndedRuns(self.ops, self.reporter, emptied)
+        self.core = DaemonCore(
+            config, clock, self.reporter, self.ended_runs, self.gpu, self._publish
+        )
         self.observer = RunObserver(
-            self.reporter, self.gpu, self.ops, self.ledger, config.alerts.on
+            self.reporter, self.gpu, self.ops, self.core.ledger, config.alerts.on, self.core.apply
         )
-        self.dumps = dumps or StackDumps(home, self.reporter, self.inbox.post, self.clock.monotonic)
-        self.live = LiveRunControl(
-            self.clock, self.reporter, self.observer, self._limits, self.timers, self.dumps
+        self.dumps = seams.dumps or StackDumps(
+            home, self.reporter, self.inbox.post, clock.monotonic
         )
-        self.launcher = Launcher(
-            home,
-            config,
-            self.clock,
-            self.ops,
-            self.reporter,
-            self.gpu,
-            lambda run_no: LineWatcher(
-                run_no, self._matcher, self.clock.monotonic, self.inbox.post, line_tap
-            ),
-            sees_steps=self._matcher.configured,
-        )
-        self.ended_runs = EndedRuns(self.ops, self.reporter)
-        self.ended_runs.on_empty = lambda run_no: self.inbox.post(RunEmptied(run_no))
-        self.ends = RunEnds(
-            config,
-            self.clock,
-            self.loop,
-            self.timers,
-            self.ledger,
-            self.reporter,
-            self.ended_runs,
-            self.gpu,
-            self._publish,
-        )
-        self.observer.apply = self.ends.apply
-        self.runs = Runs(
-            config,
-            self.clock,
-            self.loop,
-            self.timers,
-            self.ledger,
+        self.live = LiveRunControl(clock, self.reporter, self.observer, self._limits, self.dumps)
+        tap = seams.line_tap
+        watcher = lambda run_no: LineWatcher(run_no, matcher, clock.monotonic, self.inbox.post, tap)  # noqa: E731
+        launcher = Launcher(home, config, clock, self.ops, self.reporter, self.gpu, watcher)
+        rooms = RunRooms(
             self.ops,
             self.reporter,
             self.gpu,
             self.observer,
-            self.launcher,
+            launcher,
             self.live,
             self.ended_runs,
-            self.ends,
             self._systemd,
         )
-        self.runs.process_inbox, self.runs.publish = self._process_inbox, self._publish
-        self.runs.on_first_launch = on_first_launch
+        hooks = LoopHooks(self._process_inbox, self._publish, on_first_launch)
+        self.runs = Runs(config, clock, self.core, rooms, hooks)
         self.doors: Doors | None = None
+
+    @property
+    def loop(self) -> LoopState:
+        """The loop's state (the core owns it)."""
+        return self.core.loop
+
+    @property
+    def timers(self) -> Timers:
+        """The loop's deadlines (the core owns them)."""
+        return self.core.timers
+
+    @property
+    def ledger(self) -> Ledger:
+        """The counters kept between runs (the core owns them)."""
+        return self.core.ledger
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -166,7 +165,7 @@ class Daemon:
         except StartupError:
             raise
         except Exception as exc:  # the last-resort guard: record, end the child, never vanish
-            self.ends.daemon_failed(self.run, exc)
+            self.core.daemon_failed(self.run, exc)
         finally:
             self.close()
         return self.loop.exit_code
@@ -179,7 +178,7 @@ class Daemon:
     @property
     def run(self) -> Run | None:
         """The current (or last) run."""
-        return self.runs.run
+        return self.core.run
 
     def reap(self) -> None:
         """SIGCHLD: see :meth:`Runs.reap`."""
@@ -200,33 +199,41 @@ class Daemon:
             "stacks": lambda req: self.live.command(self.run, req),
         }
         self.doors = Doors(self.home, self.clock, self.inbox.read_fd, handlers)
-        lost = restore(
-            read_state(self.home.state_file) or {},
-            self.ledger,
-            self.reporter,
-            self.ops.recover,
-            boot=self.boot_id,
-            stop_timeout_s=self.config.restart.stop_timeout_s,
-            now_wall=self.clock.time(),
-            now_mono=self.clock.monotonic(),
-        )
-        if lost is not None:  # a run the dead daemon never saw end: concluded as any other
-            self.ends.conclude(None, lost)
+        restored = self._restore(read_state(self.home.state_file) or {})
+        self.core.apply(None, restored.effects)
+        if restored.lost is not None:  # a run the dead daemon never saw end: concluded as any other
+            self.core.conclude(None, restored.lost)
         child_pid = lambda: self.run.pid if self.run else None  # noqa: E731
         off = self.gpu.begin(
             self.config.gpus_enabled, self._sampler_factory, child_pid, self.inbox.post_gpu
         )
-        if off is not None:
-            self.reporter.record(0, off[0], **off[1])
+        self.core.apply(None, (off,) if off is not None else ())
         try:
             self.reporter.start_metrics()  # before the launch: a busy address refuses the start
         except MetricsUnavailable as exc:
             raise StartupError(str(exc)) from None
         if self._systemd.watchdog_interval_s:
-            self.timers.watchdog_at = self.clock.monotonic()
+            self.core.apply(None, (SetTimer(Deadline.WATCHDOG, self.clock.monotonic()),))
         self.runs.launch()
         if self.gpu.poller is not None:
             self.gpu.poller.start()  # after the launch: the first poll already sees the child
+
+    def _restore(self, previous: dict[str, Any]) -> Restored:
+        """What start-up carries over (:func:`~dflashd.supervisor.recovery.restore`, pure),
+        once what a dead daemon left is ended, proven ours (the host's part)."""
+        history, writer = self.reporter.history, self.reporter.writer
+        saved = history.goodput() if history is not None else None
+        now_wall, now_mono = self.clock.time(), self.clock.monotonic()
+        leftovers = self.ops.recover(previous, self.boot_id, self.config.restart.stop_timeout_s)
+        return restore(
+            previous,
+            saved_goodput=saved,
+            leftovers=leftovers,
+            torn_bytes=writer.torn_bytes,
+            last_run=writer.last_run,
+            now_wall=now_wall,
+            now_mono=now_mono,
+        )
 
     def turn(self) -> None:
         """One pass of the loop's work after the selector wakes: the inbox, then the timers."""
@@ -246,9 +253,9 @@ class Daemon:
                 end = self.observer.gpu_sample(self.run, message.sample, now)
                 if end is not None and self.run is not None:
                     self.live.end(self.run, end)
-                self.timers.state_dirty = True
+                self.core.changed()
             elif self.observer.lines(self.run, message, now):
-                self.timers.state_dirty = True
+                self.core.changed()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -260,7 +267,7 @@ class Daemon:
                 self._on_wake()
             for msg in knocks.said:
                 if self.observer.notify(self.run, msg, self.clock.monotonic()):
-                    self.timers.state_dirty = True
+                    self.core.changed()
             self.turn()
 
     def next_timeout(self) -> float | None:
@@ -293,18 +300,19 @@ class Daemon:
     def _on_timers(self) -> None:
         now = self.clock.monotonic()
         run = self.run
-        if self.timers.watchdog_at is not None and now >= self.timers.watchdog_at:
+        core = self.core
+        if core.take_due(Deadline.WATCHDOG, now):
             self._systemd.notify("WATCHDOG=1")
-            self.timers.watchdog_at = now + (self._systemd.watchdog_interval_s or 1.0)
+            every = self._systemd.watchdog_interval_s or 1.0
+            core.apply(run, (SetTimer(Deadline.WATCHDOG, now + every),))
         watcher = run.watcher if run is not None and run.alive else None
         if watcher is not None and watcher.flush_if_due(now):
             self._process_inbox()  # a step printed, then quiet: counted now
-        self.live.check(run, now)
-        for due in ("restart_at", "release_check_at"):
-            if (at := getattr(self.timers, due)) is not None and now >= at:
-                setattr(self.timers, due, None)
+        self.live.check(run, now, stop_due=core.take_due(Deadline.STOP, now))
+        for due in (Deadline.RESTART, Deadline.RELEASE_CHECK):
+            if core.take_due(due, now):
                 self.runs.relaunch_when_released(now)
-        if self.timers.state_write_due(now):
+        if core.timers.state_write_due(now):
             self._publish()
 
     # -- control and status ---------------------------------------------------------------
@@ -315,7 +323,7 @@ class Daemon:
 
     def _publish(self) -> str:
         """state.json, metrics and systemd's STATUS= from one snapshot; returns its one line."""
-        self.timers.state_dirty, self.timers.last_state_write = False, self.clock.monotonic()
+        self.core.published(self.clock.monotonic())
         view = self.status()  # built once per publish
         summary = one_line(view)
         self.reporter.publish(view, summary)

@@ -1,22 +1,53 @@
 """What the daemon's decisions ask for: records, alerts, the history row, the ledger, the
-processes, the state, the timers, the exit code, as plain values.
+processes, the state, the timers, the exit code, as plain values (a leaf of the house).
 
-A pure decision (:func:`~dflashd.supervisor.ending.conclude`,
-:func:`~dflashd.supervisor.incidents.resumed`) returns a tuple of these, in order;
-:meth:`~dflashd.supervisor.runend.RunEnds.apply` is the one applier that carries them out.
+Every room that decides returns a tuple of these, in order: a run's end
+(:func:`~dflashd.supervisor.ending.conclude`), a resumed run
+(:func:`~dflashd.supervisor.incidents.resumed`), a launch deferred, a stop, the GPU release
+check and the GPU samples, recovery at start-up, the live run's deadlines.
+:meth:`~dflashd.supervisor.core.DaemonCore.apply` is the one applier that carries them out,
+and the only code that writes the daemon's state (``LoopState``, ``Timers``, ``Ledger``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.goodput import Cost
+from dflashd.supervisor.goodput import Cost, GoodputLedger
 from dflashd.supervisor.history import RunHistory
-from dflashd.supervisor.ledger import Book
 from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.policy import RestartHistory
 from dflashd.supervisor.verdicts import AlertKind
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """A failure a person was told of, open until a run passes its step (:mod:`incidents`)."""
+
+    kind: str  # the verdict alerted: stalled, crashed, ...
+    step: int | None  # the furthest step its runs reached (None: passed by any first step)
+
+
+@dataclass(frozen=True, slots=True)
+class Book:
+    """How the ledger changes: after a run's end, a resumed run, a torchrun restart, a
+    deferred launch, or what start-up carried over from the dead daemon."""
+
+    last_exit: dict[str, Any] | None = None  # None: unchanged
+    history: RestartHistory | None = None  # None: unchanged
+    counted_verdict: str | None = None  # a relaunch follows: counted under this verdict
+    clear_cache_next: bool | None = None
+    fatal_reason: str | None = None
+    recovering_from: str | None = None  # "stalled"/"fatal": alert when training resumes
+    recovered: bool = False  # the recovery was announced: nothing to wait for any more
+    incident: Incident | None = None  # None: unchanged
+    agent_restarts: int = 0  # torchrun restarted its workers (added)
+    agent_worker_failures: int = 0  # ...after a worker failed (added)
+    restarts_by_verdict: dict[str, int] | None = None  # carried over from state.json
+    goodput: GoodputLedger | None = None  # carried over from runs.sqlite
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +58,7 @@ class WriteRecord:
     fields: dict[str, Any]
     log_level: str | None = None
     wait_s: float | None = None
+    run_no: int | None = None  # None: the run the effects are applied for
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +105,45 @@ class RestartIn:
     delay_s: float
 
 
+class Deadline(Enum):
+    """The loop's timers (:class:`~dflashd.supervisor.timers.Timers`) an effect may set."""
+
+    RESTART = "restart_at"  # the next launch (after the backoff, or a deferral)
+    RELEASE_CHECK = "release_check_at"  # look again whether the dead run is gone and released
+    STOP = "stop_deadline"  # the stop's grace is over
+    WATCHDOG = "watchdog_at"  # systemd's WATCHDOG=1
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimer:
+    """Set (or, with ``at`` None, clear) one of the loop's deadlines (monotonic seconds)."""
+
+    deadline: Deadline
+    at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StopAsked:
+    """``dflashd stop`` or SIGTERM: no relaunch from now on; the time from ``at`` is stopped."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunLaunched:
+    """The run the effects are applied for was launched at ``started_mono`` (or failed to
+    spawn): it is the current run from now on, and the gap before it closes (goodput)."""
+
+    started_mono: float
+
+
+@dataclass(frozen=True, slots=True)
+class KillHolders:
+    """SIGKILL to these pids, each proven a process of the dead run (its GPU memory holders)."""
+
+    pids: tuple[int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class ExitDaemon:
     """The daemon ends with ``code`` (done, stopped, fatal)."""
@@ -99,5 +170,9 @@ Effect = (
     | SettleProcesses
     | EnterState
     | RestartIn
+    | SetTimer
+    | StopAsked
+    | RunLaunched
+    | KillHolders
     | ExitDaemon
 )

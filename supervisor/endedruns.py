@@ -18,7 +18,7 @@ from dflashd.supervisor.custody import end_adopted
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.proof import RunCustody
-from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.recorder import Recorder
 from dflashd.supervisor.run import Run
 
 LEFTOVER_GRACE_S: Final = 3.0  # a dead run's leftovers: between SIGTERM and SIGKILL
@@ -39,11 +39,13 @@ def stateless(cmdline: str) -> bool:
 class EndedRuns:
     """The custody of ended runs until nothing of them is left."""
 
-    def __init__(self, ops: ProcessOps, reporter: Reporter) -> None:
+    def __init__(
+        self, ops: ProcessOps, reporter: Recorder, on_empty: Callable[[int], None] | None = None
+    ) -> None:
         self.ops, self.reporter = ops, reporter
         self.ended: list[RunCustody] = []  # ended runs whose processes may outlive them
         self._leftovers_since: float | None = None
-        self.on_empty: Callable[[int], None] | None = None  # posts RunEmptied to the loop
+        self.on_empty = on_empty  # posts RunEmptied to the loop
 
     def settle(self, run: Run, *, kill_now: bool) -> None:
         """At death: ended by dflashd, nothing of it lives on; else leftovers are noted."""

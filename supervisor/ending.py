@@ -3,7 +3,7 @@
 :func:`conclude` takes everything known about a dead run (:class:`RunFacts`) and the
 counters kept between runs, and returns an :class:`Outcome`: the verdict and its reason,
 and the effects, in the order the daemon carries them out (the one
-applier, :meth:`~dflashd.supervisor.runend.RunEnds.apply`; the effect types are in
+applier, :meth:`~dflashd.supervisor.core.DaemonCore.apply`; the effect types are in
 :mod:`effects`): the ``exit`` record, the runs.sqlite row, the ledger's new counters, the alerts,
 the records that follow (``restart``, ``fatal``, ``done``), what becomes of the run's
 processes, the loop's next state, the restart timer, the daemon's exit code.
@@ -19,13 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dflashd.supervisor.alerts import alert_decision
-from dflashd.supervisor.config import RestartConfig
 from dflashd.supervisor.effects import (
     Account,
+    Book,
     Effect,
     EnterState,
     ExitDaemon,
+    Incident,
     RecordHistory,
     RestartIn,
     SendAlert,
@@ -36,10 +36,9 @@ from dflashd.supervisor.elastic import worker_exit_code
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.exitcodes import EXIT_FATAL
 from dflashd.supervisor.goodput import Cost, RunTimes, run_cost
-from dflashd.supervisor.incidents import extended, repeats
-from dflashd.supervisor.ledger import Book, Incident
+from dflashd.supervisor.incidents import alert_decision, extended, repeats
 from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.policy import Action, Decision, RestartHistory, decide
+from dflashd.supervisor.policy import Action, Decision, RestartConfig, RestartHistory, decide
 from dflashd.supervisor.verdicts import (
     AlertKind,
     Classification,

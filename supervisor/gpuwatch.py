@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dflashd.supervisor.config import Config
+from dflashd.supervisor.effects import Deadline, Effect, KillHolders, SetTimer, WriteRecord
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.nvml import (
     ChildGpuUse,
@@ -44,7 +45,6 @@ RELEASE_POLL_S: Final = 0.25
 RECORD_CHANGE_MIB: Final = 1024.0
 BUSY_MIN_MIB: Final = 256.0
 
-Record = tuple[Event, dict[str, Any]]
 SamplerFactory = Callable[[Callable[[], int | None]], GpuSampler]
 
 
@@ -74,7 +74,7 @@ class GpuSettings:
 class GpuUpdate:
     """What one sample means for the run."""
 
-    records: list[Record] = field(default_factory=list)
+    records: list[WriteRecord] = field(default_factory=list)
     no_gpu_memory: bool = False  # alive past the grace before its first step, holding nothing
     busy_for_s: float | None = None  # set once the run's GPUs were busy for gpu_busy_s in a row
     active: bool = False  # a kernel ran on the run's GPUs: liveness
@@ -85,9 +85,19 @@ class ReleaseCheck:
     """Before a relaunch: go ahead, or look again at ``retry_at``; ``kill`` lists the dead run's holders."""
 
     ready: bool
-    records: list[Record] = field(default_factory=list)
+    records: list[WriteRecord] = field(default_factory=list)
     kill: list[int] = field(default_factory=list)
     retry_at: float | None = None
+
+    @property
+    def effects(self) -> tuple[Effect, ...]:
+        """The records, the holders' kill, and (not ready) the next look, for the applier."""
+        out: list[Effect] = [*self.records]
+        if self.kill:
+            out.append(KillHolders(tuple(self.kill)))
+        if not self.ready:
+            out.append(SetTimer(Deadline.RELEASE_CHECK, self.retry_at))
+        return tuple(out)
 
 
 class GpuWatch:
@@ -119,7 +129,7 @@ class GpuWatch:
         factory: SamplerFactory,
         child_pid: Callable[[], int | None],
         deliver: Callable[[GpuSample], None],
-    ) -> Record | None:
+    ) -> WriteRecord | None:
         """Start the checks when the config wants them; a record when they are off."""
         if not enabled:
             return self.off('gpus = "none" in the config')
@@ -130,13 +140,13 @@ class GpuWatch:
         factory: SamplerFactory,
         child_pid: Callable[[], int | None],
         deliver: Callable[[GpuSample], None],
-    ) -> Record | None:
+    ) -> WriteRecord | None:
         """Create the sampler and take the pre-launch baseline; a record when the checks are off."""
         try:
             sampler = factory(child_pid)
         except GpuUnavailable as exc:
             self.status = f"off ({exc})"
-            return Event.GPU_CHECKS_OFF, {"reason": str(exc)}
+            return WriteRecord(Event.GPU_CHECKS_OFF, {"reason": str(exc)}, run_no=0)
         self.status, self._sampling = f"on ({sampler.name})", True
         try:
             self.last = tuple(reading_to_dict(r, None) for r in sampler.sample())
@@ -145,10 +155,10 @@ class GpuWatch:
         self.poller = GpuPoller(sampler, self.settings.poll_s, deliver)
         return None
 
-    def off(self, reason: str) -> Record:
+    def off(self, reason: str) -> WriteRecord:
         """GPU checks switched off by the config."""
         self.status = f"off ({reason})"
-        return Event.GPU_CHECKS_OFF, {"reason": reason}
+        return WriteRecord(Event.GPU_CHECKS_OFF, {"reason": reason}, run_no=0)
 
     def stop(self) -> None:
         """Stop the poller thread."""
@@ -187,7 +197,9 @@ class GpuWatch:
             run.gpu_use = use
             if xids:
                 run.gpu_xids.extend(xids)
-                update.records.append((Event.GPU_XID, {"xids": xids, "gpus": list(self.last)}))
+                update.records.append(
+                    WriteRecord(Event.GPU_XID, {"xids": xids, "gpus": list(self.last)})
+                )
         total = sum(float(e.get("memory_used_mib") or 0.0) for e in self.last)
         if (
             now - self._last_record_mono >= RECORD_EVERY_S
@@ -196,7 +208,7 @@ class GpuWatch:
             self._last_record_mono = now
             self._last_record_total = total
             update.records.append(
-                (
+                WriteRecord(
                     Event.GPU,
                     {
                         "gpus": list(self.last),
@@ -226,7 +238,9 @@ class GpuWatch:
         if total is None or total > 0:
             return  # unknown is not zero; memory held means it is doing something
         update.no_gpu_memory = True
-        update.records.append((Event.GPU_SNAPSHOT, {"gpus": list(self.last), "method": use.method}))
+        update.records.append(
+            WriteRecord(Event.GPU_SNAPSHOT, {"gpus": list(self.last), "method": use.method})
+        )
 
     def _busy(self, use: ChildGpuUse) -> bool:
         for entry in self.last:
@@ -273,22 +287,24 @@ class GpuWatch:
                 (ours if mine else foreign).append(entry)
         if foreign and not self._foreign_reported:
             self._foreign_reported = True
-            check.records.append((Event.GPU_FOREIGN_HOLDER, {"holders": foreign}))
+            check.records.append(WriteRecord(Event.GPU_FOREIGN_HOLDER, {"holders": foreign}))
         if not ours:
             if self._release_wait_since is not None:
                 waited = round(now - self._release_wait_since, 3)
-                check.records.append((Event.GPU_MEMORY_RELEASED, {"waited_s": waited}))
+                check.records.append(WriteRecord(Event.GPU_MEMORY_RELEASED, {"waited_s": waited}))
             self._release_wait_since = self._release_from = None
             check.ready = True
             return check
         if self._release_wait_since is None:
             self._release_wait_since = now
-            check.records.append((Event.GPU_MEMORY_HELD, {"holders": ours}))
+            check.records.append(WriteRecord(Event.GPU_MEMORY_HELD, {"holders": ours}))
             check.kill = [int(entry["pid"]) for entry in ours]
         waited = now - self._release_wait_since
         if waited >= self.settings.release_timeout_s:
             check.records.append(
-                (Event.GPU_RELEASE_TIMEOUT, {"holders": ours, "waited_s": round(waited, 3)})
+                WriteRecord(
+                    Event.GPU_RELEASE_TIMEOUT, {"holders": ours, "waited_s": round(waited, 3)}
+                )
             )
             self._release_wait_since = self._release_from = None
             check.ready = True

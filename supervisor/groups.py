@@ -22,9 +22,9 @@ from dflashd.supervisor.custody import (
     end_stale_cgroup,
     open_base,
 )
-from dflashd.supervisor.processops import Launched
+from dflashd.supervisor.effects import WriteRecord
 from dflashd.supervisor.procfs import cmdline_text, read_stat
-from dflashd.supervisor.proof import MODE_PID, PIDFD_SUPPORTED
+from dflashd.supervisor.proof import MODE_PID, PIDFD_SUPPORTED, Launched
 from dflashd.supervisor.recovery import recover
 from dflashd.supervisor.spawn import spawn
 
@@ -129,7 +129,7 @@ class HostProcesses:
 
     def recover(
         self, previous: dict[str, Any], boot: str | None, timeout_s: float
-    ) -> list[tuple[str, int, dict[str, Any]]]:
+    ) -> list[WriteRecord]:
         """See :func:`dflashd.supervisor.recovery.recover`."""
 
         return recover(previous, self.base, self.home_id, boot, timeout_s)

@@ -5,14 +5,32 @@ again before passing step 3 is the same incident, not a new page; the ``fatal`` 
 loop of them is (:func:`repeats`).  The incident ends when a run passes the step its failures
 reached (:func:`passed`): after a stall or a fatal, that is the ``recovered`` alert
 (:func:`resumed`); after other failures it closes quietly, and the next failure pages again.
+Whether a verdict pages at all is :func:`alert_decision` (the config's ``alerts.on``, one
+alert per verdict per run, a crash loop's repeated early deaths quiet); delivery is
+:mod:`alerts`.
 """
 
 from __future__ import annotations
 
-from dflashd.supervisor.alerts import alert_decision
-from dflashd.supervisor.effects import Effect, SendAlert
-from dflashd.supervisor.ledger import Book, Incident
-from dflashd.supervisor.verdicts import AlertKind
+from dflashd.supervisor.effects import Book, Effect, Incident, SendAlert
+from dflashd.supervisor.verdicts import EARLY_DEATH_NAMES, AlertKind
+
+
+def alert_decision(
+    kind: AlertKind,
+    *,
+    on: tuple[AlertKind, ...],
+    already_alerted: frozenset[AlertKind],
+    early_deaths_before: int,
+) -> bool:
+    """Whether to alert: one alert per verdict per run, for the verdicts in ``alerts.on``.
+
+    A crash loop alerts on its first early death and on the ``fatal``, not on every
+    attempt: an early death that follows another early death stays quiet.
+    """
+    if kind not in on or kind in already_alerted:
+        return False
+    return not (kind.value in EARLY_DEATH_NAMES and early_deaths_before > 0)
 
 
 def repeats(incident: Incident | None, kind: AlertKind) -> bool:

@@ -29,7 +29,7 @@ from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.linewatch import LineWatcher
 from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.progress import Progress
-from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.recorder import Recorder
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.spawn import (
     FLIGHT_FILE,
@@ -74,26 +74,20 @@ class Launcher:
         config: Config,
         clock: Clock,
         ops: ProcessOps,
-        reporter: Reporter,
+        reporter: Recorder,
         gpu: GpuWatch,
         on_lines: Callable[[int], LineWatcher],
-        *,
-        sees_steps: bool,
     ) -> None:
         self.home, self.config, self.clock, self.ops = home, config, clock, ops
         self.reporter, self.gpu, self._on_lines = reporter, gpu, on_lines
-        self.sees_steps = sees_steps  # a pattern is configured: first_step_timeout_s applies
+        # a pattern is configured: first_step_timeout_s applies
+        self.sees_steps = bool(config.first_step_pattern or config.step_pattern)
 
     def next_run_no(self, current: Run | None) -> int:
         """One more than any run this home has seen: the log, runs.sqlite, state.json, memory."""
         previous = read_state(self.home.state_file) or {}
-        known = [self.reporter.writer.last_run, current.run_no if current else 0]
+        known = [self.reporter.last_run_seen(), current.run_no if current else 0]
         known.append(int(previous.get("run") or 0))
-        if self.reporter.history is not None:
-            try:
-                known.append(self.reporter.history.last_run())
-            except Exception as exc:  # sqlite3.Error: a broken history must not stop a launch
-                log.warning("history_read_failed", error=str(exc))
         return max(known) + 1
 
     def launch(
@@ -184,7 +178,7 @@ class Launcher:
                 fd,
                 run=run_no,
                 src=src,
-                sink=self.reporter.sink,
+                sink=self.reporter.frames,
                 max_line_bytes=self.config.logs.max_line_bytes,
                 tail_lines=TAIL_LINES,
                 on_lines=callback,

@@ -1,8 +1,9 @@
 """The ledger: what outlives a run (restart budgets, restarts by verdict, the last exit, goodput).
 
 :func:`~dflashd.supervisor.ending.conclude` reads it and says how it changes (a
-:class:`~dflashd.supervisor.ending.Book` effect); :meth:`Ledger.take` writes that down.
-The status snapshot reads it.  Nothing here decides.
+:class:`~dflashd.supervisor.effects.Book` effect); :meth:`Ledger.take`, called by the one
+applier (:class:`~dflashd.supervisor.core.DaemonCore`), writes that down.  The status
+snapshot reads it.  Nothing here decides.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from dflashd.supervisor.effects import Book, Incident
 from dflashd.supervisor.goodput import GoodputLedger
 from dflashd.supervisor.policy import RestartHistory
+
+__all__ = ["Book", "Incident", "Ledger", "capped_exit"]
 
 STATE_TAIL_LINES: Final = 20
 STATE_LINE_CHARS: Final = 1000  # status and state.json carry a bounded tail; the exit record all
@@ -32,28 +36,6 @@ def capped_exit(fields: dict[str, Any]) -> dict[str, Any]:
         ]
         fields = {**fields, "tail": cut}
     return fields
-
-
-@dataclass(frozen=True, slots=True)
-class Incident:
-    """A failure a person was told of, open until a run passes its step (:mod:`incidents`)."""
-
-    kind: str  # the verdict alerted: stalled, crashed, ...
-    step: int | None  # the furthest step its runs reached (None: passed by any first step)
-
-
-@dataclass(frozen=True, slots=True)
-class Book:
-    """How the ledger changes after a run's end (or a resumed run): an effect of ``conclude``."""
-
-    last_exit: dict[str, Any] | None = None  # None: unchanged
-    history: RestartHistory | None = None  # None: unchanged
-    counted_verdict: str | None = None  # a relaunch follows: counted under this verdict
-    clear_cache_next: bool | None = None
-    fatal_reason: str | None = None
-    recovering_from: str | None = None  # "stalled"/"fatal": alert when training resumes
-    recovered: bool = False  # the recovery was announced: nothing to wait for any more
-    incident: Incident | None = None  # None: unchanged
 
 
 @dataclass
@@ -92,3 +74,9 @@ class Ledger:
             self.incident = book.incident
         if book.recovered:
             self.recovering_from = self.incident = None
+        self.agent_restarts += book.agent_restarts
+        self.agent_worker_failures += book.agent_worker_failures
+        if book.restarts_by_verdict is not None:
+            self.restarts_by_verdict = dict(book.restarts_by_verdict)
+        if book.goodput is not None:
+            self.goodput = book.goodput

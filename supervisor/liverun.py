@@ -18,6 +18,7 @@ import statistics
 from typing import Any, Final
 
 from dflashd.supervisor.clock import Clock
+from dflashd.supervisor.effects import Deadline, SetTimer
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.hang import (
     EndHung,
@@ -32,11 +33,10 @@ from dflashd.supervisor.hang import (
 )
 from dflashd.supervisor.observe import RunObserver
 from dflashd.supervisor.progress import Limits
-from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.recorder import Recorder
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.stackdumps import STACKS_BOUND_S, Dumper
 from dflashd.supervisor.stacks import StacksTaken, alert_lines
-from dflashd.supervisor.timers import Timers
 from dflashd.supervisor.verdicts import EndedBy
 
 DUMP_GRACE_S: Final = 3.0  # between SIGABRT (faulthandler's dump) and SIGKILL
@@ -48,14 +48,13 @@ class LiveRunControl:
     def __init__(
         self,
         clock: Clock,
-        reporter: Reporter,
+        reporter: Recorder,
         observer: RunObserver,
         limits: Limits,
-        timers: Timers,
         dumps: Dumper,
     ) -> None:
         self.clock, self.reporter, self.observer = clock, reporter, observer
-        self.limits, self.timers, self.dumps = limits, timers, dumps
+        self.limits, self.dumps = limits, dumps
 
     def stop(self, run: Run, timeout_s: float) -> None:
         """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
@@ -67,7 +66,8 @@ class LiveRunControl:
         self.reporter.record(run.run_no, Event.STOPPING, signal="SIGTERM", timeout_s=timeout_s)
         custody.signal_group(signal.SIGTERM)
         custody.signal_group(signal.SIGCONT)
-        self.timers.stop_deadline = self.clock.monotonic() + timeout_s
+        stop_at = self.clock.monotonic() + timeout_s
+        self.observer.apply(run, (SetTimer(Deadline.STOP, stop_at),))
 
     def end(self, run: Run, why: EndedBy) -> None:
         """dflashd ends the run (stall, first-step timeout, no GPU memory): a dump, then the kill."""
@@ -230,8 +230,9 @@ class LiveRunControl:
             "log": str(self.reporter.log_path),
         }
 
-    def check(self, run: Run | None, now: float) -> None:
-        """The deadlines: the kill after a dump, a hang, a stall, a stop past its timeout."""
+    def check(self, run: Run | None, now: float, *, stop_due: bool = False) -> None:
+        """The deadlines: the kill after a dump, a hang, a stall, a stop past its timeout
+        (``stop_due``: the core's stop deadline came, and was cleared)."""
         live = run is not None and run.alive and run.pid is not None
         if live and run is not None:
             if run.kill_at_mono is not None and now >= run.kill_at_mono:
@@ -243,8 +244,7 @@ class LiveRunControl:
             stall = None if run.ended_by_us else run.progress.stall_deadline(self.limits)
             if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
                 self.end(run, why)
-        if self.timers.stop_deadline is not None and now >= self.timers.stop_deadline:
-            self.timers.stop_deadline = None
+        if stop_due:
             if not live or run is None or run.dump_before_kill is not None:
                 return
             if self.dumps.available:

@@ -11,10 +11,10 @@ by the daemon's one applier.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-from dflashd.supervisor.effects import Effect
+from dflashd.supervisor.effects import Book, Effect
 from dflashd.supervisor.elastic import AgentLine, AgentSaid, ElasticState
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.gpuwatch import GpuWatch
@@ -27,11 +27,21 @@ from dflashd.supervisor.nvml import GpuSample
 from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.procfs import CLK_TCK, read_stat
 from dflashd.supervisor.progress import GPU, Change
-from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.recorder import Recorder
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
 
 _LAST_LINE_CHARS = 500
+
+
+class Apply(Protocol):
+    """The one applier's signature (:meth:`~dflashd.supervisor.core.DaemonCore.apply`)."""
+
+    def __call__(
+        self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
+    ) -> None:
+        """Carry out ``effects`` in order; ``publish``: then write the status once."""
+        ...
 
 
 class RunObserver:
@@ -39,16 +49,18 @@ class RunObserver:
 
     def __init__(
         self,
-        reporter: Reporter,
+        reporter: Recorder,
         gpu: GpuWatch,
         ops: ProcessOps,
         ledger: Ledger,
         alerts_on: tuple[AlertKind, ...],
+        apply: Apply,
     ) -> None:
         self.reporter, self.gpu, self.ops, self.ledger = reporter, gpu, ops, ledger
         self.alerts_on = alerts_on
-        # The daemon's one applier: a resumed run's effects (the ``recovered`` alert) go there.
-        self.apply: Callable[[Run, tuple[Effect, ...]], None] = lambda _run, _effects: None
+        # The daemon's one applier (:class:`~dflashd.supervisor.core.DaemonCore`): the
+        # ledger is read here, never written; what changes goes there as effects.
+        self.apply = apply
 
     def lines(self, run: Run | None, seen: LinesSeen, now: float) -> bool:
         """Output from the run's pipes; True when something changed."""
@@ -93,9 +105,7 @@ class RunObserver:
     def gpu_sample(self, run: Run | None, sample: GpuSample, now: float) -> EndedBy | None:
         """A GPU sample: records, GPU activity as progress, and whether the run must end."""
         update = self.gpu.on_sample(sample, run, now)
-        run_no = run.run_no if run else 0
-        for event, fields in update.records:
-            self.reporter.record(run_no, event, **fields)
+        self.apply(run, update.records)
         if run is None or not run.alive:
             return None
         run.gpu_seen = "busy" if update.active else "idle"  # the hang decider's GPU evidence
@@ -154,11 +164,11 @@ class RunObserver:
             return True
         fields: dict[str, Any] = dict(said.fields)
         if said.said is AgentSaid.WORKER_FAILED:
-            self.ledger.agent_worker_failures += 1
+            self.apply(run, (Book(agent_worker_failures=1),))
             fields["worker_failures"] = state.worker_failures
             self.reporter.record(run.run_no, Event.WORKER_FAILED, log_level="warning", **fields)
         elif said.said in (AgentSaid.GROUP_RESTART, AgentSaid.MEMBERSHIP_RESTART):
-            self.ledger.agent_restarts += 1
+            self.apply(run, (Book(agent_restarts=1),))
             cause = "failure" if said.said is AgentSaid.GROUP_RESTART else "node_joined"
             self.reporter.record(
                 run.run_no,
@@ -224,7 +234,8 @@ class RunObserver:
             return
         already = frozenset(run.alerted)
         recovering = ledger.recovering_from
-        self.apply(run, resumed(recovering, alerts_on=self.alerts_on, already_alerted=already))
+        effects = resumed(recovering, alerts_on=self.alerts_on, already_alerted=already)
+        self.apply(run, effects, publish=True)
 
     def progress_record(self, run: Run) -> None:
         """A ``progress`` record of where the run is (rate-limited by Progress; also the last

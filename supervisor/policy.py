@@ -15,8 +15,33 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
-from dflashd.supervisor.config import RestartConfig
+from dflashd.supervisor.bounds import bounded_field as _key
+from dflashd.supervisor.bounds import seconds_field as _seconds
 from dflashd.supervisor.verdicts import EARLY_DEATHS, UNFIXABLE_REASONS, Verdict
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    """The ``[restart]`` table: the policy's parameters (the config parses it, :func:`decide` reads it)."""
+
+    early_retries: int = _key(3, low=0, high=1000)
+    runtime_retries: int = _key(10, low=0, high=100000)
+    stable_after_s: float = _seconds(600.0)
+    # A run that showed signs of life (output, notify, GPU, CPU) this long before dying had
+    # left its start-up: a runtime crash even when no step was seen, never an early death.
+    early_death_s: float = _seconds(300.0)
+    # Runs that end without passing the highest step any earlier run reached: after this many
+    # in a row, fatal (a crash loop that resumes and dies at the same step).  0: never.
+    no_progress_restarts: int = _key(3, low=0, high=100000)
+    backoff_initial_s: float = _seconds(1.0, above=None, low=0.0)
+    backoff_max_s: float = _seconds(300.0)
+    clear_cache_on_early_death: bool = True
+    # A failure that retrying cannot fix (exec failed, ImportError, SyntaxError before the
+    # first step, a no-restart exit code) is fatal at once; true retries it like any early death.
+    retry_unfixable: bool = False
+    no_restart_exit_codes: tuple[int, ...] = (78,)
+    stop_timeout_s: float = _seconds(30.0, above=None, low=0.0)
+
 
 _JITTER: Final = 0.2
 

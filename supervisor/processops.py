@@ -1,5 +1,5 @@
-"""The process seam's contract, in a leaf: what the daemon does to processes (:class:`ProcessOps`)
-and what a launch gives back (:class:`Launched`).
+"""The process seam's contract, in a leaf: what the daemon does to processes (:class:`ProcessOps`);
+what a launch gives back (:class:`~dflashd.supervisor.proof.Launched`) sits with the custody.
 
 The real implementation is :class:`~dflashd.supervisor.groups.HostProcesses`; the loop tests
 drive the daemon through a scripted one.  Importing the type pulls in no implementation: the
@@ -8,24 +8,14 @@ rooms that only hold a ``ProcessOps`` sit low in the house.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dflashd.supervisor.proof import RunCustody
+from dflashd.supervisor.effects import WriteRecord
+from dflashd.supervisor.proof import Launched
 
-
-@dataclass(slots=True)
-class Launched:
-    """A running child: its pid (also its process group and session id), its pipes, its custody."""
-
-    pid: int
-    stdout_fd: int
-    stderr_fd: int
-    process: subprocess.Popen[bytes] | None = None
-    custody: RunCustody | None = None
+__all__ = ["Launched", "ProcessOps"]
 
 
 class ProcessOps(Protocol):
@@ -71,8 +61,8 @@ class ProcessOps(Protocol):
 
     def recover(
         self, previous: dict[str, Any], boot: str | None, timeout_s: float
-    ) -> list[tuple[str, int, dict[str, Any]]]:
-        """End what a dead daemon of this home left, proven ours; the records (event, run, fields)."""
+    ) -> list[WriteRecord]:
+        """End what a dead daemon of this home left, proven ours; the records saying so."""
         ...
 
     def close(self) -> None:

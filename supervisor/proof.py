@@ -9,6 +9,7 @@ import contextlib
 import os
 import select
 import signal
+import subprocess
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -210,3 +211,14 @@ class ProvenSet:
             return False
         self.proven[found.pid] = Member(found.pid, found.start_ticks, fd, found.pgid)
         return True
+
+
+@dataclass(slots=True)
+class Launched:
+    """A running child: its pid (also its process group and session id), its pipes, its custody."""
+
+    pid: int
+    stdout_fd: int
+    stderr_fd: int
+    process: subprocess.Popen[bytes] | None = None
+    custody: RunCustody | None = None

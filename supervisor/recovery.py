@@ -19,19 +19,18 @@ in them is killed with ``cgroup.kill`` and the cgroups removed.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from dflashd.supervisor.cgroups import CgroupBase
 from dflashd.supervisor.custody import end_proven, end_stale_cgroup
+from dflashd.supervisor.effects import Book, Effect, WriteRecord
 from dflashd.supervisor.ending import RunFacts, lost_facts
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.goodput import restored_ledger
-from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.procfs import all_stats, carries_mark, create_time, process_mark
-from dflashd.supervisor.reporter import Reporter
 
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _SAME_CREATE_TIME_S: Final = 0.05  # create times are in clock ticks (1/100 s)
@@ -134,73 +133,70 @@ def recover(
     home_id: str,
     current_boot: str | None,
     stop_timeout_s: float,
-) -> list[tuple[str, int, dict[str, Any]]]:
-    """End what the previous daemon left, once proven ours; the records to write (event, run, fields)."""
-    records: list[tuple[str, int, dict[str, Any]]] = []
+) -> list[WriteRecord]:
+    """End what the previous daemon left, once proven ours; the records saying so."""
+    records: list[WriteRecord] = []
     for run_no, path in base.stale_runs() if base is not None else []:
         pids = end_stale_cgroup(path, stop_timeout_s)
         if pids:
             fields: dict[str, Any] = {"cgroup": str(path), "pids": sorted(pids), "by": "cgroup"}
-            records.append((Event.RECOVERED_ORPHAN, run_no, fields))
+            records.append(_warning(Event.RECOVERED_ORPHAN, run_no, fields))
     child = previous_child(previous)
     if child is None:
         return records
     found = find_leftovers(child, home_id, current_boot)
     if found.refused or found.note:
         refused = {str(pid): why for pid, why in found.refused.items()}
-        records.append(
-            (
-                Event.ORPHAN_NOT_OURS,
-                child.run_no,
-                {"pid": child.pid, "note": found.note, "refused": refused},
-            )
-        )
+        fields = {"pid": child.pid, "note": found.note, "refused": refused}
+        records.append(_warning(Event.ORPHAN_NOT_OURS, child.run_no, fields))
     if found.proven:
         proven = sorted(found.proven)
-        records.append(
-            (
-                Event.RECOVERED_ORPHAN,
-                child.run_no,
-                {"pgid": child.pid, "pids": proven, "by": "pidfd"},
-            )
-        )
+        fields = {"pgid": child.pid, "pids": proven, "by": "pidfd"}
+        records.append(_warning(Event.RECOVERED_ORPHAN, child.run_no, fields))
         end_proven(found.proven, stop_timeout_s)
     return records
 
 
-Recover = Callable[[dict[str, Any], str | None, float], list[tuple[str, int, dict[str, Any]]]]
+def _warning(event: Event, run_no: int, fields: dict[str, Any]) -> WriteRecord:
+    return WriteRecord(event, fields, log_level="warning", run_no=run_no)
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What start-up carries over: the ledger's counters and the records (effects, in order),
+    and the facts of a run the dead daemon never saw end (concluded as ``lost``)."""
+
+    effects: tuple[Effect, ...]
+    lost: RunFacts | None
 
 
 def restore(
     previous: dict[str, Any],
-    ledger: Ledger,
-    reporter: Reporter,
-    recover_leftovers: Recover,
     *,
-    boot: str | None,
-    stop_timeout_s: float,
+    saved_goodput: tuple[float, Any, bool] | None,
+    leftovers: Sequence[WriteRecord],
+    torn_bytes: int,
+    last_run: int,
     now_wall: float,
     now_mono: float = 0.0,
-) -> RunFacts | None:
-    """Start-up, before the first launch: carry the counters over from state.json and the
-    goodput ledger from runs.sqlite, end what a dead daemon left (proven ours), note a torn
-    log tail.  Returns the facts of a run the dead daemon never saw end, for the usual
-    conclude -> apply (verdict ``lost``)."""
-    ledger.restarts_by_verdict = dict(previous.get("restarts_by_verdict") or {})
-    history = reporter.history
-    saved = history.goodput() if history is not None else None
-    ledger.goodput = restored_ledger(saved, now_wall=now_wall, now_mono=now_mono)
-    if (absent := ledger.goodput.absent).total_s > 0:  # no daemon was here: said so
-        counted: dict[str, Any] = absent.record()
-        reporter.record(0, Event.GOODPUT_CARRIED, **counted)
-    if previous.get("state") == "fatal":
-        ledger.recovering_from = "fatal"  # a run that reaches its first step sends ``recovered``
-    for event, run_no, fields in recover_leftovers(previous, boot, stop_timeout_s):
-        reporter.record(run_no, Event(event), log_level="warning", **fields)
-    writer = reporter.writer
-    if writer.torn_bytes:
-        reporter.record(writer.last_run, Event.LOG_TORN_TAIL, bytes=writer.torn_bytes)
-    return lost_run(previous, now_wall)
+) -> Restored:
+    """Start-up, before the first launch (pure): the counters from state.json and the goodput
+    ledger from runs.sqlite carried over, the records of what a dead daemon left
+    (``leftovers``, ended by :func:`recover`, proven ours) and of a torn log tail."""
+    goodput = restored_ledger(saved_goodput, now_wall=now_wall, now_mono=now_mono)
+    fatal = previous.get("state") == "fatal"  # a run that reaches its first step: ``recovered``
+    book = Book(
+        restarts_by_verdict=dict(previous.get("restarts_by_verdict") or {}),
+        goodput=goodput,
+        recovering_from="fatal" if fatal else None,
+    )
+    effects: list[Effect] = [book]
+    if (absent := goodput.absent).total_s > 0:  # no daemon was here: said so
+        effects.append(WriteRecord(Event.GOODPUT_CARRIED, dict(absent.record()), run_no=0))
+    effects.extend(leftovers)
+    if torn_bytes:
+        effects.append(WriteRecord(Event.LOG_TORN_TAIL, {"bytes": torn_bytes}, run_no=last_run))
+    return Restored(tuple(effects), lost_run(previous, now_wall))
 
 
 def lost_run(previous: dict[str, Any], now_wall: float) -> RunFacts | None:

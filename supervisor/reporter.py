@@ -90,6 +90,29 @@ class Reporter:
         """The live run log."""
         return self.writer.path
 
+    @property
+    def frames(self) -> LogSink:
+        """Where the drains hand the child's output (the run log's sink)."""
+        return self.sink
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for everything submitted to be on disk."""
+        return self.sink.flush(timeout_s)
+
+    def last_run_seen(self) -> int:
+        """The highest run number the log and runs.sqlite know (0: none)."""
+        known = [self.writer.last_run]
+        if self.history is not None:
+            try:
+                known.append(self.history.last_run())
+            except Exception as exc:  # sqlite3.Error: a broken history must not stop a launch
+                log.warning("history_read_failed", error=str(exc))
+        return max(known)
+
+    def stack_dump_written(self) -> None:
+        """Count one stack dump (metrics)."""
+        self.stack_dumps += 1
+
     def open_history(self) -> None:
         """runs.sqlite (None-safe: an unusable file only means less history)."""
         self.history = open_history(self.home.runs_db, self.config.logs.history_runs)

@@ -9,19 +9,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor.elastic import ElasticState
 from dflashd.supervisor.goodput import RunTimes
 from dflashd.supervisor.hang import HangWatch
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.linewatch import LineWatcher
 from dflashd.supervisor.nvml import ChildGpuUse
-from dflashd.supervisor.processops import Launched
 from dflashd.supervisor.progress import Progress
-from dflashd.supervisor.proof import RunCustody
+from dflashd.supervisor.proof import Launched, RunCustody
 from dflashd.supervisor.verdicts import AlertKind, EndedBy
+
+
+class StepWatcher(Protocol):
+    """The drains' callback as the loop sees it (:class:`~dflashd.supervisor.linewatch.LineWatcher`)."""
+
+    def due(self) -> float | None:
+        """When a pending step must be posted even if no more output comes (monotonic)."""
+        ...
+
+    def flush_if_due(self, now: float) -> bool:
+        """Post a pending step whose time has come; True when something was posted."""
+        ...
+
+    def flush(self) -> None:
+        """Post what is pending (the child is dead)."""
+        ...
 
 
 @dataclass
@@ -45,7 +59,7 @@ class Run:
     gpu_xids: list[int] = field(default_factory=list)
     pids_seen: set[int] = field(default_factory=set)
     cpu_seen_s: float | None = None  # the run cgroup's CPU time at the last look (sign of life)
-    watcher: LineWatcher | None = None  # the drains' callback; flushed when the child dies
+    watcher: StepWatcher | None = None  # the drains' callback; flushed when the child dies
     elastic: ElasticState | None = None  # the job is a torchrun agent (a node of a larger job)
     dump_before_kill: str | None = None  # the dump dflashd waits for before its kill
     stacks: dict[str, Any] | None = None  # that dump: its file, the odd rank out, top frames

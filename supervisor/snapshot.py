@@ -32,15 +32,23 @@ class StatusSource(Protocol):
 
     clock: Clock
     started_wall: float
-    ledger: Ledger
     gpu: GpuWatch
     reporter: Reporter
     home: Home
     config: Config
-    timers: Timers
     boot_id: str | None
     ops: ProcessOps
     dumps: Dumper
+
+    @property
+    def ledger(self) -> Ledger:
+        """The counters kept between runs."""
+        ...
+
+    @property
+    def timers(self) -> Timers:
+        """The loop's deadlines."""
+        ...
 
     @property
     def state(self) -> State:

@@ -28,7 +28,7 @@ from dflashd.supervisor.hang import HangSampled, ProcessSample, Sample
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.procfs import CLK_TCK, read_stat, thread_states, wrote_bytes
 from dflashd.supervisor.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
-from dflashd.supervisor.reporter import Reporter
+from dflashd.supervisor.recorder import Recorder
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.stacks import (
     ProcessStacks,
@@ -84,7 +84,7 @@ class StackDumps:
     def __init__(
         self,
         home: Home,
-        reporter: Reporter,
+        reporter: Recorder,
         post: Callable[[StacksTaken | HangSampled], None],
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -186,7 +186,7 @@ class StackDumps:
                 fields["path"] = str(text_path)
             except OSError as exc:
                 fields["file_error"] = f"{exc.strerror or exc}"
-            self.reporter.stack_dumps += 1
+            self.reporter.stack_dump_written()
         level = "info" if dump.trigger == "command" else "warning"
         self.reporter.record(dump.run_no, Event.STACKS, log_level=level, **fields)
         return fields

@@ -22,12 +22,13 @@ from typing import Any
 from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.clock import ManualClock
 from dflashd.supervisor.config import parse_config
-from dflashd.supervisor.daemon import Daemon
+from dflashd.supervisor.daemon import Daemon, Seams
+from dflashd.supervisor.effects import WriteRecord
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.nvml import GpuProcess, GpuReading
-from dflashd.supervisor.processops import Launched
+from dflashd.supervisor.proof import Launched
 from dflashd.supervisor.stacks import StacksTaken, summary
 
 
@@ -155,7 +156,7 @@ class ScriptedProcesses:
 
     def recover(
         self, previous: dict[str, Any], boot: str | None, timeout_s: float
-    ) -> list[tuple[str, int, dict[str, Any]]]:
+    ) -> list[WriteRecord]:
         return []
 
     def close(self) -> None:
@@ -209,14 +210,8 @@ class Harness:
         config = {"gpus": "none", **config}
         factory = (lambda _pid: sampler) if sampler is not None else None
         Home(home).create()
-        self.daemon = Daemon(
-            Home(home),
-            parse_config(config),
-            clock=self.clock,
-            ops=self.ops,
-            sampler_factory=factory,
-            dumps=self.dumps,
-        )
+        seams = Seams(clock=self.clock, ops=self.ops, sampler_factory=factory, dumps=self.dumps)
+        self.daemon = Daemon(Home(home), parse_config(config), seams=seams)
         self.dumps.reporter = self.daemon.reporter
         self.alerts: list[tuple[str, str]] = []  # (kind, reason) handed to the sinks, in order
         real_alert = self.daemon.reporter.alert

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_decision, summary_text
+from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, summary_text
+from dflashd.supervisor.incidents import alert_decision
 from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind
 from tests.conftest import Daemon, child
 

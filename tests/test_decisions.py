@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.supervisor.config import ConfigError, RestartConfig, load_config, parse_config
+from dflashd.supervisor.config import ConfigError, load_config, parse_config
 from dflashd.supervisor.lifecycle import IllegalTransition, State, transition
 from dflashd.supervisor.notify import parse_notify
-from dflashd.supervisor.policy import Action, RestartHistory, backoff_delay, decide
+from dflashd.supervisor.policy import Action, RestartConfig, RestartHistory, backoff_delay, decide
 from dflashd.supervisor.verdicts import EndedBy, Observations, Verdict, classify, reason_from_output
 
 SEGV = int(signal.SIGSEGV)

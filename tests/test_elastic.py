@@ -149,9 +149,8 @@ CHILD_FAILED_TAIL = [  # torchrun 2.13's summary, as it ends a run whose worker 
 
 def test_a_workers_no_restart_exit_code_is_fatal_through_torchrun() -> None:
     """torchrun exits 1; the worker's 78 (EX_CONFIG) in its summary still makes the run fatal."""
-    from dflashd.supervisor.config import RestartConfig
     from dflashd.supervisor.elastic import worker_exit_code
-    from dflashd.supervisor.policy import Action, RestartHistory, decide
+    from dflashd.supervisor.policy import Action, RestartConfig, RestartHistory, decide
     from dflashd.supervisor.verdicts import Verdict
 
     assert worker_exit_code(CHILD_FAILED_TAIL) == 78

@@ -10,7 +10,6 @@ import signal
 
 import pytest
 
-from dflashd.supervisor.config import RestartConfig
 from dflashd.supervisor.effects import RecordHistory, SendAlert, SettleProcesses, WriteRecord
 from dflashd.supervisor.ending import RunFacts, conclude, lost_facts
 from dflashd.supervisor.events import Event
@@ -18,7 +17,7 @@ from dflashd.supervisor.exitcodes import EXIT_FATAL
 from dflashd.supervisor.incidents import passed, resumed
 from dflashd.supervisor.ledger import Book, Ledger
 from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.policy import RestartHistory
+from dflashd.supervisor.policy import RestartConfig, RestartHistory
 from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy, Observations
 
 POLICY = RestartConfig(early_retries=3, runtime_retries=5, backoff_initial_s=10.0)

@@ -10,7 +10,6 @@ import math
 
 import pytest
 
-from dflashd.supervisor.config import RestartConfig
 from dflashd.supervisor.goodput import (
     Cost,
     GoodputLedger,
@@ -23,7 +22,7 @@ from dflashd.supervisor.goodput import (
     run_cost,
     view_from_json,
 )
-from dflashd.supervisor.policy import RestartHistory, decide
+from dflashd.supervisor.policy import RestartConfig, RestartHistory, decide
 from dflashd.supervisor.progress import Progress
 from dflashd.supervisor.verdicts import Verdict
 

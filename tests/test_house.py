@@ -121,3 +121,117 @@ def test_no_type_checking_cycle_breakers() -> None:
     """Every import is a real one: no ``if TYPE_CHECKING:`` block hides a dependency."""
     guarded = [name for name, path in modules().items() if "TYPE_CHECKING" in path.read_text()]
     assert guarded == []
+
+
+MAX_FLOORS = 12  # the longest chain of modules, each importing the next (issue 35)
+MAX_CONSTRUCTOR_PARAMS = 7  # in the daemon: a handful of collaborators, no more
+# The daemon's state and the one module that writes it (docs/design.md, section 2).
+STATE_OWNER = "dflashd.supervisor.core"
+STATE_HOLDERS = ("loop", "timers", "ledger", "core")  # core: its current run
+STATE_MUTATORS = {
+    "loop": {"enter", "end_with"},
+    "ledger": {"take"},
+    "goodput": {"launched", "ended", "stopping"},
+}
+
+
+def longest_chain(edges: dict[str, set[str]], start: str) -> tuple[str, ...]:
+    """The longest import chain from ``start`` down (the graph has no cycle)."""
+    memo: dict[str, tuple[str, ...]] = {}
+
+    def down(module: str) -> tuple[str, ...]:
+        if module not in memo:
+            below = [down(dep) for dep in edges[module]]
+            memo[module] = (module, *max(below, key=len, default=()))
+        return memo[module]
+
+    return down(start)
+
+
+def test_the_house_has_at_most_twelve_floors() -> None:
+    edges = graph()
+    chains = [longest_chain(edges, m) for m in edges if m.startswith("dflashd.supervisor")]
+    deepest = max(chains, key=len)
+    assert len(deepest) <= MAX_FLOORS, " -> ".join(deepest)
+
+
+def test_no_constructor_in_the_daemon_takes_more_than_seven_parameters() -> None:
+    wide: list[str] = []
+    for name, path in modules().items():
+        if not name.startswith("dflashd.supervisor") or ".client" in name:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    count = len(item.args.args) - 1 + len(item.args.kwonlyargs)
+                    if count > MAX_CONSTRUCTOR_PARAMS:
+                        wide.append(f"{name}.{node.name}: {count}")
+    assert wide == []
+
+
+def _holder(node: ast.expr) -> str | None:
+    """``x.loop``/``x.timers``/``x.ledger`` (or the bare name) written through: its name."""
+    if isinstance(node, ast.Attribute):
+        inner = node.value
+        name = inner.attr if isinstance(inner, ast.Attribute) else getattr(inner, "id", None)
+        return name if name in STATE_HOLDERS else None
+    return None
+
+
+def state_writes(tree: ast.AST) -> list[tuple[int, str]]:
+    """Every write to the daemon's state in a module: assignments through a state holder,
+    its mutating methods, ``setattr`` on one, the core's current run."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            for target in node.targets:  # a tuple's elements are written too
+                targets += target.elts if isinstance(target, ast.Tuple) else [target]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            if isinstance(target, ast.Attribute) and (holder := _holder(target)) is not None:
+                found.append((line, f"{holder}.{target.attr} ="))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, owner = node.func.attr, node.func.value
+            owner_name = (
+                owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            )
+            if method in STATE_MUTATORS.get(owner_name, set()):
+                found.append((line, f"{owner_name}.{method}()"))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args:
+            first = node.args[0]
+            name = first.attr if isinstance(first, ast.Attribute) else getattr(first, "id", "")
+            if name in STATE_HOLDERS:
+                found.append((line, f"setattr({name}, ...)"))
+    return sorted(found)
+
+
+def test_the_daemons_state_is_written_from_one_module() -> None:
+    """LoopState, Timers, the Ledger (and its goodput) and the current run: written by the
+    core only; every other room reads them and says what should change as effects."""
+    writers: list[str] = []
+    for name, path in modules().items():
+        if not name.startswith("dflashd.supervisor") or name == STATE_OWNER:
+            continue
+        for line, what in state_writes(ast.parse(path.read_text())):
+            writers.append(f"{name}:{line}: {what}")
+    assert writers == []
+
+
+def test_the_state_write_finder_finds_writes() -> None:
+    tree = ast.parse(
+        "self.timers.restart_at = 1\n"
+        "self.core.timers.stop_deadline, x = None, 2\n"
+        "loop.stop_requested = True\n"
+        "self.ledger.agent_restarts += 1\n"
+        "self.loop.enter(State.RUNNING)\n"
+        "ledger.goodput.stopping(now)\n"
+        "setattr(self.timers, name, None)\n"
+        "self.core.run = run\n"
+        "print(self.timers.restart_at)\n"
+    )
+    assert [line for line, _ in state_writes(tree)] == [1, 2, 3, 4, 5, 6, 7, 8]

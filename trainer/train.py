@@ -1,8 +1,11 @@
-"""The threaded DFlash drafter trainer: one visible loop on the main thread (nanoGPT-style).
+"""The threaded DFlash drafter trainer's configuration and command line.
 
-The main thread owns data, the optimizer step, logging and checkpoints; worker threads run
-forward/backward on their shard (see workers.py).  Gradients are averaged on the main thread
-into replica 0, which steps; the new weights are copied back to the other replicas.
+This module holds :class:`TrainConfig`, the CPU and GPU defaults, the learning-rate schedule
+and the argument parser; the loop itself (one visible loop on the main thread, nanoGPT-style)
+is :func:`dflashd.trainer.loop.train`, set up by :mod:`dflashd.trainer.session`.  The main
+thread owns data, the optimizer step, logging and checkpoints; worker threads run
+forward/backward on their shard (:mod:`dflashd.trainer.workers`).  Gradients are averaged on
+the main thread into replica 0, which steps; the new weights are copied back to the others.
 
 Exit codes: 0 completed or stopped (SIGTERM: finish the step, checkpoint, exit; 143 when the
 step is stuck past --stop-grace-s, see stopping.py; 75 under torchrun when another node was

@@ -38,7 +38,7 @@ def config_option(help_text: str) -> Callable[[Any], Any]:
 
 def timeout_option(help_text: str) -> Callable[[Any], Any]:
     """``--timeout S``: finite seconds, at most the config's bound on durations."""
-    from dflashd.supervisor.config import MAX_SECONDS
+    from dflashd.supervisor.bounds import MAX_SECONDS
 
     return click.option(
         "--timeout",

@@ -103,7 +103,7 @@ def run_foreground(
     this process holds the home's lock (a refused start records nothing).
     """
     from dflashd.logs.writer import LogWriterError
-    from dflashd.supervisor.daemon import Daemon, StartupError
+    from dflashd.supervisor.daemon import Daemon, Seams, StartupError
     from dflashd.supervisor.daemonlog import DaemonLog, is_daemon_log
     from dflashd.supervisor.diagnostics import configure_logging
 
@@ -141,13 +141,9 @@ def run_foreground(
             print_launch(info)
 
     try:
-        daemon = Daemon(
-            home,
-            config,
-            on_first_launch=first_launch,
-            sampler_factory=sampler_factory,
-            line_tap=printer.offer if printer is not None else None,
-        )
+        tap = printer.offer if printer is not None else None
+        seams = Seams(sampler_factory=sampler_factory, line_tap=tap)
+        daemon = Daemon(home, config, seams=seams, on_first_launch=first_launch)
         return daemon.serve()
     except (LogWriterError, StartupError, OSError) as exc:
         message = str(exc) if not isinstance(exc, OSError) else f"{exc.strerror}: {exc.filename}"
