@@ -30,6 +30,7 @@ from dflashd.supervisor.effects import Book, Effect, WriteRecord
 from dflashd.supervisor.ending import RunFacts, lost_facts
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.goodput import restored_ledger
+from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.procfs import all_stats, carries_mark, create_time, process_mark
 
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
@@ -184,7 +185,7 @@ def restore(
     ledger from runs.sqlite carried over, the records of what a dead daemon left
     (``leftovers``, ended by :func:`recover`, proven ours) and of a torn log tail."""
     goodput = restored_ledger(saved_goodput, now_wall=now_wall, now_mono=now_mono)
-    fatal = previous.get("state") == "fatal"  # a run that reaches its first step: ``recovered``
+    fatal = previous.get("state") == State.FATAL  # a run that reaches its first step: ``recovered``
     book = Book(
         restarts_by_verdict=dict(previous.get("restarts_by_verdict") or {}),
         goodput=goodput,
@@ -205,7 +206,7 @@ def lost_run(previous: dict[str, Any], now_wall: float) -> RunFacts | None:
     last_exit = previous.get("last_exit") or {}
     if child is None or last_exit.get("run") == child.run_no:
         return None
-    if previous.get("state") not in ("starting", "running", "stopping"):
+    if previous.get("state") not in (State.STARTING, State.RUNNING, State.STOPPING):
         return None
     step = previous.get("step")
     return lost_facts(child.run_no, step if isinstance(step, int) else None, now_wall)

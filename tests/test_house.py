@@ -235,3 +235,17 @@ def test_the_state_write_finder_finds_writes() -> None:
         "print(self.timers.restart_at)\n"
     )
     assert [line for line, _ in state_writes(tree)] == [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_one_vocabulary_across_the_boundaries() -> None:
+    """AlertKind is every verdict plus ``fatal`` and ``recovered``; every verdict has its
+    colour in the report and every state its colour in the terminal."""
+    from dflashd.supervisor.client.htmlreport import VERDICT_COLORS
+    from dflashd.supervisor.client.render import STATE_COLOR
+    from dflashd.supervisor.lifecycle import State
+    from dflashd.supervisor.verdicts import AlertKind, Verdict
+
+    assert {k.value for k in AlertKind} == {v.value for v in Verdict} | {"fatal", "recovered"}
+    assert all(AlertKind[v.name].value == v.value for v in Verdict)
+    assert set(Verdict) <= set(VERDICT_COLORS)
+    assert set(State) == set(STATE_COLOR)

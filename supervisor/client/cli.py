@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
 import orjson
@@ -35,6 +35,10 @@ from dflashd.supervisor.client.start import (
 )
 from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
 from dflashd.supervisor.home import Home, lock_is_held, read_lock_pid
+from dflashd.supervisor.lifecycle import State
+
+# a daemon found gone in one of these states ended without recording its end
+_LIVE_STATES: Final = frozenset({State.RUNNING, State.STARTING, State.BACKOFF, State.STOPPING})
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -164,7 +168,7 @@ def status(home: Path | None, as_json: bool) -> None:
         sys.exit(EXIT_NOT_RUNNING)
     state.pop("config", None)
     state["running"] = running
-    if not running and state.get("state") in ("running", "starting", "backoff", "stopping"):
+    if not running and state.get("state") in _LIVE_STATES:
         state["state_note"] = "the daemon is gone without recording an end; this is its last state"
     if as_json:
         click.echo(dumps_any(state).decode())

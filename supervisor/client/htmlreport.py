@@ -17,20 +17,22 @@ from dflashd.supervisor.client.goodputhtml import GoodputData, goodput_section
 from dflashd.supervisor.client.svgaxis import LEFT, axis_svg, x_of
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.verdicts import Verdict
 
 # One colour per verdict, used by the table, the timeline and the step and loss lines alike.
-VERDICT_COLORS: Final = {
-    "completed": "#2e7d32",
-    "stopped": "#757575",
-    "crashed": "#c62828",
-    "stalled": "#ef6c00",
-    "rendezvous_timeout": "#f9a825",
-    "crash_before_first_step": "#ad1457",
-    "silent_death": "#6a1b9a",
-    "no_gpu_memory": "#283593",
-    "spawn_failed": "#000000",
-    "lost": "#8d6e63",
-    "running": "#1565c0",
+VERDICT_COLORS: Final[dict[str, str]] = {
+    Verdict.COMPLETED: "#2e7d32",
+    Verdict.STOPPED: "#757575",
+    Verdict.CRASHED: "#c62828",
+    Verdict.STALLED: "#ef6c00",
+    Verdict.RENDEZVOUS_TIMEOUT: "#f9a825",
+    Verdict.CRASH_BEFORE_FIRST_STEP: "#ad1457",
+    Verdict.SILENT_DEATH: "#6a1b9a",
+    Verdict.NO_GPU_MEMORY: "#283593",
+    Verdict.SPAWN_FAILED: "#000000",
+    Verdict.LOST: "#8d6e63",
+    State.RUNNING: "#1565c0",  # a run still running has no verdict yet
 }
 _OTHER_COLOR: Final = "#424242"
 # One colour per run (cycled): distinct hues that read on white, for bars, lines and legends.

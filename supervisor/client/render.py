@@ -12,6 +12,8 @@ from dflashd.logs.records import EventRecord, LineRecord, Record
 from dflashd.supervisor.echo import escape_controls
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.goodput import goodput_line, view_from_json
+from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.verdicts import Verdict
 
 _STYLES: Final[dict[str, dict[str, Any]]] = {
     "red": {"fg": "red"},
@@ -23,22 +25,25 @@ _STYLES: Final[dict[str, dict[str, Any]]] = {
     "dim": {"dim": True},
     "bold": {"bold": True},
 }
-_STATE_COLOR: Final = {
-    "running": "green",
-    "completed": "green",
-    "starting": "cyan",
-    "backoff": "yellow",
-    "fatal": "red",
-    "stopping": "yellow",
-    "stopped": "dim",
+# Keyed by the daemon's own vocabulary (a StrEnum member hashes as its value: a state or
+# verdict read from JSON finds its colour); every state has one, a verdict not named is red.
+STATE_COLOR: Final[dict[str, str]] = {
+    State.RUNNING: "green",
+    State.COMPLETED: "green",
+    State.STARTING: "cyan",
+    State.BACKOFF: "yellow",
+    State.FATAL: "red",
+    State.STOPPING: "yellow",
+    State.STOPPED: "dim",
 }
-_VERDICT_COLOR: Final = {
-    "completed": "green",
-    "stopped": "dim",
-    "crashed": "red",
-    "stalled": "yellow",
-    "rendezvous_timeout": "yellow",
+_VERDICT_COLOR: Final[dict[str, str]] = {
+    Verdict.COMPLETED: "green",
+    Verdict.STOPPED: "dim",
+    Verdict.CRASHED: "red",
+    Verdict.STALLED: "yellow",
+    Verdict.RENDEZVOUS_TIMEOUT: "yellow",
 }
+_ENDED_WELL: Final = frozenset({Verdict.COMPLETED, Verdict.STOPPED})
 
 
 def use_color(stream: TextIO) -> bool:
@@ -91,7 +96,7 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
     """The readable ``dflashd status``: aligned label/value rows."""
     rows: list[tuple[str, str]] = []
     state = str(status.get("state", "unknown"))
-    daemon = f"{paint(state, _STATE_COLOR.get(state))}"
+    daemon = f"{paint(state, STATE_COLOR.get(state))}"
     daemon += (
         f"   pid {status.get('pid')}"
         if running
@@ -246,7 +251,7 @@ def format_record(
     color = (
         "red"
         if record.event in (Event.EXIT, Event.FATAL)
-        and record.fields.get("verdict") not in ("completed", "stopped")
+        and record.fields.get("verdict") not in _ENDED_WELL
         else "cyan"
     )
     text = f"{prefix} {paint('dflashd', 'magenta')} {paint(record.event, color)} {fields}".rstrip()

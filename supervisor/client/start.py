@@ -41,6 +41,7 @@ from dflashd.supervisor.home import (
     read_lock_pid,
     unusable_path,
 )
+from dflashd.supervisor.verdicts import Verdict
 
 _READY_TIMEOUT_S: Final = 120.0
 _FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record
@@ -377,5 +378,5 @@ def _report_early_exit(
     if then == Event.RESTART:
         click.echo(f"dflashd: restarting in {then_fields.get('delay_s')}s", err=True)
     if then == Event.DONE:
-        return 0 if fields.get("verdict") == "completed" else EXIT_JOB_DIED
+        return 0 if fields.get("verdict") == Verdict.COMPLETED else EXIT_JOB_DIED
     return EXIT_JOB_DIED
