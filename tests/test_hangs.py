@@ -83,9 +83,12 @@ def test_pauses_that_work_are_never_ended(tmp_path: Path, monkeypatch: pytest.Mo
             for what in ("checkpoint", "eval"):
                 marker = str(tmp_path / f"{what}-{stacks}.bin")
                 job = child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker)
-                started.append(Daemon(tmp_path / f"home-{what}-{stacks}", config, job))
+                # a short home: under pytest-xdist tmp_path is longer, and a home whose
+                # sockets' paths pass 107 bytes is refused (exit 2)
+                started.append(Daemon(tmp_path / f"h{len(started)}", config, job))
         for daemon in started:
-            assert daemon.wait(PAUSE_S + 120) == 0
+            code = daemon.wait(PAUSE_S + 120)
+            assert code == 0, daemon.proc.stderr.read()[-2000:] if daemon.proc.stderr else code
             exits = daemon.events("exit")
             assert [e.fields["verdict"] for e in exits] == ["completed"], exits
             assert daemon.events("ending_run") == []

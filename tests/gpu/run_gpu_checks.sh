@@ -13,7 +13,8 @@ cd "$(dirname "$0")/../.."
 . tests/gpu/_env.sh
 nvidia-smi --query-gpu=index,name,memory.used,memory.total,driver_version --format=csv | tee "$OUT/nvidia_smi.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, "gpus", torch.cuda.device_count())'
-python3 -m pytest -m gpu tests/gpu -v -W default -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt"
+# -o addopts: the GPU machine has no pytest-xdist (the suite's -n 2); one GPU, one process
+python3 -m pytest -o addopts="--strict-markers -ra" -m gpu tests/gpu -v -W default -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.txt"
 python3 tests/gpu/zero_config_gpu.py 2>&1 | tee "$OUT/zero_config_gpu.txt"
 python3 tests/gpu/gpu_checks.py 2>&1 | tee "$OUT/gpu_checks.txt"
 python3 tests/gpu/custody_gpu.py 2>&1 | tee "$OUT/custody_gpu.txt"
