@@ -21,8 +21,8 @@ from typing import Any, Final, get_type_hints
 
 from dflashd.logs.limits import MIN_LINE_BYTES, MIN_MAX_BYTES
 from dflashd.supervisor.bounds import bounded_field, seconds_field
-from dflashd.supervisor.policy import RestartConfig
-from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind
+from dflashd.supervisor.decide.policy import RestartConfig
+from dflashd.supervisor.decide.verdicts import DEFAULT_ALERTS, AlertKind
 
 
 class ConfigError(ValueError):
@@ -268,7 +268,7 @@ def _validate(config: Config) -> Config:
         if key == "step_pattern" and compiled.groups < 1:
             raise ConfigError("step_pattern: needs one group that captures the step number")
     if config.metrics_listen:
-        from dflashd.supervisor.httpserve import parse_listen
+        from dflashd.supervisor.speak.httpserve import parse_listen
 
         try:
             parse_listen(config.metrics_listen)

@@ -4,7 +4,7 @@
 its deadlines (:class:`~dflashd.supervisor.timers.Timers`), the counters kept between runs
 (:class:`~dflashd.supervisor.ledger.Ledger`) and the current run.  Every other room reads
 them; only this module writes them (``tests/test_house.py`` checks it).  Rooms that decide
-return effects (:mod:`effects`): a run's end (:func:`~dflashd.supervisor.ending.conclude`,
+return effects (:mod:`effects`): a run's end (:func:`~dflashd.supervisor.decide.ending.conclude`,
 pure), a resumed run, a deferred launch, a stop, the GPU release check and samples,
 recovery at start-up, the live run's deadlines; :meth:`DaemonCore.apply` carries them out,
 in order, in one ``match``.
@@ -23,7 +23,7 @@ from typing import Any
 
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
-from dflashd.supervisor.effects import (
+from dflashd.supervisor.decide.effects import (
     Account,
     Book,
     Deadline,
@@ -40,16 +40,16 @@ from dflashd.supervisor.effects import (
     StopAsked,
     WriteRecord,
 )
+from dflashd.supervisor.decide.ending import RunFacts, conclude
 from dflashd.supervisor.endedruns import EndedRuns
-from dflashd.supervisor.ending import RunFacts, conclude
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.exitcodes import EXIT_FATAL
-from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.lifecycle import LoopState, State
-from dflashd.supervisor.recorder import Recorder
 from dflashd.supervisor.run import Run
+from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.timers import Timers
+from dflashd.supervisor.watch.gpuwatch import GpuWatch
 
 
 class DaemonCore:

@@ -22,39 +22,39 @@ from typing import Any, Final
 
 from dflashd.supervisor.clock import Clock, SystemClock
 from dflashd.supervisor.config import Config
-from dflashd.supervisor.control import stop_handler
 from dflashd.supervisor.core import DaemonCore
-from dflashd.supervisor.daemonlog import reopen_daemon_log
-from dflashd.supervisor.diagnostics import get_logger
-from dflashd.supervisor.doors import Doors
-from dflashd.supervisor.effects import Deadline, SetTimer
+from dflashd.supervisor.decide.effects import Deadline, SetTimer
+from dflashd.supervisor.decide.hang import HangSampled
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
-from dflashd.supervisor.groups import HostProcesses
-from dflashd.supervisor.hang import HangSampled
 from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.groups import HostProcesses
+from dflashd.supervisor.host.processops import ProcessOps
+from dflashd.supervisor.host.recovery import Restored, boot_id, restore
+from dflashd.supervisor.host.spawn import set_child_subreaper
 from dflashd.supervisor.inbox import GpuSampled, Inbox, RunEmptied
 from dflashd.supervisor.launcher import Launcher
 from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.lifecycle import LoopState, State
-from dflashd.supervisor.linewatch import LineMatcher, LineTap, LineWatcher
 from dflashd.supervisor.liverun import LiveRunControl
-from dflashd.supervisor.notify import SystemdNotifier
-from dflashd.supervisor.nvml import NvmlSampler
-from dflashd.supervisor.observe import RunObserver
-from dflashd.supervisor.processops import ProcessOps
-from dflashd.supervisor.progress import Limits
-from dflashd.supervisor.recovery import Restored, boot_id, restore
-from dflashd.supervisor.reporter import MetricsUnavailable, Reporter
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.runs import FirstLaunch, LoopHooks, RunRooms, Runs
-from dflashd.supervisor.snapshot import goodput_totals, status_view
-from dflashd.supervisor.spawn import set_child_subreaper
-from dflashd.supervisor.stackdumps import STACKS_BOUND_S, Dumper, StackDumps
-from dflashd.supervisor.stacks import StacksTaken
-from dflashd.supervisor.statusview import StatusView, one_line, read_state
+from dflashd.supervisor.speak.control import stop_handler
+from dflashd.supervisor.speak.daemonlog import reopen_daemon_log
+from dflashd.supervisor.speak.diagnostics import get_logger
+from dflashd.supervisor.speak.doors import Doors
+from dflashd.supervisor.speak.reporter import MetricsUnavailable, Reporter
+from dflashd.supervisor.speak.snapshot import goodput_totals, status_view
+from dflashd.supervisor.speak.statusview import StatusView, one_line, read_state
 from dflashd.supervisor.timers import Timers
+from dflashd.supervisor.watch.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
+from dflashd.supervisor.watch.linewatch import LineMatcher, LineTap, LineWatcher
+from dflashd.supervisor.watch.notify import NotifyMessage, SystemdNotifier
+from dflashd.supervisor.watch.nvml import NvmlSampler
+from dflashd.supervisor.watch.observe import RunObserver
+from dflashd.supervisor.watch.progress import Limits
+from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper, StackDumps
+from dflashd.supervisor.watch.stacks import StacksTaken
 
 _WAKE: Final = b"\x00"
 log = get_logger("dflashd")
@@ -130,7 +130,7 @@ class Daemon:
             self.ended_runs,
             self._systemd,
         )
-        hooks = LoopHooks(self._process_inbox, self._publish, on_first_launch)
+        hooks = LoopHooks(self._last_words, self._publish, on_first_launch)
         self.runs = Runs(config, clock, self.core, rooms, hooks)
         self.doors: Doors | None = None
 
@@ -199,7 +199,7 @@ class Daemon:
             "stacks": lambda req: self.live.command(self.run, req),
         }
         self.doors = Doors(self.home, self.clock, self.inbox.read_fd, handlers)
-        restored = self._restore(read_state(self.home.state_file) or {})
+        restored = _restore(self, read_state(self.home.state_file) or {})
         self.core.apply(None, restored.effects)
         if restored.lost is not None:  # a run the dead daemon never saw end: concluded as any other
             self.core.conclude(None, restored.lost)
@@ -217,23 +217,6 @@ class Daemon:
         self.runs.launch()
         if self.gpu.poller is not None:
             self.gpu.poller.start()  # after the launch: the first poll already sees the child
-
-    def _restore(self, previous: dict[str, Any]) -> Restored:
-        """What start-up carries over (:func:`~dflashd.supervisor.recovery.restore`, pure),
-        once what a dead daemon left is ended, proven ours (the host's part)."""
-        history, writer = self.reporter.history, self.reporter.writer
-        saved = history.goodput() if history is not None else None
-        now_wall, now_mono = self.clock.time(), self.clock.monotonic()
-        leftovers = self.ops.recover(previous, self.boot_id, self.config.restart.stop_timeout_s)
-        return restore(
-            previous,
-            saved_goodput=saved,
-            leftovers=leftovers,
-            torn_bytes=writer.torn_bytes,
-            last_run=writer.last_run,
-            now_wall=now_wall,
-            now_mono=now_mono,
-        )
 
     def turn(self) -> None:
         """One pass of the loop's work after the selector wakes: the inbox, then the timers."""
@@ -263,12 +246,21 @@ class Daemon:
         assert self.doors is not None
         while not self.loop.done:
             knocks = self.doors.wait(self.next_timeout())
+            self._heard(knocks.said)  # before a SIGCHLD: a datagram was sent before the death
             if knocks.woken:
                 self._on_wake()
-            for msg in knocks.said:
-                if self.observer.notify(self.run, msg, self.clock.monotonic()):
-                    self.core.changed()
             self.turn()
+
+    def _heard(self, said: list[NotifyMessage]) -> None:
+        for msg in said:
+            if self.observer.notify(self.run, msg, self.clock.monotonic()):
+                self.core.changed()
+
+    def _last_words(self) -> None:
+        """Before a verdict: the datagrams still waiting on notify.sock, then the inbox."""
+        if self.doors is not None:
+            self._heard(self.doors.notify.receive())
+        self._process_inbox()
 
     def next_timeout(self) -> float | None:
         """How long the selector may sleep: None when nothing is due (no periodic wake-ups)."""
@@ -370,3 +362,22 @@ class Daemon:
                 step()
             except Exception as exc:
                 log.error("close_step_failed", step=name, error=repr(exc))
+
+
+def _restore(daemon: Daemon, previous: dict[str, Any]) -> Restored:
+    """What start-up carries over (:func:`~dflashd.supervisor.host.recovery.restore`, pure),
+    once what a dead daemon left is ended, proven ours (the host's part)."""
+    history, writer = daemon.reporter.history, daemon.reporter.writer
+    saved = history.goodput() if history is not None else None
+    now_wall, now_mono = daemon.clock.time(), daemon.clock.monotonic()
+    stop_s = daemon.config.restart.stop_timeout_s
+    leftovers = daemon.ops.recover(previous, daemon.boot_id, stop_s)
+    return restore(
+        previous,
+        saved_goodput=saved,
+        leftovers=leftovers,
+        torn_bytes=writer.torn_bytes,
+        last_run=writer.last_run,
+        now_wall=now_wall,
+        now_mono=now_mono,
+    )

@@ -17,21 +17,13 @@ from typing import Any, Final
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor import __version__
-from dflashd.supervisor.caches import clear_owned_cache, extensions_root, prepare_caches
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
-from dflashd.supervisor.diagnostics import bind_run, get_logger
-from dflashd.supervisor.elastic import ElasticState, scan_frame, torchrun_job
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.gpuwatch import GpuWatch
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.linewatch import LineWatcher
-from dflashd.supervisor.processops import ProcessOps
-from dflashd.supervisor.progress import Progress
-from dflashd.supervisor.recorder import Recorder
-from dflashd.supervisor.run import Run
-from dflashd.supervisor.spawn import (
+from dflashd.supervisor.host.caches import clear_owned_cache, extensions_root, prepare_caches
+from dflashd.supervisor.host.processops import ProcessOps
+from dflashd.supervisor.host.spawn import (
     FLIGHT_FILE,
     LIVE_BARS_ENV,
     ChildEnvironment,
@@ -39,7 +31,15 @@ from dflashd.supervisor.spawn import (
     dflashd_env,
     flight_recorder_env,
 )
-from dflashd.supervisor.statusview import read_state
+from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.speak.diagnostics import bind_run, get_logger
+from dflashd.supervisor.speak.recorder import Recorder
+from dflashd.supervisor.speak.statusview import read_state
+from dflashd.supervisor.watch.elastic import ElasticState, scan_frame, torchrun_job
+from dflashd.supervisor.watch.gpuwatch import GpuWatch
+from dflashd.supervisor.watch.linewatch import LineWatcher
+from dflashd.supervisor.watch.progress import Progress
 
 log = get_logger("dflashd")
 

@@ -1,7 +1,7 @@
 """The ledger: what outlives a run (restart budgets, restarts by verdict, the last exit, goodput).
 
-:func:`~dflashd.supervisor.ending.conclude` reads it and says how it changes (a
-:class:`~dflashd.supervisor.effects.Book` effect); :meth:`Ledger.take`, called by the one
+:func:`~dflashd.supervisor.decide.ending.conclude` reads it and says how it changes (a
+:class:`~dflashd.supervisor.decide.effects.Book` effect); :meth:`Ledger.take`, called by the one
 applier (:class:`~dflashd.supervisor.core.DaemonCore`), writes that down.  The status
 snapshot reads it.  Nothing here decides.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from dflashd.supervisor.effects import Book, Incident
-from dflashd.supervisor.goodput import GoodputLedger
-from dflashd.supervisor.policy import RestartHistory
+from dflashd.supervisor.decide.effects import Book, Incident
+from dflashd.supervisor.decide.goodput import GoodputLedger
+from dflashd.supervisor.decide.policy import RestartHistory
 
 __all__ = ["Book", "Incident", "Ledger", "capped_exit"]
 

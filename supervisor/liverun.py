@@ -1,7 +1,7 @@
 """Ending a live run: the one room that decides when dflashd ends a run that has not died.
 
 Four ways, each with its deadline kept here: ``dflashd stop`` (SIGTERM to the job's group,
-SIGKILL past ``stop_timeout_s``), a proven hang (:func:`dflashd.supervisor.hang.decide` says
+SIGKILL past ``stop_timeout_s``), a proven hang (:func:`dflashd.supervisor.decide.hang.decide` says
 so from sampled stacks; this room applies it), a stall (the progress deadline passed and the
 evidence says stuck), and no GPU memory past its grace (the GPU watch's verdict).  Before every kill
 dflashd decides, it dumps the run's stacks with py-spy (the job keeps running meanwhile) and
@@ -18,9 +18,8 @@ import statistics
 from typing import Any, Final
 
 from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.effects import Deadline, SetTimer
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.hang import (
+from dflashd.supervisor.decide.effects import Deadline, SetTimer
+from dflashd.supervisor.decide.hang import (
     EndHung,
     HangLimits,
     HangSampled,
@@ -31,13 +30,14 @@ from dflashd.supervisor.hang import (
     Wait,
     decide,
 )
-from dflashd.supervisor.observe import RunObserver
-from dflashd.supervisor.progress import Limits
-from dflashd.supervisor.recorder import Recorder
+from dflashd.supervisor.decide.verdicts import EndedBy
+from dflashd.supervisor.events import Event
 from dflashd.supervisor.run import Run
-from dflashd.supervisor.stackdumps import STACKS_BOUND_S, Dumper
-from dflashd.supervisor.stacks import StacksTaken, alert_lines
-from dflashd.supervisor.verdicts import EndedBy
+from dflashd.supervisor.speak.recorder import Recorder
+from dflashd.supervisor.watch.observe import RunObserver
+from dflashd.supervisor.watch.progress import Limits
+from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper
+from dflashd.supervisor.watch.stacks import StacksTaken, alert_lines
 
 DUMP_GRACE_S: Final = 3.0  # between SIGABRT (faulthandler's dump) and SIGKILL
 

@@ -3,7 +3,7 @@
 The death walk reads reap -> conclude -> apply.  This is the reap side: :func:`mark_reaped`
 says the run is over (its phase, its custody no longer trusting the pid) and measures its
 CPU; :func:`reaped_facts` turns the run and its wait status into the
-:class:`~dflashd.supervisor.ending.RunFacts` that :func:`~dflashd.supervisor.ending.conclude`
+:class:`~dflashd.supervisor.decide.ending.RunFacts` that :func:`~dflashd.supervisor.decide.ending.conclude`
 decides from.
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from dflashd.supervisor.caches import stale_build_locks
-from dflashd.supervisor.ending import RunFacts
+from dflashd.supervisor.decide.ending import RunFacts
+from dflashd.supervisor.decide.verdicts import Observations
+from dflashd.supervisor.host.caches import stale_build_locks
+from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.run import Run
-from dflashd.supervisor.verdicts import Observations
 
 CPU_LIFE_SHARE: Final = 0.1  # a run that used at least this share of a CPU over its life was alive
 
@@ -90,7 +90,7 @@ def reaped_facts(
     stopping: bool,
     stop_at: float | None = None,
 ) -> RunFacts:
-    """Everything :func:`~dflashd.supervisor.ending.conclude` needs about a reaped run."""
+    """Everything :func:`~dflashd.supervisor.decide.ending.conclude` needs about a reaped run."""
     tails = {d.src: tuple(d.tail) for d in run.drains}
     duration = died_mono - run.started_mono
     obs = observations(run, status, tails.get("stderr", ()), duration, cpu_s)

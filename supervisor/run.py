@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dflashd.logs.drain import PipeDrain
-from dflashd.supervisor.elastic import ElasticState
-from dflashd.supervisor.goodput import RunTimes
-from dflashd.supervisor.hang import HangWatch
+from dflashd.supervisor.decide.goodput import RunTimes
+from dflashd.supervisor.decide.hang import HangWatch
+from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.host.proof import Launched, RunCustody
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.nvml import ChildGpuUse
-from dflashd.supervisor.progress import Progress
-from dflashd.supervisor.proof import Launched, RunCustody
-from dflashd.supervisor.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.watch.elastic import ElasticState
+from dflashd.supervisor.watch.nvml import ChildGpuUse
+from dflashd.supervisor.watch.progress import Progress
 
 
 class StepWatcher(Protocol):
-    """The drains' callback as the loop sees it (:class:`~dflashd.supervisor.linewatch.LineWatcher`)."""
+    """The drains' callback as the loop sees it (:class:`~dflashd.supervisor.watch.linewatch.LineWatcher`)."""
 
     def due(self) -> float | None:
         """When a pending step must be posted even if no more output comes (monotonic)."""

@@ -20,7 +20,7 @@ from dflashd.supervisor.bounds import MAX_SECONDS
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.core import DaemonCore
-from dflashd.supervisor.effects import (
+from dflashd.supervisor.decide.effects import (
     Book,
     Deadline,
     Effect,
@@ -32,17 +32,17 @@ from dflashd.supervisor.effects import (
 )
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.fdreserve import FdReserve
-from dflashd.supervisor.gpuwatch import GpuWatch
+from dflashd.supervisor.host.fdreserve import FdReserve
+from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
 from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.liverun import LiveRunControl
-from dflashd.supervisor.notify import SystemdNotifier
-from dflashd.supervisor.observe import RunObserver
-from dflashd.supervisor.processops import ProcessOps
 from dflashd.supervisor.reaped import mark_reaped, reaped_facts, spawn_failed_facts
-from dflashd.supervisor.recorder import Recorder
 from dflashd.supervisor.run import Run
+from dflashd.supervisor.speak.recorder import Recorder
+from dflashd.supervisor.watch.gpuwatch import GpuWatch
+from dflashd.supervisor.watch.notify import SystemdNotifier
+from dflashd.supervisor.watch.observe import RunObserver
 
 LAUNCH_RETRY_S: Final = 1.0  # a launch deferred for want of descriptors is tried again after this
 # The child's last words are already in the pipes: framing them is quick, unless the log's

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from dflashd.supervisor.progress import Limits
 from dflashd.supervisor.run import Run
+from dflashd.supervisor.watch.progress import Limits
 
 STATE_WRITE_MIN_S: Final = 1.0  # state.json at most once a second while things change
 

@@ -23,13 +23,13 @@ from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.clock import ManualClock
 from dflashd.supervisor.config import parse_config
 from dflashd.supervisor.daemon import Daemon, Seams
-from dflashd.supervisor.effects import WriteRecord
+from dflashd.supervisor.decide.effects import WriteRecord
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.linewatch import LineProgress, LinesSeen
-from dflashd.supervisor.nvml import GpuProcess, GpuReading
-from dflashd.supervisor.proof import Launched
-from dflashd.supervisor.stacks import StacksTaken, summary
+from dflashd.supervisor.host.proof import Launched
+from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
+from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading
+from dflashd.supervisor.watch.stacks import StacksTaken, summary
 
 
 @dataclass

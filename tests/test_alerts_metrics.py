@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, summary_text
-from dflashd.supervisor.incidents import alert_decision
-from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind
+from dflashd.supervisor.decide.incidents import alert_decision
+from dflashd.supervisor.decide.verdicts import DEFAULT_ALERTS, AlertKind
+from dflashd.supervisor.speak.alerts import AlertDispatcher, AlertOutcome, summary_text
 from tests.conftest import Daemon, child
 
 Start = Callable[..., Daemon]

@@ -8,10 +8,22 @@ from pathlib import Path
 import pytest
 
 from dflashd.supervisor.config import ConfigError, load_config, parse_config
+from dflashd.supervisor.decide.policy import (
+    Action,
+    RestartConfig,
+    RestartHistory,
+    backoff_delay,
+    decide,
+)
+from dflashd.supervisor.decide.verdicts import (
+    EndedBy,
+    Observations,
+    Verdict,
+    classify,
+    reason_from_output,
+)
 from dflashd.supervisor.lifecycle import IllegalTransition, State, transition
-from dflashd.supervisor.notify import parse_notify
-from dflashd.supervisor.policy import Action, RestartConfig, RestartHistory, backoff_delay, decide
-from dflashd.supervisor.verdicts import EndedBy, Observations, Verdict, classify, reason_from_output
+from dflashd.supervisor.watch.notify import parse_notify
 
 SEGV = int(signal.SIGSEGV)
 
@@ -333,6 +345,6 @@ def test_config_defaults_and_override(tmp_path: Path) -> None:
 
 def test_alert_kinds_cover_every_verdict() -> None:
     """AlertKind repeats the verdicts (for static typing): it must never miss one."""
-    from dflashd.supervisor.verdicts import AlertKind, Verdict
+    from dflashd.supervisor.decide.verdicts import AlertKind, Verdict
 
     assert {v.value for v in Verdict} | {"fatal", "recovered"} == {k.value for k in AlertKind}

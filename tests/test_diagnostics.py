@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from dflashd.supervisor.diagnostics import capture_logs, configure_logging, get_logger
+from dflashd.supervisor.speak.diagnostics import capture_logs, configure_logging, get_logger
 from tests.harness import Harness
 
 
@@ -64,7 +64,7 @@ def test_context_is_bound_once_and_debug_is_filtered() -> None:
     """bind_run's fields go with every later event of the thread; below the level, nothing."""
     import contextvars
 
-    from dflashd.supervisor.diagnostics import bind_run
+    from dflashd.supervisor.speak.diagnostics import bind_run
 
     def logged() -> str:
         stream = _Stream(False)

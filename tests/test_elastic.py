@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dflashd.logs.framer import Frame
-from dflashd.supervisor.elastic import AgentSaid, parse_agent_line, scan_frame, torchrun_job
+from dflashd.supervisor.watch.elastic import AgentSaid, parse_agent_line, scan_frame, torchrun_job
 
 P = "I1130 20:06:16.146000 2164 torch/distributed/elastic/agent/server/api.py:"
 
@@ -149,9 +149,9 @@ CHILD_FAILED_TAIL = [  # torchrun 2.13's summary, as it ends a run whose worker 
 
 def test_a_workers_no_restart_exit_code_is_fatal_through_torchrun() -> None:
     """torchrun exits 1; the worker's 78 (EX_CONFIG) in its summary still makes the run fatal."""
-    from dflashd.supervisor.elastic import worker_exit_code
-    from dflashd.supervisor.policy import Action, RestartConfig, RestartHistory, decide
-    from dflashd.supervisor.verdicts import Verdict
+    from dflashd.supervisor.decide.policy import Action, RestartConfig, RestartHistory, decide
+    from dflashd.supervisor.decide.verdicts import Verdict
+    from dflashd.supervisor.watch.elastic import worker_exit_code
 
     assert worker_exit_code(CHILD_FAILED_TAIL) == 78
     assert worker_exit_code(["exitcode  : 78"]) is None  # only under torchrun's Root Cause

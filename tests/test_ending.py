@@ -10,15 +10,15 @@ import signal
 
 import pytest
 
-from dflashd.supervisor.effects import RecordHistory, SendAlert, SettleProcesses, WriteRecord
-from dflashd.supervisor.ending import RunFacts, conclude, lost_facts
+from dflashd.supervisor.decide.effects import RecordHistory, SendAlert, SettleProcesses, WriteRecord
+from dflashd.supervisor.decide.ending import RunFacts, conclude, lost_facts
+from dflashd.supervisor.decide.incidents import passed, resumed
+from dflashd.supervisor.decide.policy import RestartConfig, RestartHistory
+from dflashd.supervisor.decide.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy, Observations
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.exitcodes import EXIT_FATAL
-from dflashd.supervisor.incidents import passed, resumed
 from dflashd.supervisor.ledger import Book, Ledger
 from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.policy import RestartConfig, RestartHistory
-from dflashd.supervisor.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy, Observations
 
 POLICY = RestartConfig(early_retries=3, runtime_retries=5, backoff_initial_s=10.0)
 FATAL_ONLY = (AlertKind.FATAL,)

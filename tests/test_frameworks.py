@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dflashd.logs import EventRecord, LineRecord
-from dflashd.supervisor.formats import global_step, match_line
-from dflashd.supervisor.progress import stall_window
-from dflashd.supervisor.verdicts import reason_from_output
+from dflashd.supervisor.decide.verdicts import reason_from_output
+from dflashd.supervisor.watch.formats import global_step, match_line
+from dflashd.supervisor.watch.progress import stall_window
 from tests.conftest import Daemon, child, run_cli
 
 Start = Callable[..., Daemon]

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from dflashd.supervisor.goodput import (
+from dflashd.supervisor.decide.goodput import (
     Cost,
     GoodputLedger,
     RunTimes,
@@ -22,9 +22,9 @@ from dflashd.supervisor.goodput import (
     run_cost,
     view_from_json,
 )
-from dflashd.supervisor.policy import RestartConfig, RestartHistory, decide
-from dflashd.supervisor.progress import Progress
-from dflashd.supervisor.verdicts import Verdict
+from dflashd.supervisor.decide.policy import RestartConfig, RestartHistory, decide
+from dflashd.supervisor.decide.verdicts import Verdict
+from dflashd.supervisor.watch.progress import Progress
 
 # launch at 0, first step at 10, steps to 100: the same run under each ending
 RUN = RunTimes(launched=0.0, first_step=10.0, last_progress=100.0, stepped=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dflashd.supervisor.nvml import GpuProcess, GpuReading, gpu_pids_of_run, join_with_tree
+from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading, gpu_pids_of_run, join_with_tree
 from tests.conftest import Daemon, child
 
 Start = Callable[..., Daemon]

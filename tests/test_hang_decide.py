@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflashd.supervisor.hang import (
+from dflashd.supervisor.decide.hang import (
     EndHung,
     Evidence,
     Finding,
@@ -19,7 +19,7 @@ from dflashd.supervisor.hang import (
     judge,
     suspect_after,
 )
-from dflashd.supervisor.stacks import Frame, ProcessStacks, Role, ThreadStack
+from dflashd.supervisor.watch.stacks import Frame, ProcessStacks, Role, ThreadStack
 
 LOCK = Frame("acquire", "threading.py", 100)
 MAIN = Frame("train", "train.py", 42)

@@ -242,10 +242,34 @@ def test_one_vocabulary_across_the_boundaries() -> None:
     colour in the report and every state its colour in the terminal."""
     from dflashd.supervisor.client.htmlreport import VERDICT_COLORS
     from dflashd.supervisor.client.render import STATE_COLOR
+    from dflashd.supervisor.decide.verdicts import AlertKind, Verdict
     from dflashd.supervisor.lifecycle import State
-    from dflashd.supervisor.verdicts import AlertKind, Verdict
 
     assert {k.value for k in AlertKind} == {v.value for v in Verdict} | {"fatal", "recovered"}
     assert all(AlertKind[v.name].value == v.value for v in Verdict)
     assert set(Verdict) <= set(VERDICT_COLORS)
     assert set(State) == set(STATE_COLOR)
+
+
+def test_the_old_flat_names_import_the_moved_modules_and_nothing_here_uses_them() -> None:
+    """0.3's ``dflashd.supervisor.<module>`` still imports (code outside the repository),
+    as the very module in its room; the repository itself names only the rooms' paths."""
+    import importlib
+    import re
+
+    from dflashd.supervisor import MOVED_MODULES
+
+    for name, room in MOVED_MODULES.items():
+        assert (ROOT / "supervisor" / room / f"{name}.py").is_file(), name
+        moved = importlib.import_module(f"dflashd.supervisor.{room}.{name}")
+        assert importlib.import_module(f"dflashd.supervisor.{name}") is moved
+    old = re.compile(rf"\bdflashd\.supervisor\.({'|'.join(MOVED_MODULES)})\b")
+    users = [
+        str(path.relative_to(ROOT))
+        for folder in ("supervisor", "logs", "trainer", "tests", "entry")
+        for path in (ROOT / folder).rglob("*.py")
+        if path != ROOT / "supervisor" / "__init__.py"
+        and old.search(path.read_text())
+        and path != Path(__file__)
+    ]
+    assert users == []

@@ -4,7 +4,7 @@ message (and the exit's flush) still carrying the latest step printed."""
 from __future__ import annotations
 
 from dflashd.logs.framer import Frame, LineFramer
-from dflashd.supervisor.linewatch import (
+from dflashd.supervisor.watch.linewatch import (
     MATCH_EVERY_S,
     STEP_POST_S,
     LineMatcher,

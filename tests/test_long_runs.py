@@ -14,8 +14,8 @@ from pathlib import Path
 from dflashd.logs import EventRecord, RotatingLogWriter, read_records
 from dflashd.logs.framer import Frame
 from dflashd.logs.reader import RecordFilter
-from dflashd.supervisor.daemonlog import DaemonLog, is_daemon_log, rotated_name
-from dflashd.supervisor.history import PRUNE_EVERY, RunHistory
+from dflashd.supervisor.speak.daemonlog import DaemonLog, is_daemon_log, rotated_name
+from dflashd.supervisor.speak.history import PRUNE_EVERY, RunHistory
 
 
 def test_daemon_log_rotates_by_size_and_count_and_the_fds_follow(tmp_path: Path) -> None:

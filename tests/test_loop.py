@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from dflashd.supervisor.elastic import AgentLine, AgentSaid
-from dflashd.supervisor.gpuwatch import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
 from dflashd.supervisor.home import Home
 from dflashd.supervisor.inbox import GpuSampled
 from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.linewatch import LinesSeen
-from dflashd.supervisor.nvml import GpuProcess, GpuReading, GpuSample
-from dflashd.supervisor.stacks import (
+from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid
+from dflashd.supervisor.watch.gpuwatch import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
+from dflashd.supervisor.watch.linewatch import LinesSeen
+from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading, GpuSample
+from dflashd.supervisor.watch.stacks import (
     Frame,
     ProcessStacks,
     Role,

@@ -60,7 +60,7 @@ def test_version_and_help_are_fast_and_torch_free() -> None:
     )
     assert out.stdout.strip() == "dflashd, version 0.1.0"
     probe = (
-        "import sys, dflashd.supervisor.client.cli, dflashd.supervisor.daemon, dflashd.supervisor.nvml; "
+        "import sys, dflashd.supervisor.client.cli, dflashd.supervisor.daemon, dflashd.supervisor.watch.nvml; "
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(

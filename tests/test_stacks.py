@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dflashd.supervisor.procfs import read_stat
-from dflashd.supervisor.pyspy import find_py_spy
-from dflashd.supervisor.stacks import (
+from dflashd.supervisor.host.procfs import read_stat
+from dflashd.supervisor.host.pyspy import find_py_spy
+from dflashd.supervisor.watch.stacks import (
     Frame,
     ProcessStacks,
     Role,

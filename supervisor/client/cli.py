@@ -183,8 +183,8 @@ def _current_state(home: Home) -> tuple[dict[str, Any] | None, bool]:
     "Running" is decided by the lock's holder, not by the socket: a daemon whose socket was
     deleted, or that is frozen, still runs; the state then says why it does not answer.
     """
-    from dflashd.supervisor.control import ControlError, request
-    from dflashd.supervisor.statusview import parse_state, read_state
+    from dflashd.supervisor.speak.control import ControlError, request
+    from dflashd.supervisor.speak.statusview import parse_state, read_state
 
     if not lock_is_held(home.lock):
         return read_state(home.state_file), False
@@ -198,7 +198,7 @@ def _current_state(home: Home) -> tuple[dict[str, Any] | None, bool]:
 
 def not_answering(home: Home, exc: Exception) -> str:
     """``daemon pid N holds the home but does not answer: stopped (state T)?`` and the cause."""
-    from dflashd.supervisor.procfs import holds_file, read_stat
+    from dflashd.supervisor.host.procfs import holds_file, read_stat
 
     pid = read_lock_pid(home.lock)
     if pid is None or not holds_file(pid, home.lock):
@@ -235,8 +235,8 @@ def _stop_without_socket(home: Home, timeout_s: float | None, exc: Exception) ->
     """
     import signal
 
-    from dflashd.supervisor.custody import signal_lock_holder
-    from dflashd.supervisor.procfs import read_stat
+    from dflashd.supervisor.host.custody import signal_lock_holder
+    from dflashd.supervisor.host.procfs import read_stat
 
     pid = read_lock_pid(home.lock)
     found = read_stat(pid) if pid is not None else None
@@ -258,8 +258,8 @@ _STOP_MARGIN_S = 30.0  # past the job's stop timeout and the dump: the daemon's 
 
 
 def _stop(home: Home, timeout_s: float | None) -> None:
-    from dflashd.supervisor.control import ControlError, request
-    from dflashd.supervisor.statusview import read_state
+    from dflashd.supervisor.speak.control import ControlError, request
+    from dflashd.supervisor.speak.statusview import read_state
 
     reply_within_s = 5.0
     req: dict[str, Any] = {"cmd": "stop", "expires_at": time.time() + reply_within_s}
@@ -293,7 +293,7 @@ def _stop(home: Home, timeout_s: float | None) -> None:
 
 def _configured_stop_timeout(home: Home) -> float:
     """The running daemon's ``restart.stop_timeout_s`` from its last state.json, else 30 s."""
-    from dflashd.supervisor.statusview import read_state
+    from dflashd.supervisor.speak.statusview import read_state
 
     value = (read_state(home.state_file) or {}).get("stop_timeout_s")
     return float(value) if isinstance(value, int | float) else 30.0

@@ -92,7 +92,7 @@ def parse_since(text: str, now: float | None = None) -> str:
 
 def known_runs(home: Home) -> list[int]:
     """The run numbers this home has a record of (runs.sqlite, read-only)."""
-    from dflashd.supervisor.history import recorded_runs
+    from dflashd.supervisor.speak.history import recorded_runs
 
     return recorded_runs(home.runs_db)
 
@@ -101,7 +101,7 @@ def resolve_run(home: Home, which: str | None, *, must_exist: bool = True) -> in
     """``--run``: a number, ``current`` or ``previous``; exit 2 naming the runs there are."""
     if which is None:
         return None
-    from dflashd.supervisor.statusview import read_state
+    from dflashd.supervisor.speak.statusview import read_state
 
     if which.isdigit():
         run_no = int(which)

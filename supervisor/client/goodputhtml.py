@@ -17,8 +17,8 @@ from dflashd.supervisor.client.svgaxis import LEFT as _LEFT
 from dflashd.supervisor.client.svgaxis import RIGHT as _RIGHT
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
 from dflashd.supervisor.client.svgaxis import axis_svg, x_of
+from dflashd.supervisor.decide.goodput import Cost, cost_from_json, duration_text
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.goodput import Cost, cost_from_json, duration_text
 
 # productive first, then the causes as status names them, stopped last
 BUCKETS: Final = (

@@ -20,7 +20,7 @@ def has_run(home: Home) -> bool:
 
 def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ...]) -> None:
     """What ``dflashd restart`` repeats: the config file and the command (no secrets)."""
-    from dflashd.supervisor.statusview import write_state
+    from dflashd.supervisor.speak.statusview import write_state
 
     data = {
         "config": str(config_path.absolute()) if config_path else None,
@@ -35,7 +35,7 @@ def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ..
 
 def load_invocation_cwd(home: Home) -> Path | None:
     """The directory the last ``start`` ran in."""
-    from dflashd.supervisor.statusview import read_state
+    from dflashd.supervisor.speak.statusview import read_state
 
     cwd = (read_state(home.root / "invocation.json") or {}).get("cwd")
     return Path(cwd) if isinstance(cwd, str) and cwd else None
@@ -43,7 +43,7 @@ def load_invocation_cwd(home: Home) -> Path | None:
 
 def load_invocation(home: Home) -> tuple[Path | None, tuple[str, ...]]:
     """The last ``start``'s config path and command."""
-    from dflashd.supervisor.statusview import read_state
+    from dflashd.supervisor.speak.statusview import read_state
 
     data = read_state(home.root / "invocation.json") or {}
     config = data.get("config")

@@ -9,11 +9,11 @@ from typing import Any, Final, TextIO
 import click
 
 from dflashd.logs.records import EventRecord, LineRecord, Record
-from dflashd.supervisor.echo import escape_controls
+from dflashd.supervisor.decide.goodput import goodput_line, view_from_json
+from dflashd.supervisor.decide.verdicts import Verdict
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.goodput import goodput_line, view_from_json
 from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.verdicts import Verdict
+from dflashd.supervisor.speak.echo import escape_controls
 
 _STYLES: Final[dict[str, dict[str, Any]]] = {
     "red": {"fg": "red"},

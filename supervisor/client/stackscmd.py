@@ -21,12 +21,12 @@ import orjson
 from dflashd.logs import EventRecord, RecordFilter, follow, last_records
 from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.client.common import fail, home_option, resolve_home
-from dflashd.supervisor.control import ControlError, request
-from dflashd.supervisor.echo import escape_controls
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING
 from dflashd.supervisor.home import Home, lock_is_held
-from dflashd.supervisor.statusview import read_state
+from dflashd.supervisor.speak.control import ControlError, request
+from dflashd.supervisor.speak.echo import escape_controls
+from dflashd.supervisor.speak.statusview import read_state
 
 DUMP_WAIT_S: Final = 20.0  # the daemon bounds a dump to 5 s (8 processes); this is slack
 _STACKS: Final = re.compile(r"^stacks ")  # the event's name leads its searchable text

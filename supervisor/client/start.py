@@ -23,7 +23,7 @@ import orjson
 from dflashd.supervisor.client.common import exposed_secret, fail
 from dflashd.supervisor.client.invocation import save_invocation
 from dflashd.supervisor.config import Config, ConfigError, load_config
-from dflashd.supervisor.echo import escape_controls
+from dflashd.supervisor.decide.verdicts import Verdict
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.exitcodes import (
     EXIT_ALREADY_RUNNING,
@@ -41,7 +41,7 @@ from dflashd.supervisor.home import (
     read_lock_pid,
     unusable_path,
 )
-from dflashd.supervisor.verdicts import Verdict
+from dflashd.supervisor.speak.echo import escape_controls
 
 _READY_TIMEOUT_S: Final = 120.0
 _FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record
@@ -105,8 +105,8 @@ def run_foreground(
     """
     from dflashd.logs.writer import LogWriterError
     from dflashd.supervisor.daemon import Daemon, Seams, StartupError
-    from dflashd.supervisor.daemonlog import DaemonLog, is_daemon_log
-    from dflashd.supervisor.diagnostics import configure_logging
+    from dflashd.supervisor.speak.daemonlog import DaemonLog, is_daemon_log
+    from dflashd.supervisor.speak.diagnostics import configure_logging
 
     lock = HomeLock(home.lock)
     try:
@@ -129,7 +129,7 @@ def run_foreground(
     printer = None
     if echo and ready_fd is None:
         from dflashd.supervisor.client.render import use_color
-        from dflashd.supervisor.echo import Echo
+        from dflashd.supervisor.speak.echo import Echo
 
         if sys.stdout is not None:
             tty = sys.stdout.isatty()

@@ -2,8 +2,8 @@
 processes, the state, the timers, the exit code, as plain values (a leaf of the house).
 
 Every room that decides returns a tuple of these, in order: a run's end
-(:func:`~dflashd.supervisor.ending.conclude`), a resumed run
-(:func:`~dflashd.supervisor.incidents.resumed`), a launch deferred, a stop, the GPU release
+(:func:`~dflashd.supervisor.decide.ending.conclude`), a resumed run
+(:func:`~dflashd.supervisor.decide.incidents.resumed`), a launch deferred, a stop, the GPU release
 check and the GPU samples, recovery at start-up, the live run's deadlines.
 :meth:`~dflashd.supervisor.core.DaemonCore.apply` is the one applier that carries them out,
 and the only code that writes the daemon's state (``LoopState``, ``Timers``, ``Ledger``).
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from dflashd.supervisor.decide.goodput import Cost, GoodputLedger
+from dflashd.supervisor.decide.policy import RestartHistory
+from dflashd.supervisor.decide.verdicts import AlertKind
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.goodput import Cost, GoodputLedger
-from dflashd.supervisor.history import RunHistory
 from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.policy import RestartHistory
-from dflashd.supervisor.verdicts import AlertKind
+from dflashd.supervisor.speak.history import RunHistory
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ No false kill is the first property, speed the second: only *hung* ends a run ea
 torchrun, the workers are judged (the agent's monitor loop is not the job).
 
 :func:`decide` is the one function of (the run's view, the evidence, now, limits) that says
-what to do next; it is table-tested like :func:`dflashd.supervisor.ending.conclude`.
+what to do next; it is table-tested like :func:`dflashd.supervisor.decide.ending.conclude`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
-from dflashd.supervisor.stacks import Frame, ProcessStacks, StacksDump, ThreadStack
+from dflashd.supervisor.watch.stacks import Frame, ProcessStacks, StacksDump, ThreadStack
 
 HANG_SUSPECT_S: Final = 30.0  # the shortest gap that makes a steady run suspect
 CADENCE_FACTOR: Final = 10.0  # ... or this many typical intervals, if longer

@@ -17,7 +17,7 @@ from typing import Final
 
 from dflashd.supervisor.bounds import bounded_field as _key
 from dflashd.supervisor.bounds import seconds_field as _seconds
-from dflashd.supervisor.verdicts import EARLY_DEATHS, UNFIXABLE_REASONS, Verdict
+from dflashd.supervisor.decide.verdicts import EARLY_DEATHS, UNFIXABLE_REASONS, Verdict
 
 
 @dataclass(frozen=True)

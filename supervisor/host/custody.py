@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from dflashd.supervisor.cgroups import (
+from dflashd.supervisor.host.cgroups import (
     CgroupBase,
     cgroup_pids,
     own_cgroup,
@@ -40,14 +40,14 @@ from dflashd.supervisor.cgroups import (
     remove_cgroup,
     wait_cgroup_empty,
 )
-from dflashd.supervisor.procfs import (
+from dflashd.supervisor.host.procfs import (
     CLK_TCK,
     all_stats,
     cmdline_text,
     holds_file,
     read_stat,
 )
-from dflashd.supervisor.proof import (
+from dflashd.supervisor.host.proof import (
     MODE_PID,
     PIDFD_SUPPORTED,
     Member,

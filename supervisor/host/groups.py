@@ -1,9 +1,9 @@
 """The process seam: what the daemon does to processes, and only to those it started.
 
-:class:`~dflashd.supervisor.processops.ProcessOps` (a leaf) is the seam: the daemon launches,
+:class:`~dflashd.supervisor.host.processops.ProcessOps` (a leaf) is the seam: the daemon launches,
 reaps and recovers through it, so the loop tests drive the real daemon logic with a scripted
 stand-in and no process is touched.  :class:`HostProcesses` is the real thing.  Every signal to a run goes through that run's
-:class:`~dflashd.supervisor.proof.RunCustody` (its cgroup, or pidfds of proven members),
+:class:`~dflashd.supervisor.host.proof.RunCustody` (its cgroup, or pidfds of proven members),
 never through a bare pid, a process group id, a name or a pattern.
 """
 
@@ -14,19 +14,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dflashd.supervisor.cgroups import CgroupBase, cgroup_pids, own_cgroup
-from dflashd.supervisor.custody import (
+from dflashd.supervisor.decide.effects import WriteRecord
+from dflashd.supervisor.host.cgroups import CgroupBase, cgroup_pids, own_cgroup
+from dflashd.supervisor.host.custody import (
     MODE_CGROUP,
     MODE_PIDFD,
     HostCustody,
     end_stale_cgroup,
     open_base,
 )
-from dflashd.supervisor.effects import WriteRecord
-from dflashd.supervisor.procfs import cmdline_text, read_stat
-from dflashd.supervisor.proof import MODE_PID, PIDFD_SUPPORTED, Launched
-from dflashd.supervisor.recovery import recover
-from dflashd.supervisor.spawn import spawn
+from dflashd.supervisor.host.procfs import cmdline_text, read_stat
+from dflashd.supervisor.host.proof import MODE_PID, PIDFD_SUPPORTED, Launched
+from dflashd.supervisor.host.recovery import recover
+from dflashd.supervisor.host.spawn import spawn
 
 
 class HostProcesses:
@@ -56,7 +56,7 @@ class HostProcesses:
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
     ) -> Launched:
-        """See :func:`dflashd.supervisor.spawn.spawn`; the child enters ``run-N``'s cgroup."""
+        """See :func:`dflashd.supervisor.host.spawn.spawn`; the child enters ``run-N``'s cgroup."""
         cgroup = self._run_cgroup(run_no)
         launched = spawn(argv, cwd=cwd, env=env, cgroup=cgroup)
         rel = self.base.run_rel(run_no) if self.base is not None else ""
@@ -130,7 +130,7 @@ class HostProcesses:
     def recover(
         self, previous: dict[str, Any], boot: str | None, timeout_s: float
     ) -> list[WriteRecord]:
-        """See :func:`dflashd.supervisor.recovery.recover`."""
+        """See :func:`dflashd.supervisor.host.recovery.recover`."""
 
         return recover(previous, self.base, self.home_id, boot, timeout_s)
 

@@ -1,7 +1,7 @@
 """The process seam's contract, in a leaf: what the daemon does to processes (:class:`ProcessOps`);
-what a launch gives back (:class:`~dflashd.supervisor.proof.Launched`) sits with the custody.
+what a launch gives back (:class:`~dflashd.supervisor.host.proof.Launched`) sits with the custody.
 
-The real implementation is :class:`~dflashd.supervisor.groups.HostProcesses`; the loop tests
+The real implementation is :class:`~dflashd.supervisor.host.groups.HostProcesses`; the loop tests
 drive the daemon through a scripted one.  Importing the type pulls in no implementation: the
 rooms that only hold a ``ProcessOps`` sit low in the house.
 """
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from dflashd.supervisor.effects import WriteRecord
-from dflashd.supervisor.proof import Launched
+from dflashd.supervisor.decide.effects import WriteRecord
+from dflashd.supervisor.host.proof import Launched
 
 __all__ = ["Launched", "ProcessOps"]
 

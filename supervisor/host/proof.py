@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from dflashd.supervisor.procfs import ProcStat, all_stats, carries_mark, read_stat
+from dflashd.supervisor.host.procfs import ProcStat, all_stats, carries_mark, read_stat
 
 NO_PIDFD: Final = -1  # the kernel has no pidfds: identity is proven again before each signal
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Final
 
 from dflashd.logs.drain import grow_pipe
-from dflashd.supervisor.cgroups import enter_cgroup_fd, open_procs_fd
-from dflashd.supervisor.custody import die_with_parent
-from dflashd.supervisor.proof import Launched
+from dflashd.supervisor.host.cgroups import enter_cgroup_fd, open_procs_fd
+from dflashd.supervisor.host.custody import die_with_parent
+from dflashd.supervisor.host.proof import Launched
 
 PR_SET_PDEATHSIG: Final = 1
 # Variables systemd gives *us*; the child must get dflashd's NOTIFY_SOCKET, never systemd's.

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.control import ControlServer
-from dflashd.supervisor.diagnostics import get_logger
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.notify import NotifyMessage, NotifyServer
+from dflashd.supervisor.speak.control import ControlServer
+from dflashd.supervisor.speak.diagnostics import get_logger
+from dflashd.supervisor.watch.notify import NotifyMessage, NotifyServer
 
 log = get_logger("dflashd")
 SOCKET_CHECK_S: Final = 1.0

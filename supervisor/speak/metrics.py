@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from dflashd.supervisor import __version__
-from dflashd.supervisor.goodput import GoodputView, lost_seconds, view_from_json
-from dflashd.supervisor.httpserve import parse_listen
+from dflashd.supervisor.decide.goodput import GoodputView, lost_seconds, view_from_json
+from dflashd.supervisor.decide.verdicts import AlertKind, Verdict
 from dflashd.supervisor.lifecycle import Phase, State
-from dflashd.supervisor.verdicts import AlertKind, Verdict
+from dflashd.supervisor.speak.httpserve import parse_listen
 
 _MIB: Final = 1024 * 1024
 
@@ -223,7 +223,7 @@ class MetricsServer:
         """Bind and serve on one daemon thread (raises OSError when the address is taken)."""
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-        from dflashd.supervisor.httpserve import BoundedHttpServer
+        from dflashd.supervisor.speak.httpserve import BoundedHttpServer
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)

@@ -1,6 +1,6 @@
 """The contract the rooms write through, in a leaf: :class:`Recorder`.
 
-:class:`~dflashd.supervisor.reporter.Reporter` implements it over the run log, alerts and
+:class:`~dflashd.supervisor.speak.reporter.Reporter` implements it over the run log, alerts and
 runs.sqlite; the rooms (the core, the runs, the launcher, the observer, the live run's
 control, the ended runs, the stack dumps) know only this, so importing one of them does not
 pull in the log writer's floors.  Stdlib and leaves only.
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dflashd.logs.drain import FrameSink
+from dflashd.supervisor.decide.verdicts import AlertKind
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.history import RunHistory
-from dflashd.supervisor.verdicts import AlertKind
+from dflashd.supervisor.speak.history import RunHistory
 
 
 class Recorder(Protocol):

@@ -16,18 +16,18 @@ from typing import Any, Final
 from dflashd.logs.logdir import LogDir
 from dflashd.logs.sink import LogSink
 from dflashd.logs.writer import RotatingLogWriter
-from dflashd.supervisor.alerts import AlertDispatcher, AlertOutcome, alert_payload
 from dflashd.supervisor.clock import Clock, SystemClock
 from dflashd.supervisor.config import Config, config_to_dict
-from dflashd.supervisor.diagnostics import get_logger
+from dflashd.supervisor.decide.goodput import Cost, cost_to_json
+from dflashd.supervisor.decide.verdicts import AlertKind
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.goodput import Cost, cost_to_json
-from dflashd.supervisor.history import RunHistory, open_history
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.notify import SystemdNotifier
-from dflashd.supervisor.pyspy import RUNNING_DUMPS
-from dflashd.supervisor.statusview import LogStats, StatusView, write_state
-from dflashd.supervisor.verdicts import AlertKind
+from dflashd.supervisor.host.pyspy import RUNNING_DUMPS
+from dflashd.supervisor.speak.alerts import AlertDispatcher, AlertOutcome, alert_payload
+from dflashd.supervisor.speak.diagnostics import get_logger
+from dflashd.supervisor.speak.history import RunHistory, open_history
+from dflashd.supervisor.speak.statusview import LogStats, StatusView, write_state
+from dflashd.supervisor.watch.notify import SystemdNotifier
 
 log = get_logger("dflashd")
 GOODPUT_SAVE_EVERY_S: Final = 2.0
@@ -287,7 +287,7 @@ class Reporter:
         """Serve /metrics when configured (a ``metrics_on`` record), or raise MetricsUnavailable."""
         if not self.config.metrics_listen:
             return
-        from dflashd.supervisor.metrics import MetricsServer
+        from dflashd.supervisor.speak.metrics import MetricsServer
 
         def extra() -> dict[str, Any]:
             stats = self.sink.stats()

@@ -1,7 +1,7 @@
 """The daemon's snapshot for status: built once per publish from the daemon's rooms.
 
 :func:`status_view` reads the loop's state, the run, the ledger, the GPU watch and the
-reporter's counters, and fills in the :class:`~dflashd.supervisor.statusview.StatusView`
+reporter's counters, and fills in the :class:`~dflashd.supervisor.speak.statusview.StatusView`
 contract, which sits below every room.  Nothing imports this module but the daemon.
 """
 
@@ -14,17 +14,17 @@ from dflashd.logs.linecodec import CODEC
 from dflashd.supervisor import __version__
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.config import Config
-from dflashd.supervisor.goodput import Cost
-from dflashd.supervisor.gpuwatch import GpuWatch
+from dflashd.supervisor.decide.goodput import Cost
 from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.ledger import Ledger
 from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.processops import ProcessOps
-from dflashd.supervisor.reporter import Reporter
 from dflashd.supervisor.run import Run
-from dflashd.supervisor.stackdumps import Dumper
-from dflashd.supervisor.statusview import StatusView
+from dflashd.supervisor.speak.reporter import Reporter
+from dflashd.supervisor.speak.statusview import StatusView
 from dflashd.supervisor.timers import Timers
+from dflashd.supervisor.watch.gpuwatch import GpuWatch
+from dflashd.supervisor.watch.stackdumps import Dumper
 
 
 class StatusSource(Protocol):

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from dflashd.supervisor.config import Config
-from dflashd.supervisor.effects import Deadline, Effect, KillHolders, SetTimer, WriteRecord
+from dflashd.supervisor.decide.effects import Deadline, Effect, KillHolders, SetTimer, WriteRecord
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.nvml import (
+from dflashd.supervisor.host.processops import ProcessOps
+from dflashd.supervisor.run import Run
+from dflashd.supervisor.watch.nvml import (
     ChildGpuUse,
     GpuPoller,
     GpuSample,
@@ -33,8 +35,6 @@ from dflashd.supervisor.nvml import (
     join_with_tree,
     reading_to_dict,
 )
-from dflashd.supervisor.processops import ProcessOps
-from dflashd.supervisor.run import Run
 
 RECORD_EVERY_S: Final = 60.0
 # Before a relaunch: a sample from before the death proves nothing, so one is asked for at once

@@ -6,7 +6,7 @@ run's callback on its drain threads: it matches frames (every one until the firs
 at most 50 a second and the newest before each post) and posts a :class:`LinesSeen` message
 to the loop's inbox (the first step at once, later ones at most four times a second, bare
 output as liveness at most once a second).  The loop turns those messages
-into :class:`~dflashd.supervisor.progress.Progress` (:mod:`observe`).
+into :class:`~dflashd.supervisor.watch.progress.Progress` (:mod:`observe`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Final
 
 from dflashd.logs.framer import Frame
 from dflashd.supervisor.bounds import bounded_int
-from dflashd.supervisor.elastic import AgentLine
-from dflashd.supervisor.formats import FormatMatcher
+from dflashd.supervisor.watch.elastic import AgentLine
+from dflashd.supervisor.watch.formats import FormatMatcher
 
 PATTERN: Final = "pattern"
 

@@ -1,11 +1,11 @@
 """Watching the live run: output lines, sd_notify messages and GPU samples become progress.
 
 The :class:`RunObserver` takes each piece of evidence with ``now``, updates the run's
-:class:`~dflashd.supervisor.progress.Progress` and phase, and writes what it means
+:class:`~dflashd.supervisor.watch.progress.Progress` and phase, and writes what it means
 (``first_step``, ``progress``, ``child_status``, ``gpu`` records).
 It never signals anything: when the evidence says the run must end (no GPU memory past
 the grace, a stall), it returns the reason and :mod:`liverun` ends the run.  The
-``recovered`` alert is decided by :func:`~dflashd.supervisor.incidents.resumed` and carried out
+``recovered`` alert is decided by :func:`~dflashd.supervisor.decide.incidents.resumed` and carried out
 by the daemon's one applier.
 """
 
@@ -14,22 +14,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from dflashd.supervisor.effects import Book, Effect
-from dflashd.supervisor.elastic import AgentLine, AgentSaid, ElasticState
+from dflashd.supervisor.decide.effects import Book, Effect
+from dflashd.supervisor.decide.incidents import passed, resumed
+from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.gpuwatch import GpuWatch
-from dflashd.supervisor.incidents import passed, resumed
+from dflashd.supervisor.host.processops import ProcessOps
+from dflashd.supervisor.host.procfs import CLK_TCK, read_stat
 from dflashd.supervisor.ledger import Incident, Ledger
 from dflashd.supervisor.lifecycle import Phase
-from dflashd.supervisor.linewatch import LinesSeen
-from dflashd.supervisor.notify import NotifyMessage
-from dflashd.supervisor.nvml import GpuSample
-from dflashd.supervisor.processops import ProcessOps
-from dflashd.supervisor.procfs import CLK_TCK, read_stat
-from dflashd.supervisor.progress import GPU, Change
-from dflashd.supervisor.recorder import Recorder
 from dflashd.supervisor.run import Run
-from dflashd.supervisor.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.speak.recorder import Recorder
+from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid, ElasticState
+from dflashd.supervisor.watch.gpuwatch import GpuWatch
+from dflashd.supervisor.watch.linewatch import LinesSeen
+from dflashd.supervisor.watch.notify import NotifyMessage
+from dflashd.supervisor.watch.nvml import GpuSample
+from dflashd.supervisor.watch.progress import GPU, Change
 
 _LAST_LINE_CHARS = 500
 

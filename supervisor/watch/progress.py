@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from dflashd.supervisor.bounds import bounded_int, finite_float
-from dflashd.supervisor.formats import global_step
-from dflashd.supervisor.notify import NotifyMessage
-from dflashd.supervisor.verdicts import EndedBy
+from dflashd.supervisor.decide.verdicts import EndedBy
+from dflashd.supervisor.watch.formats import global_step
+from dflashd.supervisor.watch.notify import NotifyMessage
 
 PROGRESS_RECORD_EVERY_S: Final = 30.0
 _STATUS_LOSS: Final = re.compile(r"\bloss\s*[=:]?\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)")

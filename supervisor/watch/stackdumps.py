@@ -23,14 +23,14 @@ from typing import Any, Final, Protocol
 
 import orjson
 
+from dflashd.supervisor.decide.hang import HangSampled, ProcessSample, Sample
 from dflashd.supervisor.events import Event
-from dflashd.supervisor.hang import HangSampled, ProcessSample, Sample
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.procfs import CLK_TCK, read_stat, thread_states, wrote_bytes
-from dflashd.supervisor.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
-from dflashd.supervisor.recorder import Recorder
+from dflashd.supervisor.host.procfs import CLK_TCK, read_stat, thread_states, wrote_bytes
+from dflashd.supervisor.host.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
 from dflashd.supervisor.run import Run
-from dflashd.supervisor.stacks import (
+from dflashd.supervisor.speak.recorder import Recorder
+from dflashd.supervisor.watch.stacks import (
     ProcessStacks,
     Role,
     StacksDump,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.supervisor.custody import open_base
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.procfs import ProcStat, read_stat
+from dflashd.supervisor.host.custody import open_base
+from dflashd.supervisor.host.procfs import ProcStat, read_stat
 from tests.conftest import Daemon, child, run_cli
 
 Start = Callable[..., Daemon]

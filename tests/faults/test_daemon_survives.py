@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from dflashd.logs import EventRecord, read_records
-from dflashd.supervisor.control import ControlError, request
-from dflashd.supervisor.procfs import read_stat
+from dflashd.supervisor.host.procfs import read_stat
+from dflashd.supervisor.speak.control import ControlError, request
 from tests.conftest import Daemon, child, daemon_argv, run_cli, write_config
 
 Start = Callable[..., Daemon]

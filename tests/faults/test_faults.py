@@ -21,7 +21,7 @@ import pytest
 
 from dflashd.logs import EventRecord, LineRecord, follow, read_records
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.recovery import boot_id
+from dflashd.supervisor.host.recovery import boot_id
 from tests.conftest import Daemon, child, daemon_argv, run_cli, write_config
 from tests.faults.conftest import fill
 
@@ -233,7 +233,7 @@ def test_5_idle_connections_and_a_small_fd_limit(home: Path, tmp_path: Path) -> 
 
 def test_6_huge_stop_timeout_is_refused_not_fatal(start_daemon: Start, home: Path) -> None:
     """--timeout 1e308 is a usage error; the same over the socket is refused; the daemon lives on."""
-    from dflashd.supervisor.control import request
+    from dflashd.supervisor.speak.control import request
 
     daemon = start_daemon(child("prints_then_waits.py"))
     daemon.wait_event("launched")

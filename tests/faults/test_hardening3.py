@@ -30,11 +30,11 @@ from hypothesis import strategies as st
 
 from dflashd.logs import EventRecord, LineRecord, read_records
 from dflashd.logs.safejson import dumps_any
-from dflashd.supervisor.alerts import post_webhook
 from dflashd.supervisor.bounds import MAX_COUNT
-from dflashd.supervisor.formats import match_line
-from dflashd.supervisor.notify import parse_notify
-from dflashd.supervisor.statusview import parse_state, write_state
+from dflashd.supervisor.speak.alerts import post_webhook
+from dflashd.supervisor.speak.statusview import parse_state, write_state
+from dflashd.supervisor.watch.formats import match_line
+from dflashd.supervisor.watch.notify import parse_notify
 from tests.conftest import Daemon, child, run_cli, write_config
 
 Start = Callable[..., Daemon]
@@ -234,7 +234,7 @@ def test_status_of_a_daemon_without_its_socket_says_it_runs(
 
 
 def test_the_stop_reply_carries_the_timeout_in_effect(start_daemon: Start, home: Path) -> None:
-    from dflashd.supervisor.control import request
+    from dflashd.supervisor.speak.control import request
 
     daemon = start_daemon(child("ignore_term.py"), restart={"stop_timeout_s": 3.0})
     daemon.wait_event("launched")
@@ -242,7 +242,7 @@ def test_the_stop_reply_carries_the_timeout_in_effect(start_daemon: Start, home:
     assert reply["ok"] and reply["timeout_s"] == 3.0 and reply["dump_bound_s"] > 0
     assert daemon.wait(60) == 0
     expired = {"cmd": "stop", "expires_at": time.time() - 1}
-    from dflashd.supervisor.control import stop_handler
+    from dflashd.supervisor.speak.control import stop_handler
 
     called: list[float] = []
     handle = stop_handler(3.0, called.append, lambda: None)

@@ -124,7 +124,7 @@ threading.Event().wait()
 
 
 def escape_case(work: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
-    from dflashd.supervisor.nvml import NvmlSampler
+    from dflashd.supervisor.watch.nvml import NvmlSampler
 
     home = work / f"esc-{label}"
     pidfile = work / f"esc-{label}.pid"

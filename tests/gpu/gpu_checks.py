@@ -25,7 +25,7 @@ from typing import Any
 
 from dflashd.logs import EventRecord, read_records
 from dflashd.logs.records import parse_timestamp
-from dflashd.supervisor.nvml import NvmlSampler, gpu_pids_of_run, join_with_tree
+from dflashd.supervisor.watch.nvml import NvmlSampler, gpu_pids_of_run, join_with_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
 from tests.helpers import daemon_argv

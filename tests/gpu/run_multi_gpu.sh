@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv | tee "$OUT/nvidia_smi.txt"
 python3 -c '
 import statistics, subprocess, sys, time
-from dflashd.supervisor.nvml import NvmlSampler, gpu_pids_of_run, join_with_tree
+from dflashd.supervisor.watch.nvml import NvmlSampler, gpu_pids_of_run, join_with_tree
 s = NvmlSampler("all"); p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 costs = []
 for _ in range(2000):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.supervisor.nvml import NvmlSampler, join_with_tree
+from dflashd.supervisor.watch.nvml import NvmlSampler, join_with_tree
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
 from tests.helpers import daemon_argv

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dflashd.logs import EventRecord, read_records
-from dflashd.supervisor.nvml import NvmlSampler
+from dflashd.supervisor.watch.nvml import NvmlSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: find tests/
 from tests.helpers import daemon_argv

@@ -21,7 +21,7 @@ from pathlib import Path
 from _bench import cli, daemon_argv
 
 from dflashd.logs import EventRecord, follow
-from dflashd.supervisor.control import ControlError, request
+from dflashd.supervisor.speak.control import ControlError, request
 
 
 def wait_launched(home: Path) -> None:

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from _bench import daemon_argv  # noqa: F401  (sets up the import path for tests/)
 
-from dflashd.supervisor.pyspy import dump_processes, find_py_spy
-from dflashd.supervisor.stacks import Role
+from dflashd.supervisor.host.pyspy import dump_processes, find_py_spy
+from dflashd.supervisor.watch.stacks import Role
 
 TARGET = r"""
 import os, sys, threading, time

@@ -28,7 +28,7 @@ from dflashd.logs.framer import LineFramer
 from dflashd.logs.linecodec import CODEC
 from dflashd.logs.records import encode_frame, utc_timestamp
 from dflashd.logs.writer import RotatingLogWriter
-from dflashd.supervisor.linewatch import LineMatcher
+from dflashd.supervisor.watch.linewatch import LineMatcher
 
 PAD = b"x" * 64
 
