@@ -31,7 +31,6 @@ from dflashd.supervisor.host.spawn import (
     dflashd_env,
     flight_recorder_env,
 )
-from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.diagnostics import bind_run, get_logger
 from dflashd.supervisor.speak.recorder import Recorder
@@ -152,13 +151,13 @@ class Launcher:
                 ) from None
             error = spawn_error_text(run.argv[0], exc)
             log.error("spawn_failed", run=run_no, error=error)
-            run.phase = Phase.EXITED
+            run.spawn_error = error
             self.reporter.record_history(
                 lambda db: db.started(run_no, run.started_wall, None, argv_text)
             )
             return run, error
         run.launched = launched
-        run.pids_seen.add(launched.pid)
+        run.saw({launched.pid})
         run.create_time = self.ops.create_time(launched.pid)
         bind_run(run=run_no, pid=launched.pid)
         custody = launched.custody
@@ -185,7 +184,6 @@ class Launcher:
             )
             for fd, src in ((launched.stdout_fd, "stdout"), (launched.stderr_fd, "stderr"))
         ]
-        run.phase = Phase.WARMING_UP
         self.reporter.record_history(
             lambda db: db.started(run_no, run.started_wall, launched.pid, argv_text)
         )

@@ -16,7 +16,6 @@ from dflashd.supervisor.decide.ending import RunFacts
 from dflashd.supervisor.decide.verdicts import Observations
 from dflashd.supervisor.host.caches import stale_build_locks
 from dflashd.supervisor.host.processops import ProcessOps
-from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.run import Run
 
 CPU_LIFE_SHARE: Final = 0.1  # a run that used at least this share of a CPU over its life was alive
@@ -28,7 +27,7 @@ def mark_reaped(run: Run, status: int | None, ops: ProcessOps) -> float | None:
     Returns the CPU-seconds the run used: the reaped child's and its waited-for
     descendants', or the whole run cgroup's (workers in sessions of their own included).
     """
-    run.phase = Phase.EXITED
+    run.reaped = True
     if run.launched is not None and run.launched.process is not None:
         run.launched.process.returncode = (
             -1 if status is None else os.waitstatus_to_exitcode(status)

@@ -47,8 +47,9 @@ class Run:
     started_mono: float
     started_wall: float
     progress: Progress
-    phase: Phase = Phase.LAUNCHING
     launched: Launched | None = None
+    spawn_error: str | None = None  # exec failed: the run never lived
+    reaped: bool = False  # its wait status was taken: the run is over
     create_time: float | None = None
     drains: list[PipeDrain] = field(default_factory=list)
     ended_by: EndedBy = EndedBy.CHILD
@@ -76,9 +77,18 @@ class Run:
         return self.launched.pid if self.launched is not None else None
 
     @property
+    def phase(self) -> Phase:
+        """Where the child is in its life, from what is known of it (never set: derived)."""
+        if self.reaped or self.spawn_error is not None:
+            return Phase.EXITED
+        if self.launched is None:
+            return Phase.LAUNCHING
+        return Phase.TRAINING if self.progress.reached_first_step else Phase.WARMING_UP
+
+    @property
     def alive(self) -> bool:
         """Launched and not yet reaped."""
-        return self.launched is not None and self.phase is not Phase.EXITED
+        return self.launched is not None and not self.reaped
 
     @property
     def ended_by_us(self) -> bool:
@@ -101,6 +111,11 @@ class Run:
             passed_best=p.passed_best_mono,
             stepped=p.step is not None,
         )
+
+    def saw(self, pids: set[int]) -> None:
+        """These pids were the run's (the child, its GPU process tree): remembered for the GPU
+        join after they are gone (NVML may still list a dead pid)."""
+        self.pids_seen |= pids
 
     def belongs(self, pid: int) -> bool:
         """Is ``pid`` part of this run, proven (cgroup membership, or pidfd proof)?

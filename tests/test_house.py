@@ -273,3 +273,53 @@ def test_the_old_flat_names_import_the_moved_modules_and_nothing_here_uses_them(
         and path != Path(__file__)
     ]
     assert users == []
+
+
+def run_field_writes(tree: ast.AST) -> set[str]:
+    """The fields of a ``Run`` a module writes: ``run.<field> = ...`` (a tuple's elements
+    too, ``+=``) and ``run.<field>.add/append/extend/update/clear(...)``."""
+    fields: set[str] = set()
+
+    def is_run(node: ast.expr) -> bool:
+        return getattr(node, "id", None) == "run" or getattr(node, "attr", None) == "run"
+
+    for node in ast.walk(tree):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                targets += target.elts if isinstance(target, ast.Tuple) else [target]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        fields |= {t.attr for t in targets if isinstance(t, ast.Attribute) and is_run(t.value)}
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            mutating = node.func.attr in {"add", "append", "extend", "update", "clear"}
+            if mutating and isinstance(owner, ast.Attribute) and is_run(owner.value):
+                fields.add(owner.attr)
+    return fields
+
+
+def test_every_field_of_a_run_has_one_writer() -> None:
+    """Who may set ``run.kill_at_mono``? One module per field (besides ``run.py`` itself):
+    the launcher what a launch made, the live run's control its end, the observer and the
+    GPU watch the evidence, ``reaped`` the reap, the core the alerts sent."""
+    writers: dict[str, set[str]] = {}
+    for name, path in modules().items():
+        if not name.startswith("dflashd.supervisor") or name == "dflashd.supervisor.run":
+            continue
+        for field_name in run_field_writes(ast.parse(path.read_text())):
+            writers.setdefault(field_name, set()).add(name.rsplit(".", 1)[-1])
+    shared = {f: sorted(m) for f, m in writers.items() if len(m) > 1}
+    assert shared == {}
+    assert writers["kill_at_mono"] == {"liverun"} and writers["reaped"] == {"reaped"}
+
+
+def test_the_run_write_finder_finds_writes() -> None:
+    tree = ast.parse(
+        "run.ended_by = why\n"
+        "self.run.hang_due, x = None, 1\n"
+        "run.gpu_xids.extend(xids)\n"
+        "run.progress.on_alive(now)\n"
+        "print(run.phase)\n"
+    )
+    assert run_field_writes(tree) == {"ended_by", "hang_due", "gpu_xids"}

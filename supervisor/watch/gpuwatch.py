@@ -186,7 +186,7 @@ class GpuWatch:
         alive = run is not None and run.alive and run.launched is not None
         if alive and run is not None and run.launched is not None:
             tree = gpu_pids_of_run(sample.readings, run.launched.pid, run.pids_seen)
-            run.pids_seen |= tree
+            run.saw(tree)
         use = join_with_tree(sample.readings, tree, run.gpu_baseline_mib if run else {})
         self.last = tuple(
             reading_to_dict(r, use.per_gpu_mib.get(r.index) if tree else None)

@@ -21,7 +21,6 @@ from dflashd.supervisor.events import Event
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.procfs import CLK_TCK, read_stat
 from dflashd.supervisor.ledger import Incident, Ledger
-from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid, ElasticState
@@ -206,8 +205,6 @@ class RunObserver:
         progress = run.progress
         if change.first_step and run.elastic is not None:
             self._workers_running(run, progress.first_step_mono or run.started_mono)
-        if progress.reached_first_step:
-            run.phase = Phase.TRAINING
         if change.first_step and progress.first_step_mono is not None:
             after = round(progress.first_step_mono - run.started_mono, 3)
             source = progress.first_step_source
