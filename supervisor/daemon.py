@@ -1,9 +1,12 @@
 """The daemon: the selector loop, timers, launch, reap and shutdown (what gunicorn's arbiter keeps).
 
-Everything else lives in its own room and is called through a small interface: the run
-(:mod:`run`), progress (:mod:`progress`), the GPU watch (:mod:`gpuwatch`), the end of a run
-(:mod:`ending`, pure), status (:mod:`snapshot`), the run's processes (:mod:`custody`, through
-the :mod:`groups` seam), recovery (:mod:`recovery`) and control (:mod:`control`).  Threads
+The daemon's state (loop state, timers, ledger, the current run) is owned and written by
+:mod:`core` alone, which applies the effects every room returns.  Everything else lives in
+its own room and is called through a small interface: a run after another (:mod:`runs`),
+the run (:mod:`run`), progress (:mod:`progress`), the GPU watch (:mod:`gpuwatch`), the end of
+a run (:mod:`ending`, pure), status (:mod:`snapshot`), the run's processes (:mod:`custody`,
+through the :mod:`groups` seam), recovery (:mod:`recovery`) and control (:mod:`control`).
+The :class:`Seams` put a test's clock, processes, GPUs and dumps in place of the host.  Threads
 (pipe drains, the log writer, the GPU poller, alert sinks, custody watchers) never call into
 the loop: they post a message to the inbox and poke the wake pipe.  Signal handlers do
 nothing: ``set_wakeup_fd`` carries the signal number to the same pipe.  Death is SIGCHLD

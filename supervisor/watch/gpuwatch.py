@@ -4,7 +4,8 @@ It turns each :class:`GpuSample` (from the poller thread) into what the daemon a
 records to write, whether the run holds no GPU memory past its grace, whether its GPUs
 have been busy long enough to count as training, and, before a relaunch, whether the dead
 run's memory has been released.  Every method takes ``now``; it signals nothing itself
-(the daemon kills what :meth:`GpuWatch.release_check` names, through its process seam).
+(what :meth:`GpuWatch.release_check` finds is effects: its records, the dead run's holders
+to kill, the next look; the core carries them out, the kill through the run's custody).
 
 GPU activity as evidence of training: a GPU counts as *busy* for the run when the run's
 processes hold at least ``BUSY_MIN_MIB`` on it and NVML's utilisation (the share of the
