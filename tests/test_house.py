@@ -155,8 +155,9 @@ def test_the_house_has_at_most_twelve_floors() -> None:
     assert len(deepest) <= MAX_FLOORS, " -> ".join(deepest)
 
 
-def test_no_constructor_in_the_daemon_takes_more_than_seven_parameters() -> None:
-    wide: list[str] = []
+def constructor_widths() -> list[tuple[int, str]]:
+    """(parameters besides ``self``, ``module.Class``) of every constructor in the daemon."""
+    widths: list[tuple[int, str]] = []
     for name, path in modules().items():
         if not name.startswith("dflashd.supervisor") or ".client" in name:
             continue
@@ -166,8 +167,14 @@ def test_no_constructor_in_the_daemon_takes_more_than_seven_parameters() -> None
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == "__init__":
                     count = len(item.args.args) - 1 + len(item.args.kwonlyargs)
-                    if count > MAX_CONSTRUCTOR_PARAMS:
-                        wide.append(f"{name}.{node.name}: {count}")
+                    widths.append((count, f"{name}.{node.name}"))
+    return widths
+
+
+def test_no_constructor_in_the_daemon_takes_more_than_seven_parameters() -> None:
+    wide = [
+        f"{what}: {count}" for count, what in constructor_widths() if count > MAX_CONSTRUCTOR_PARAMS
+    ]
     assert wide == []
 
 
@@ -180,19 +187,26 @@ def _holder(node: ast.expr) -> str | None:
     return None
 
 
+def written_targets(node: ast.AST) -> list[ast.expr]:
+    """What an assignment writes (a tuple's elements too, ``+=``, an annotated one)."""
+    if isinstance(node, ast.Assign):
+        return [
+            t
+            for target in node.targets
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+        ]
+    if isinstance(node, ast.AugAssign | ast.AnnAssign):
+        return [node.target]
+    return []
+
+
 def state_writes(tree: ast.AST) -> list[tuple[int, str]]:
     """Every write to the daemon's state in a module: assignments through a state holder,
     its mutating methods, ``setattr`` on one, the core's current run."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 0)
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            for target in node.targets:  # a tuple's elements are written too
-                targets += target.elts if isinstance(target, ast.Tuple) else [target]
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-            targets = [node.target]
-        for target in targets:
+        for target in written_targets(node):
             if isinstance(target, ast.Attribute) and (holder := _holder(target)) is not None:
                 found.append((line, f"{holder}.{target.attr} ="))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -284,12 +298,7 @@ def run_field_writes(tree: ast.AST) -> set[str]:
         return getattr(node, "id", None) == "run" or getattr(node, "attr", None) == "run"
 
     for node in ast.walk(tree):
-        targets: list[ast.expr] = []
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                targets += target.elts if isinstance(target, ast.Tuple) else [target]
-        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
-            targets = [node.target]
+        targets = written_targets(node)
         fields |= {t.attr for t in targets if isinstance(t, ast.Attribute) and is_run(t.value)}
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner = node.func.value
