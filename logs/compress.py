@@ -38,6 +38,8 @@ LOCK_NAME: Final = ".compress.lock"  # held by whoever compresses the set (one a
 ROTATE_LOCK_NAME: Final = ".rotate.lock"  # held across a rotation and a packed file's placing
 SQUEEZE: Final = Path(__file__).with_name("squeeze.py")
 EXIT_WAIT_S: Final = 1.0
+_LOCK_FLAGS: Final = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _STOP: Final = None
 
 
@@ -53,10 +55,15 @@ class Compressor:
         self,
         directory: Path,
         lock: threading.Lock,
-        rotated: Callable[[], list[Path]],
+        rotated: Callable[[int], list[str]],
         codec: str | None = None,
+        dir_fd: int | None = None,
     ) -> None:
         self.directory, self._lock, self._rotated = directory, lock, rotated
+        # The directory held open (the writer's): every name here is made, renamed and
+        # removed relative to it, and the helpers work in it (fchdir), so a logs directory
+        # swapped for a link never gets a byte from the compression either.
+        self._dir_fd = os.dup(dir_fd) if dir_fd is not None else os.open(directory, _DIR_FLAGS)
         self._zstd_home = zstd_home()
         self.codec = codec or ("zstd" if self._zstd_home is not None else "gzip")
         self.suffix = ZST_SUFFIX if self.codec == "zstd" else GZ_SUFFIX
@@ -65,10 +72,9 @@ class Compressor:
         self._pending = 0
         # One open file for the compression lock, held by this process while it squeezes:
         # flock belongs to the open file, so a finisher that inherits it holds it on.
-        self._lock_fd = os.open(
-            directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-        )
+        self._lock_fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=self._dir_fd)
         self._handed_over = False
+        self._closing = self._thread_done = False  # who closes the directory: the last of the two
         self.finisher: subprocess.Popen[bytes] | None = None  # what finishes after the daemon
         self._thread = threading.Thread(target=self._run, name="log-compressor", daemon=True)
         self._thread.start()
@@ -94,11 +100,15 @@ class Compressor:
         with self._idle:
             left = self._pending > 0
         with contextlib.suppress(OSError):
-            left = left or bool(self._rotated())  # a helper that failed leaves files plain too
+            left = left or bool(self._rotated(self._dir_fd))  # a helper that failed leaves files plain too
         if left and basename and backups:
             self._hand_over(basename, backups)
         else:
             os.close(self._lock_fd)
+        with self._idle:  # a finisher holds its own copy; a thread still at work closes it
+            self._closing = True
+            if self._thread_done:
+                os.close(self._dir_fd)
 
     def _hand_over(self, basename: str, backups: int) -> None:
         """The finisher, holding this process's compression lock (its thread may hold it
@@ -109,11 +119,11 @@ class Compressor:
         except OSError:  # another daemon's finisher has the set: it takes these files too
             return
         argv = [sys.executable, "-I", "-S", str(SQUEEZE), "finish", self.codec, str(os.getpid())]
-        argv += [str(self.directory), basename, str(backups)]
+        argv += [f"@{self._dir_fd}", basename, str(backups)]  # the held directory, not a path
         try:
             self.finisher = subprocess.Popen(
                 argv,
-                pass_fds=(self._lock_fd,),
+                pass_fds=(self._lock_fd, self._dir_fd),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -136,31 +146,45 @@ class Compressor:
         with contextlib.suppress(OSError):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _place(self, tmp: Path, inode: tuple[int, int]) -> None:
+    def _place(self, tmp: str, inode: tuple[int, int]) -> None:
         """The packed file takes the plain file's place, wherever a rotation has moved it since."""
-        with self._lock, rotation_lock(self.directory):
-            for path in self._rotated():
+        at = self._dir_fd
+        with self._lock, rotation_lock(at):
+            for name in self._rotated(at):
                 try:
-                    st = os.stat(path, follow_symlinks=False)
+                    st = os.stat(name, dir_fd=at, follow_symlinks=False)
                 except FileNotFoundError:
                     continue
                 if (st.st_dev, st.st_ino) == inode:
-                    os.replace(tmp, path.with_name(path.name + self.suffix))
-                    os.unlink(path)
+                    os.replace(tmp, name + self.suffix, src_dir_fd=at, dst_dir_fd=at)
+                    os.unlink(name, dir_fd=at)
                     return
-            tmp.unlink(missing_ok=True)  # it rotated out of the set meanwhile
+            self._unlink(tmp)  # it rotated out of the set meanwhile
+
+    def _unlink(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=self._dir_fd)
+
+    def _exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self._dir_fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every file handed over so far is done (tests, benchmarks)."""
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
 
-    def _squeeze(self, jobs: list[tuple[BinaryIO, Path]]) -> None:
+    def _squeeze(self, jobs: list[tuple[BinaryIO, str]]) -> None:
         """One helper for a burst of files; each output appears only when whole."""
-        argv = helper_argv(self.codec, os.getpid(), [f"{fh.fileno()}={tmp}" for fh, tmp in jobs])
+        argv = helper_argv(
+            self.codec, os.getpid(), [f"{fh.fileno()}={tmp}" for fh, tmp in jobs], self._dir_fd
+        )
         helper = subprocess.Popen(
             argv,
-            pass_fds=tuple(fh.fileno() for fh, _ in jobs),
+            pass_fds=(self._dir_fd, *(fh.fileno() for fh, _ in jobs)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -174,6 +198,15 @@ class Compressor:
             self.helper_pid = None
 
     def _run(self) -> None:
+        try:
+            self._work()
+        finally:
+            with self._idle:
+                self._thread_done = True
+                if self._closing:
+                    os.close(self._dir_fd)
+
+    def _work(self) -> None:
         stopping = False
         while not stopping:
             batch = [self._jobs.get()]
@@ -184,13 +217,12 @@ class Compressor:
             if not jobs:
                 continue
             outputs = [
-                (fh, inode, self.directory / f"{TMP_PREFIX}{inode[1]}{self.suffix}")
-                for fh, inode in jobs
+                (fh, inode, f"{TMP_PREFIX}{inode[1]}{self.suffix}") for fh, inode in jobs
             ]
             locked = self._take_lock()
             try:
                 for _, _, tmp in outputs:
-                    tmp.unlink(missing_ok=True)
+                    self._unlink(tmp)
                 todo = [(fh, tmp) for fh, _, tmp in outputs if os.fstat(fh.fileno()).st_nlink]
                 if todo:  # a file a finisher compressed meanwhile is gone: nothing to do
                     self._squeeze(todo)
@@ -199,14 +231,15 @@ class Compressor:
             for fh, inode, tmp in outputs:
                 fh.close()
                 try:
-                    if tmp.exists():
+                    if self._exists(tmp):
                         self._place(tmp, inode)
                         self.compressed += 1
                     else:
                         self.errors += 1
                 except OSError:
                     self.errors += 1
-                    tmp.unlink(missing_ok=True)
+                    with contextlib.suppress(OSError):
+                        self._unlink(tmp)
             if locked and not self._handed_over:
                 self._release_lock()
             with self._idle:
@@ -214,10 +247,12 @@ class Compressor:
                 self._idle.notify_all()
 
 
-def helper_argv(codec: str, parent: int, jobs: list[str]) -> list[str]:
+def helper_argv(codec: str, parent: int, jobs: list[str], dir_fd: int | None = None) -> list[str]:
     """The helper's command line: the script by its path, isolated and without site, so it
-    imports nothing of dflashd (a start of ~25 ms instead of ~70); ``jobs``: ``FD=OUT``."""
-    return [sys.executable, "-I", "-S", str(SQUEEZE), codec, str(parent), *jobs]
+    imports nothing of dflashd (a start of ~25 ms instead of ~70); ``jobs``: ``FD=OUT``.
+    With ``dir_fd`` (passed to it) the helper works in that directory: OUT is a name there."""
+    where = [f"@{dir_fd}"] if dir_fd is not None else []
+    return [sys.executable, "-I", "-S", str(SQUEEZE), codec, str(parent), *where, *jobs]
 
 
 def helper_env(zstd_folder: str | None) -> dict[str, str]:
@@ -241,13 +276,12 @@ def lowest_priority(pid: int) -> None:
         libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, pid, _IOPRIO_CLASS_IDLE << 13)
 
 
-def remove_stale_tmp(directory: Path) -> None:
-    """Temporary files a killed daemon (or helper) left behind; none while a finisher works
-    (it holds the compression lock: its files are not stale)."""
+def remove_stale_tmp(dir_fd: int) -> None:
+    """Temporary files a killed daemon (or helper) left behind in the directory held by
+    ``dir_fd``; none while a finisher works (it holds the compression lock: its files are
+    not stale)."""
     try:
-        fd = os.open(
-            directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-        )
+        fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
     except OSError:
         return
     try:
@@ -256,22 +290,21 @@ def remove_stale_tmp(directory: Path) -> None:
         os.close(fd)
         return
     try:
-        for entry in directory.glob(f"{TMP_PREFIX}*"):
-            entry.unlink(missing_ok=True)
+        for name in os.listdir(dir_fd):
+            if name.startswith(TMP_PREFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
     finally:
         os.close(fd)
 
 
 @contextlib.contextmanager
-def rotation_lock(directory: Path) -> Iterator[None]:
+def rotation_lock(dir_fd: int) -> Iterator[None]:
     """Across processes: a rotation of the set, or a packed file taking a plain one's place
-    (a finisher of the previous daemon may place files while this one rotates)."""
+    (a finisher of the previous daemon may place files while this one rotates).  The lock
+    file lives in the directory held by ``dir_fd``, never where its path names now."""
     try:
-        fd = os.open(
-            directory / ROTATE_LOCK_NAME,
-            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
+        fd = os.open(ROTATE_LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
     except OSError:
         yield  # no lock file can be made (a full or read-only disk): the rename fails anyway
         return

@@ -25,7 +25,7 @@ def rotated_paths(directory: Path, basename: str, backups: int) -> list[Path]:
     return [directory / f"{basename}.{i}" for i in range(backups, 0, -1)] + [directory / basename]
 
 
-def numbered_files(directory: Path, basename: str) -> dict[int, list[str]]:
+def numbered_files(directory: Path | int, basename: str) -> dict[int, list[str]]:
     """The set's rotated files present now, by number: ``{3: ["base.3.zst"], 1: ["base.1"]}``.
 
     One directory scan, whatever ``backups`` is (a rotation used to stat every possible name);
@@ -48,11 +48,13 @@ def numbered_names(names: list[str], basename: str) -> dict[int, list[str]]:
     return found
 
 
-def plain_rotated(directory: Path, basename: str, backups: int) -> list[Path]:
-    """The set's rotated files not yet compressed, oldest first, as named now."""
+def plain_rotated(directory: Path | int, basename: str, backups: int) -> list[Path]:
+    """The set's rotated files not yet compressed, oldest first, as named now (``directory``
+    may be a held directory's descriptor: the paths are then bare names)."""
     present = numbered_files(directory, basename)
+    folder = directory if isinstance(directory, Path) else Path()
     return [
-        directory / f"{basename}.{number}"
+        folder / f"{basename}.{number}"
         for number in sorted((n for n in present if n <= backups), reverse=True)
         if f"{basename}.{number}" in present[number]
     ]

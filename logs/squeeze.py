@@ -1,8 +1,12 @@
 """The compression helper: rotated files compressed in a process of its own, so the daemon
 pays nothing for it (neither its CPU nor its GIL).
 
-    python -I -S squeeze.py CODEC PARENT_PID FD=OUT [FD=OUT ...]
-    python -I -S squeeze.py finish CODEC DAEMON_PID DIR BASE BACKUPS
+    python -I -S squeeze.py CODEC PARENT_PID [@DIRFD] FD=OUT [FD=OUT ...]
+    python -I -S squeeze.py finish CODEC DAEMON_PID DIR|@DIRFD BASE BACKUPS
+
+``@DIRFD`` is the logs directory as the daemon holds it open (an inherited descriptor): the
+helper changes into it (``fchdir``) and names every file relative to it, so a directory
+swapped for a link meanwhile is never written, renamed or deleted in.
 
 Reads each inherited descriptor ``FD`` (a rotated file, whatever it is named by now) and
 writes ``OUT`` with ``CODEC`` (``zstd``: level 1; ``gzip``: level 6); a burst of rotations is
@@ -125,7 +129,8 @@ def _place(
     the rotation lock a running writer also takes (a new daemon may be rotating)."""
     import fcntl
 
-    lock = os.open(os.path.join(directory, ".rotate.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    lock = os.open(os.path.join(directory, ".rotate.lock"), flags, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         for number in range(1, backups + 1):
@@ -143,12 +148,22 @@ def _place(
         os.close(lock)  # the flock goes with it
 
 
+def _enter(where: str) -> str:
+    """``@FD``: work in the directory held by that inherited descriptor (returns ".");
+    a path is used as it is."""
+    if where.startswith("@"):
+        os.fchdir(int(where[1:]))
+        return "."
+    return where
+
+
 def finish(argv: list[str]) -> int:
     """``finish CODEC DAEMON_PID DIR BASE BACKUPS``: the daemon has exited (waited for here)
     with rotated files still plain; compress them all.  Holds the home's compression lock,
     inherited locked from the daemon, so no other compressor works on the set meanwhile."""
     codec, daemon, directory, base, backups = argv[0], int(argv[1]), argv[2], argv[3], int(argv[4])
     suffix = ".zst" if codec == "zstd" else ".gz"
+    directory = _enter(directory)
     _wait_gone(daemon)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(3):  # a new daemon may rotate more meanwhile: look again, a few times
@@ -157,7 +172,9 @@ def finish(argv: list[str]) -> int:
             return 0
         for name in todo:
             try:
-                src_fd = os.open(os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW)
+                src_fd = os.open(
+                    os.path.join(directory, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                )
             except OSError:
                 continue  # rotated out, or compressed by now
             st = os.fstat(src_fd)
@@ -183,6 +200,8 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "finish":
         return finish(argv[1:])
     codec, parent, jobs = argv[0], int(argv[1]), argv[2:]
+    if jobs and jobs[0].startswith("@"):
+        _enter(jobs.pop(0))
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     failed = 0
     for job in jobs:

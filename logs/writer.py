@@ -119,10 +119,12 @@ class RotatingLogWriter:
         self.compressor: Compressor | None = None  # rotated files' helper (drain: tests)
         self.finisher: Any = None  # the helper that finishes compressing after close (tests)
         if compress:
-            remove_stale_tmp(self.directory)
-            self.compressor = Compressor(self.directory, self._lock, self._plain_rotated)
-            for path in self._plain_rotated():  # what a previous daemon left plain, oldest first
-                self._submit(path)
+            remove_stale_tmp(self._dir.fd)
+            self.compressor = Compressor(
+                self.directory, self._lock, self._plain_rotated, dir_fd=self._dir.fd
+            )
+            for name in self._plain_rotated():  # what a previous daemon left plain, oldest first
+                self._submit(name)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -282,7 +284,7 @@ class RotatingLogWriter:
         except OSError as exc:
             return self._rotation_failed(exc)
         try:
-            locked = rotation_lock(self.directory) if self.compressor else contextlib.nullcontext()
+            locked = rotation_lock(self._dir.fd) if self.compressor else contextlib.nullcontext()
             with locked:  # a finisher of the last daemon may be placing packed files
                 rotated = rotate_into_place(self._dir, self.basename, self.backups, self._new_name)
         except OSError as exc:
@@ -296,7 +298,7 @@ class RotatingLogWriter:
             self._rotation_failing = False
             self._own.append(("log_rotation_resumed", {"failures": self._rotation_failures}))
         if rotated.newest is not None:
-            self._submit(self.directory / rotated.newest)
+            self._submit(rotated.newest)
         return True
 
     def _rotation_failed(self, exc: OSError) -> bool:
@@ -336,15 +338,17 @@ class RotatingLogWriter:
                 rotation_failures=self._rotation_failures,
             )
 
-    def _plain_rotated(self) -> list[Path]:
-        return plain_rotated(self.directory, self.basename, self.backups)
+    def _plain_rotated(self, dir_fd: int | None = None) -> list[str]:
+        """The set's plain rotated names, listed in the directory held (not by path)."""
+        at = self._dir.fd if dir_fd is None else dir_fd
+        return [p.name for p in plain_rotated(at, self.basename, self.backups)]
 
-    def _submit(self, path: Path) -> None:
+    def _submit(self, name: str) -> None:
         """Hand a rotated file to the compressor (opened now, so later renames do not matter)."""
         if self.compressor is None:
             return
         try:  # through the held directory, never a link: the compressor closes it
-            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir.fd)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir.fd)
         except OSError:
             return
         self.compressor.submit(os.fdopen(fd, "rb"))

@@ -201,8 +201,10 @@ class Daemon:
             "stop": stop,
             "stacks": lambda req: self.live.command(self.run, req),
         }
-        self.doors = Doors(self.home, self.clock, self.inbox.read_fd, handlers)
-        restored = _restore(self, read_state(self.home.state_file) or {})
+        self.doors = Doors(
+            self.home, self.clock, self.inbox.read_fd, handlers, self.reporter.home_dir.fd
+        )
+        restored = _restore(self, read_state(self.home.state_file, self.reporter.home_dir.fd) or {})
         self.core.apply(None, restored.effects)
         if restored.lost is not None:  # a run the dead daemon never saw end: concluded as any other
             self.core.conclude(None, restored.lost)

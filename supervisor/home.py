@@ -139,6 +139,28 @@ def unusable_path(root: Path) -> str | None:
     return None
 
 
+def untrusted_home(root: Path) -> str | None:
+    """Why a client must not read or talk to the home at ``root`` (None: it may).
+
+    A home is never a symlink (the daemon refuses one at start), so a link there now was put
+    in its place: its state, logs and sockets are whatever the link's owner planted.  A home
+    of another user is read by root only.  A home that does not exist yet is fine.
+    """
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return (
+            f"home {root} is a symlink (owned by uid {st.st_uid}): a home is never a link, "
+            "so its state and sockets are not the daemon's; refusing it (use the real path)"
+        )
+    euid = os.geteuid()
+    if stat.S_ISDIR(st.st_mode) and euid != 0 and st.st_uid != euid:
+        return f"home {root} belongs to uid {st.st_uid}, not to you: refusing to trust it"
+    return None
+
+
 class HomeError(Exception):
     """The home is unusable or unsafe; the message says why (exit 2)."""
 

@@ -14,7 +14,7 @@ import click
 
 from dflashd.supervisor.config import Config
 from dflashd.supervisor.exitcodes import EXIT_USAGE
-from dflashd.supervisor.home import Home, default_home
+from dflashd.supervisor.home import Home, default_home, untrusted_home
 
 home_option = click.option(
     "--home",
@@ -57,7 +57,11 @@ def resolve_home(path: Path | None) -> Home:
             obj = ctx.obj if isinstance(ctx.obj, dict) else {}
             path = obj.get("home")
             ctx = ctx.parent
-    return Home((path or default_home()).expanduser().absolute())
+    where = Home((path or default_home()).expanduser().absolute())
+    problem = untrusted_home(where.root)
+    if problem is not None:
+        fail(problem, EXIT_USAGE)
+    return where
 
 
 def fail(message: str, code: int) -> NoReturn:

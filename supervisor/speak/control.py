@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -14,6 +15,7 @@ from typing import Any, Final
 
 import orjson
 
+from dflashd.logs.logdir import held_path
 from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.bounds import MAX_SECONDS
 
@@ -54,8 +56,12 @@ class ControlServer:
         path: Path,
         handlers: Mapping[str, Handler],
         monotonic: Callable[[], float] = time.monotonic,
+        dir_fd: int | None = None,
     ) -> None:
         self.path = path
+        # The home held open: the socket is made, checked and removed in that directory,
+        # never in whatever the home's path names later (a link planted by someone else).
+        self._dir_fd = dir_fd
         self.handlers = dict(handlers)
         self._monotonic = monotonic
         self._opened: dict[socket.socket, float] = {}
@@ -74,10 +80,21 @@ class ControlServer:
     def socket_missing(self) -> bool:
         """True when the socket file was removed (or replaced) under us."""
         try:
-            st = os.lstat(self.path)
+            st = self._lstat()
         except OSError:
             return True
         return (st.st_dev, st.st_ino) != self._bound
+
+    def _lstat(self) -> os.stat_result:
+        return os.stat(self._name, dir_fd=self._dir_fd, follow_symlinks=False)
+
+    @property
+    def _name(self) -> str:
+        return self.path.name if self._dir_fd is not None else str(self.path)
+
+    def _unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._name, dir_fd=self._dir_fd)
 
     def rebind(self, selector: selectors.BaseSelector) -> None:
         """Make the socket file again (someone deleted it): ``stop`` must stay possible."""
@@ -90,14 +107,14 @@ class ControlServer:
         selector.register(self.sock, selectors.EVENT_READ, "control")
 
     def _bind(self) -> None:
-        self.path.unlink(missing_ok=True)
+        self._unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)  # created 0600: no window where others could connect
         try:
-            self.sock.bind(str(self.path))
+            self.sock.bind(held_path(self._dir_fd, self.path.name, self.path))
         finally:
             os.umask(old_umask)
-        st = os.lstat(self.path)
+        st = self._lstat()
         self._bound = (st.st_dev, st.st_ino)
         self.sock.listen(socket.SOMAXCONN)
         self.sock.setblocking(False)
@@ -256,7 +273,8 @@ class ControlServer:
         if self._reserve is not None:
             os.close(self._reserve)
             self._reserve = None
-        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self._unlink()
 
 
 def stop_timeout(request: dict[str, Any], default_s: float) -> float | str:

@@ -40,11 +40,13 @@ class Doors:
         clock: Clock,
         wake_fd: int,
         handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]],
+        home_fd: int | None = None,
     ) -> None:
         self.home, self.clock = home, clock
         self.selector = selectors.DefaultSelector()
-        self.control = ControlServer(home.control_socket, handlers, clock.monotonic)
-        self.notify = NotifyServer(home.notify_socket)
+        # both sockets live in the home held open (home_fd), whatever its path names later
+        self.control = ControlServer(home.control_socket, handlers, clock.monotonic, home_fd)
+        self.notify = NotifyServer(home.notify_socket, home_fd)
         self.selector.register(wake_fd, selectors.EVENT_READ, "wake")
         self.selector.register(self.notify.fileno(), selectors.EVENT_READ, "notify")
         self.selector.register(self.control.sock, selectors.EVENT_READ, "control")

@@ -179,10 +179,15 @@ def write_state(path: Path, state: dict[str, Any], dir_fd: int | None = None) ->
     os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
-def read_state(path: Path) -> dict[str, Any] | None:
-    """The last state written, validated, or None when there is none (or it is unreadable)."""
+def read_state(path: Path, dir_fd: int | None = None) -> dict[str, Any] | None:
+    """The last state written, validated, or None when there is none (or it is unreadable).
+
+    With ``dir_fd`` (the home held open) it is read in that directory, by name."""
+    name = path.name if dir_fd is not None else path
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd
+        )
     except OSError:
         return None
     try:

@@ -8,6 +8,7 @@ so a message from a previous run's leftover process is not taken as this run's p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from dflashd.logs.logdir import held_path
 from dflashd.supervisor.bounds import bounded_int
 
 _MAX_DATAGRAM: Final = 4096
@@ -65,17 +67,27 @@ def parse_notify(data: bytes, sender_pid: int | None = None) -> NotifyMessage:
 class NotifyServer:
     """A non-blocking datagram socket bound at ``path``; the daemon's selector watches ``fileno()``."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, dir_fd: int | None = None) -> None:
         self.path = path
-        path.unlink(missing_ok=True)
+        # the home held open: made and removed there, never through a link planted later
+        self._dir_fd = dir_fd
+        self._name = path.name if dir_fd is not None else str(path)
+        self._unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         except OSError:
             pass  # no sender pids on this kernel: every datagram is taken as the child's
-        self.sock.bind(str(path))
-        os.chmod(path, 0o600)
+        old_umask = os.umask(0o177)  # made 0600: no moment where others could send
+        try:
+            self.sock.bind(held_path(dir_fd, path.name, path))
+        finally:
+            os.umask(old_umask)
         self.sock.setblocking(False)
+
+    def _unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._name, dir_fd=self._dir_fd)
 
     def fileno(self) -> int:
         """For the selector."""
@@ -100,7 +112,8 @@ class NotifyServer:
     def close(self) -> None:
         """Close and remove the socket file."""
         self.sock.close()
-        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self._unlink()
 
 
 def send_notify(socket_path: str, message: str) -> bool:
