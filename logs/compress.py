@@ -100,7 +100,8 @@ class Compressor:
         with self._idle:
             left = self._pending > 0
         with contextlib.suppress(OSError):
-            left = left or bool(self._rotated(self._dir_fd))  # a helper that failed leaves files plain too
+            # a helper that failed leaves files plain too
+            left = left or bool(self._rotated(self._dir_fd))
         if left and basename and backups:
             self._hand_over(basename, backups)
         else:
@@ -216,9 +217,7 @@ class Compressor:
             jobs = [(fh, inode) for fh, inode in (j for j in batch if j is not _STOP)]
             if not jobs:
                 continue
-            outputs = [
-                (fh, inode, f"{TMP_PREFIX}{inode[1]}{self.suffix}") for fh, inode in jobs
-            ]
+            outputs = [(fh, inode, f"{TMP_PREFIX}{inode[1]}{self.suffix}") for fh, inode in jobs]
             locked = self._take_lock()
             try:
                 for _, _, tmp in outputs:

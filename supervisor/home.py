@@ -156,7 +156,7 @@ def untrusted_home(root: Path) -> str | None:
             "so its state and sockets are not the daemon's; refusing it (use the real path)"
         )
     euid = os.geteuid()
-    if stat.S_ISDIR(st.st_mode) and euid != 0 and st.st_uid != euid:
+    if stat.S_ISDIR(st.st_mode) and euid not in (0, st.st_uid):
         return f"home {root} belongs to uid {st.st_uid}, not to you: refusing to trust it"
     return None
 
