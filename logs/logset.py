@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import BinaryIO, Final
 
 from dflashd.logs.packed import (
+    PACKED_SUFFIXES,
     is_packed,
     open_log_file,
     packed_suffix,
@@ -61,6 +62,25 @@ def _snapshot(directory: Path, basename: str) -> list[tuple[str, int]]:
     return out
 
 
+class LogSetUnsettled(Exception):
+    """A one-shot read could not open the set consistently (it never stopped changing)."""
+
+
+def _packed_twin(path: Path) -> Path | None:
+    """``base.N.zst`` (or ``.gz``) beside a plain ``base.N`` that is gone, if it exists."""
+    if packed_suffix(path.name):
+        return None
+    for suffix in PACKED_SUFFIXES:
+        twin = path.with_name(path.name + suffix)
+        if twin.exists():
+            return twin
+    return None
+
+
+def _unpacked(paths: list[Path]) -> list[str]:
+    return [unpacked_name(p.name) for p in paths]
+
+
 def _number(path: Path) -> int:
     """3 for ``base.3``, ``base.3.zst`` and ``base.3.gz``."""
     return int(unpacked_name(path.name).rsplit(".", 1)[1])
@@ -87,7 +107,14 @@ def first_seq(fh: BinaryIO) -> int | None:
 class OpenSet:
     """Every file of the set opened at once, deduplicated by inode, ordered by first seq."""
 
-    def __init__(self, directory: Path, basename: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        basename: str,
+        *,
+        strict: bool = True,
+        give_up_s: float = _OPEN_GIVE_UP_S,
+    ) -> None:
         self.handles: list[tuple[int, BinaryIO]] = []
         self.live: BinaryIO | None = None
         # A rotation between listing and opening shifts names by one: retry until the names
@@ -112,7 +139,12 @@ class OpenSet:
             if snapshot != first_seen[1]:
                 first_seen = (time.monotonic(), snapshot)
             attempt += 1
-            if time.monotonic() - started > _OPEN_GIVE_UP_S:
+            if time.monotonic() - started > give_up_s:
+                if strict:  # a one-shot reader never returns "nothing" for "could not read"
+                    raise LogSetUnsettled(
+                        f"{directory}: the log set kept changing for {give_up_s:.0f}s "
+                        "(rotating without pause); nothing was read, try again"
+                    )
                 break  # never settled: nothing opened now; a follower looks again later
             if attempt > _OPEN_RETRIES:
                 time.sleep(0.01)  # a long rename chain (hundreds of backups) is still running
@@ -132,11 +164,17 @@ class OpenSet:
             if missing:
                 named = ", ".join(f"{basename}.{n}" for n in missing)
                 say_skipped(f"{directory}: {named} missing from the log set; read the rest")
-        for path in names:
+        for index, listed in enumerate(names):
+            path = listed
             try:
                 fh = open_log_file(path)
             except FileNotFoundError:
-                return False
+                # compressed since the listing: its packed twin holds the same records
+                twin = _packed_twin(path) if path != live_path else None
+                if twin is None:
+                    return False
+                names[index] = path = twin
+                fh = open_log_file(path)
             st = os.fstat(fh.fileno())
             inode = (st.st_dev, st.st_ino)
             opened.append((path, inode))
@@ -152,13 +190,19 @@ class OpenSet:
             try:
                 st = os.stat(path)
             except FileNotFoundError:
+                # a plain file compressed meanwhile (its twin took its place, under the
+                # rotation lock): the records opened are the same.  A rotation also changes
+                # the live file's inode, checked here too, so a rotation is never missed.
+                if path != live_path and _packed_twin(path) is not None:
+                    continue
                 return False
             if (st.st_dev, st.st_ino) != inode:
                 return False
         # A rotation between the listing and the opens adds a name (the live file opened is
         # already the next one, and the file it replaced is .1 now): the set must be listed
-        # the same after the opens, or the file that moved would be skipped.
-        return log_files(directory, basename) == names
+        # the same after the opens, or the file that moved would be skipped.  A compression
+        # only changes a name's suffix: the same records, not a change of the set.
+        return _unpacked(log_files(directory, basename)) == _unpacked(names)
 
     def close(self, keep_live: bool = False) -> None:
         for _, fh in self.handles:

@@ -232,7 +232,7 @@ def follow(
     try:
         while True:
             if live is None:
-                opened = OpenSet(directory, basename)
+                opened = OpenSet(directory, basename, strict=False)
                 try:
                     yield from _scan(opened, keep, last[0] + 1, last, None)
                 except BaseException:

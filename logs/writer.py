@@ -120,9 +120,8 @@ class RotatingLogWriter:
         self.finisher: Any = None  # the helper that finishes compressing after close (tests)
         if compress:
             remove_stale_tmp(self._dir.fd)
-            self.compressor = Compressor(
-                self.directory, self._lock, self._plain_rotated, dir_fd=self._dir.fd
-            )
+            rotated, held = self._plain_rotated, self._dir.fd
+            self.compressor = Compressor(self.directory, self._lock, rotated, dir_fd=held)
             for name in self._plain_rotated():  # what a previous daemon left plain, oldest first
                 self._submit(name)
 
@@ -338,10 +337,8 @@ class RotatingLogWriter:
                 rotation_failures=self._rotation_failures,
             )
 
-    def _plain_rotated(self, dir_fd: int | None = None) -> list[str]:
-        """The set's plain rotated names, listed in the directory held (not by path)."""
-        at = self._dir.fd if dir_fd is None else dir_fd
-        return [p.name for p in plain_rotated(at, self.basename, self.backups)]
+    def _plain_rotated(self, dir_fd: int | None = None) -> list[str]:  # in the held directory
+        return [p.name for p in plain_rotated(dir_fd or self._dir.fd, self.basename, self.backups)]
 
     def _submit(self, name: str) -> None:
         """Hand a rotated file to the compressor (opened now, so later renames do not matter)."""

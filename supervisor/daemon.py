@@ -34,6 +34,7 @@ from dflashd.supervisor.home import Home
 from dflashd.supervisor.host.groups import HostProcesses
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.recovery import Restored, boot_id, restore
+from dflashd.supervisor.host.runlog import unsaved_progress
 from dflashd.supervisor.host.spawn import set_child_subreaper
 from dflashd.supervisor.inbox import GpuSampled, Inbox, RunEmptied
 from dflashd.supervisor.launcher import Launcher
@@ -197,7 +198,7 @@ class Daemon:
         stop_s = self.config.restart.stop_timeout_s
         stop = stop_handler(stop_s, self.request_stop, lambda: self.run, STACKS_BOUND_S)
         handlers = {
-            "status": lambda _: dict(self.status()),
+            "status": lambda _: self._status_shown(),
             "stop": stop,
             "stacks": lambda req: self.live.command(self.run, req),
         }
@@ -318,6 +319,12 @@ class Daemon:
         """The ``status --json`` object (docs/design.md, "Status")."""
         return status_view(self)
 
+    def _status_shown(self) -> dict[str, Any]:
+        """``status`` for a client; goodput totals once shown are saved (never shown less)."""
+        view = self.status()
+        self._save_goodput(ended=False, shown=True)
+        return dict(view)
+
     def _publish(self) -> str:
         """state.json, metrics and systemd's STATUS= from one snapshot; returns its one line."""
         self.core.published(self.clock.monotonic())
@@ -327,10 +334,12 @@ class Daemon:
         self._save_goodput(ended=False)
         return summary
 
-    def _save_goodput(self, *, ended: bool) -> None:
+    def _save_goodput(self, *, ended: bool, shown: bool = False) -> None:
         totals, best = goodput_totals(self)
         first_start, now = self.ledger.goodput.first_start, self.clock.monotonic()
-        self.reporter.save_goodput(first_start, totals, best_step=best, daemon_ended=ended, now=now)
+        self.reporter.save_goodput(
+            first_start, totals, best_step=best, daemon_ended=ended, now=now, shown=shown
+        )
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -377,6 +386,7 @@ def _restore(daemon: Daemon, previous: dict[str, Any]) -> Restored:
     now_wall, now_mono = daemon.clock.time(), daemon.clock.monotonic()
     stop_s = daemon.config.restart.stop_timeout_s
     leftovers = daemon.ops.recover(previous, daemon.boot_id, stop_s)
+    logged = unsaved_progress(saved, previous, daemon.home.logs)
     return restore(
         previous,
         saved_goodput=saved,
@@ -385,4 +395,5 @@ def _restore(daemon: Daemon, previous: dict[str, Any]) -> Restored:
         last_run=writer.last_run,
         now_wall=now_wall,
         now_mono=now_mono,
+        logged=logged,
     )

@@ -161,6 +161,16 @@ def untrusted_home(root: Path) -> str | None:
     return None
 
 
+def held_path(dir_fd: int | None, name: str, fallback: Path) -> str:
+    """A path that names ``name`` inside the directory held by ``dir_fd``, whatever the
+    directory's own path names now: ``/proc/self/fd/N/name`` (the kernel resolves the magic
+    link to the held directory).  For the calls that take no ``dir_fd`` (binding a Unix
+    socket); ``fallback`` where there is no held directory or no /proc."""
+    if dir_fd is None or dir_fd < 0 or not os.path.isdir(f"/proc/self/fd/{dir_fd}"):
+        return str(fallback)
+    return f"/proc/self/fd/{dir_fd}/{name}"
+
+
 class HomeError(Exception):
     """The home is unusable or unsafe; the message says why (exit 2)."""
 

@@ -24,7 +24,7 @@ from dflashd.supervisor.client.common import (
     resolve_home,
     timeout_option,
 )
-from dflashd.supervisor.client.invocation import has_run, load_invocation, load_invocation_cwd
+from dflashd.supervisor.client.invocation import InvocationUnreadable, has_run, load_invocation
 from dflashd.supervisor.client.logcmds import report, tail
 from dflashd.supervisor.client.stackscmd import stacks
 from dflashd.supervisor.client.start import (
@@ -312,12 +312,21 @@ def restart(
     where = resolve_home(home)
     if not has_run(where) and not lock_is_held(where.lock):  # a typo'd --home: start nothing
         fail(f"{where.root}: no job has run in this home, nothing to restart (dflashd start)", 2)
-    last_config, last_command = load_invocation(where)
-    started_in = load_invocation_cwd(where)
+    command = tuple(command[1:] if command and command[0] == "--" else command)
+    try:
+        last_config, last_command, started_in = load_invocation(where)
+    except InvocationUnreadable as exc:
+        if not command:  # never a guess: an unreadable record is not "the bundled trainer"
+            fail(
+                f"{exc}: cannot tell what the last start ran, so nothing is restarted; "
+                "say it: dflashd restart -- COMMAND (or dflashd start)",
+                EXIT_USAGE,
+            )
+        last_config, last_command, started_in = None, (), None  # told here what to run
     if not command and started_in is not None and started_in.is_dir():
         os.chdir(started_in)  # relative paths in the command and the config mean what they did
+    command = command or last_command
     config_path = config_path or last_config
-    command = tuple(command[1:] if command and command[0] == "--" else command) or last_command
     config = prepare(where, config_path, command)  # checked before anything is stopped
     if lock_is_held(where.lock):
         _stop(where, timeout_s)

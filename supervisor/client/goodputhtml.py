@@ -17,7 +17,13 @@ from dflashd.supervisor.client.svgaxis import LEFT as _LEFT
 from dflashd.supervisor.client.svgaxis import RIGHT as _RIGHT
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
 from dflashd.supervisor.client.svgaxis import axis_svg, x_of
-from dflashd.supervisor.decide.goodput import Cost, cost_from_json, duration_text
+from dflashd.supervisor.decide.goodput import (
+    Cost,
+    RunTimes,
+    cost_from_json,
+    duration_text,
+    run_cost,
+)
 from dflashd.supervisor.events import Event
 
 # productive first, then the causes as status names them, stopped last
@@ -44,6 +50,35 @@ class Incident:
     cost: Cost = field(default_factory=Cost)
     downtime_before_s: float = 0.0
     downtime_after_s: float | None = None  # the next spawn's, once it came
+    # what a run still alive (no exit record yet) is settled from, as status settles it
+    first_step_at: float | None = None
+    last_progress_at: float | None = None
+    last_seen_at: float = 0.0
+    best_before: int | None = None  # the best step of the runs before it
+    best_step: int | None = None
+    passed_best_at: float | None = None
+
+    def saw_step(self, step: object, at: float) -> None:
+        """A step this run reported (first step or progress) at ``at``."""
+        self.last_progress_at = at
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        if self.best_step is None or step > self.best_step:
+            self.best_step = step
+        if self.passed_best_at is None and self.best_before is not None and step > self.best_before:
+            self.passed_best_at = at
+
+    def live_cost(self, now: float | None) -> Cost:
+        """A run with no exit record yet, settled up to ``now`` (None: up to its last record)."""
+        times = RunTimes(
+            launched=self.started,
+            first_step=self.first_step_at,
+            last_progress=self.last_progress_at,
+            best_before=self.best_before,
+            passed_best=self.passed_best_at,
+            stepped=self.best_step is not None,
+        )
+        return run_cost(times, max(now or self.last_seen_at, self.last_seen_at), ended=False)
 
 
 @dataclass
@@ -52,16 +87,34 @@ class GoodputData:
 
     incidents: dict[int, Incident] = field(default_factory=dict)
     absent: list[tuple[float, Cost]] = field(default_factory=list)  # (daemon start, its gap)
+    # The daemon is alive now: the newest run without an exit record is live, counted up to
+    # this wall time (as status counts it).  None: the log's own end.
+    live_until: float | None = None
 
     def take(self, event: str, run: int, at: float, fields: dict[str, Any]) -> None:
         """One supervisor record."""
+        incident = self.incidents.get(run)
+        if incident is not None:
+            incident.last_seen_at = max(incident.last_seen_at, at)
         if event == Event.SPAWN:
             down = fields.get("downtime_s")
             before = float(down) if isinstance(down, int | float) and down >= 0 else 0.0
             for earlier in self.incidents.values():
                 if earlier.ended is not None and earlier.downtime_after_s is None:
                     earlier.downtime_after_s = before
-            self.incidents[run] = Incident(run, at, downtime_before_s=before)
+            bests = [i.best_step for i in self.incidents.values() if i.best_step is not None]
+            self.incidents[run] = Incident(
+                run,
+                at,
+                downtime_before_s=before,
+                last_seen_at=at,
+                best_before=max(bests) if bests else None,
+            )
+        elif event == Event.FIRST_STEP and incident is not None:
+            incident.first_step_at = at
+            incident.saw_step(fields.get("step"), at)
+        elif event == Event.PROGRESS and incident is not None and incident.ended is None:
+            incident.saw_step(fields.get("step"), at)
         elif event == Event.EXIT and run in self.incidents:
             incident = self.incidents[run]
             incident.ended, incident.cost = at, cost_from_json(fields.get("cost"))
@@ -70,12 +123,19 @@ class GoodputData:
         elif event == Event.GOODPUT_CARRIED:
             self.absent.append((at, cost_from_json(fields)))
 
+    def cost_of(self, incident: Incident) -> Cost:
+        """A run's cost: its exit record's, or for the run still alive, settled up to now."""
+        if incident.ended is not None:
+            return incident.cost
+        newest = max(self.incidents)
+        return incident.live_cost(self.live_until if incident.run == newest else None)
+
     @property
     def total(self) -> Cost:
-        """The ledger as the log tells it (runs still alive are not in it yet)."""
+        """The ledger as the log tells it, a live run settled up to ``live_until``."""
         out = Cost()
         for incident in self.incidents.values():
-            out = out + incident.cost + Cost(downtime_s=incident.downtime_before_s)
+            out = out + self.cost_of(incident) + Cost(downtime_s=incident.downtime_before_s)
         for _, gap in self.absent:
             out = out + gap
         return out
@@ -94,8 +154,9 @@ def segments(data: GoodputData) -> list[tuple[float, float, str]]:
                 (incident.started - incident.downtime_before_s, incident.started, "downtime")
             )
         t = incident.started
+        cost = data.cost_of(incident)
         for key in _IN_RUN:
-            seconds = getattr(incident.cost, key)
+            seconds = getattr(cost, key)
             if seconds > 0:
                 out.append((t, t + seconds, key.removesuffix("_s")))
                 t += seconds
@@ -170,9 +231,9 @@ def goodput_section(data: GoodputData, lo: float, hi: float) -> str:
     ratio = f"{total.productive_s / working:.1%}" if working > 0 else "—"
     rows = []
     for incident in sorted(data.incidents.values(), key=lambda i: i.run):
+        cost = data.cost_of(incident)
         if incident.ended is None:
-            continue
-        cost = incident.cost
+            incident.verdict = "running" if data.live_until is not None else "no exit record"
         after = incident.downtime_after_s
         cells = [
             cost.startup_s,
@@ -188,8 +249,8 @@ def goodput_section(data: GoodputData, lo: float, hi: float) -> str:
         )
     return f"""<h3>Goodput: {ratio} of {duration_text(working)} went into new progress</h3>
 <p class='note'>From the run log: each run's cost is in its <code>exit</code> record, the wait
-before each launch in its <code>spawn</code>.  A run still alive is counted when it ends;
-<code>dflashd status</code> shows the live ledger.</p>
+before each launch in its <code>spawn</code>.  A run still alive is settled up to the report's
+time from its first step and progress records, as <code>dflashd status</code> settles it.</p>
 <div>{_share_bar(total)}</div>
 <div>{_timeline(data, lo, hi)}</div>
 <table class='incidents'><tr><th>run</th><th>verdict</th><th>reason</th><th>startup</th>

@@ -7,6 +7,7 @@ contents.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -33,22 +34,47 @@ def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ..
         pass
 
 
-def load_invocation_cwd(home: Home) -> Path | None:
-    """The directory the last ``start`` ran in."""
-    from dflashd.supervisor.speak.statusview import read_state
-
-    cwd = (read_state(home.root / "invocation.json") or {}).get("cwd")
-    return Path(cwd) if isinstance(cwd, str) and cwd else None
+class InvocationUnreadable(Exception):
+    """The record of the last start cannot be trusted: its message says which file and why."""
 
 
-def load_invocation(home: Home) -> tuple[Path | None, tuple[str, ...]]:
-    """The last ``start``'s config path and command."""
-    from dflashd.supervisor.speak.statusview import read_state
+def load_invocation(home: Home) -> tuple[Path | None, tuple[str, ...], Path | None]:
+    """The last ``start``'s config path, command and directory, exactly as recorded.
 
-    data = read_state(home.root / "invocation.json") or {}
-    config = data.get("config")
-    command = data.get("command")
+    An empty command is the bundled trainer only when the record says so (``"command": []``):
+    a file that is missing, damaged, or holds the wrong types raises
+    :class:`InvocationUnreadable`, never "no command" (that would launch a job nobody asked for).
+    """
+    path = home.root / "invocation.json"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InvocationUnreadable(f"{path} is missing") from None
+    except OSError as exc:
+        raise InvocationUnreadable(f"{path}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(_MAX_BYTES + 1)
+    except OSError as exc:
+        raise InvocationUnreadable(f"{path}: {exc.strerror}") from None
+    try:
+        data = json.loads(raw) if len(raw) <= _MAX_BYTES else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise InvocationUnreadable(f"{path} is damaged (not a JSON object)")
+    config, command, cwd = data.get("config"), data.get("command"), data.get("cwd")
+    if not isinstance(command, list) or not all(isinstance(c, str) for c in command):
+        raise InvocationUnreadable(f"{path} is damaged (its command is not a list of strings)")
+    if config is not None and not (isinstance(config, str) and config):
+        raise InvocationUnreadable(f"{path} is damaged (its config is not a path)")
+    if cwd is not None and not (isinstance(cwd, str) and cwd):
+        raise InvocationUnreadable(f"{path} is damaged (its cwd is not a path)")
     return (
-        Path(config) if isinstance(config, str) else None,
-        tuple(str(c) for c in command) if isinstance(command, list) else (),
+        Path(config) if config else None,
+        tuple(command),
+        Path(cwd) if cwd else None,
     )
+
+
+_MAX_BYTES = 1 << 20

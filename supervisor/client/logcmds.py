@@ -21,6 +21,7 @@ from dflashd.supervisor.client.common import (
     resolve_run,
 )
 from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
+from dflashd.supervisor.home import lock_is_held
 
 _HOME_WAIT_POLL_S: Final = 0.2
 
@@ -79,6 +80,7 @@ def tail(
     terminal) are shown escaped, as journalctl does; --raw and --json keep the bytes.
     Times are UTC, with the date when the records shown span more than one day.
     """
+    from dflashd.logs.logset import LogSetUnsettled
     from dflashd.logs.reader import RecordFilter, last_records
     from dflashd.logs.reader import follow as follow_records
     from dflashd.logs.records import encode
@@ -152,6 +154,9 @@ def tail(
                 sys.stdout.flush()
     except (KeyboardInterrupt, BrokenPipeError):
         pass
+    except LogSetUnsettled as exc:  # never "0 records, exit 0" for a read that gave up
+        sys.stdout.flush()
+        fail(str(exc), 1)
 
 
 def _last_seq(logs: Path) -> int:
@@ -197,8 +202,10 @@ _BAR_MIN_BYTES = 64 << 20  # below this, reading takes well under a second
 )
 def report(home: Path | None, which_run: str | None, output: Path) -> None:
     """A picture of the recent runs: goodput, a timeline of runs, steps and loss over time, GPU memory."""
+    from dflashd.logs.logset import LogSetUnsettled
     from dflashd.logs.reader import RecordFilter, read_records
     from dflashd.supervisor.client.htmlreport import collect, render_html, summarize, svg_document
+    from dflashd.supervisor.client.output import UnsafeOutput, write_output
 
     if output.suffix.lower() not in (".html", ".htm", ".svg"):
         fail(
@@ -211,9 +218,14 @@ def report(home: Path | None, which_run: str | None, output: Path) -> None:
             f"no logs in {where.root} (has dflashd been started with this home?)", EXIT_NOT_RUNNING
         )
     run = resolve_run(where, which_run)
-    with _reading_bar(where.logs) as progress:
-        keep = RecordFilter(run=run, src="dflashd")
-        data = collect(read_records(where.logs, keep, progress=progress))
+    try:
+        with _reading_bar(where.logs) as progress:
+            keep = RecordFilter(run=run, src="dflashd")
+            data = collect(read_records(where.logs, keep, progress=progress))
+    except LogSetUnsettled as exc:
+        fail(str(exc), 1)
+    if lock_is_held(where.lock):  # a daemon runs: its newest run is live, counted up to now
+        data.goodput.live_until = time.time()
     if not data.runs:
         fail("no runs in the log" + (f" for run {run}" if run is not None else ""), 1)
     text = (
@@ -221,10 +233,10 @@ def report(home: Path | None, which_run: str | None, output: Path) -> None:
         if output.suffix == ".svg"
         else render_html(data, f"dflashd runs on {where.root}")
     )
-    try:
-        output.write_text(text)
-    except OSError as exc:
-        fail(f"cannot write {output}: {exc.strerror}", 1)
+    try:  # a new file renamed into place: never written through a link (client/output.py)
+        write_output(output, text.encode())
+    except UnsafeOutput as exc:
+        fail(str(exc), 1)
     info = summarize(data)
     verdicts = ", ".join(f"{k} {v}" for k, v in sorted(info["verdicts"].items()))
     click.echo(f"{output}: {info['runs']} runs ({verdicts}), {info['gpu_points']} GPU points")

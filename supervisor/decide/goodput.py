@@ -237,14 +237,48 @@ def cost_from_json(obj: Any) -> Cost:
     return Cost(**values)
 
 
+@dataclass(frozen=True, slots=True)
+class LoggedRun:
+    """What the run log says of the run a killed daemon left (wall clock): when it reached
+    its first step, and the last time it made progress (a step line, a notify, a record)."""
+
+    first_step: float | None
+    last_progress: float | None
+
+
+def caught_up(settled_until: float, logged: LoggedRun | None) -> Cost:
+    """The stretch a killed daemon had not saved: from where its saved totals end
+    (``settled_until``, wall) to the run's last logged progress.  Before the first step it
+    was start-up, after it new progress.  Nothing when the log holds no later progress."""
+    if logged is None or logged.last_progress is None:
+        return NOTHING
+    end = min(logged.last_progress, settled_until + MAX_SECONDS)
+    if end <= settled_until:
+        return NOTHING
+    first = logged.first_step
+    if first is None or first >= end:
+        return Cost(startup_s=end - settled_until)
+    startup = max(0.0, first - settled_until)
+    return Cost(startup_s=startup, productive_s=end - max(first, settled_until))
+
+
 def restored_ledger(
-    saved: tuple[float, Any, bool] | None, *, now_wall: float, now_mono: float
+    saved: tuple[float, Any, bool] | None,
+    *,
+    now_wall: float,
+    now_mono: float,
+    logged: LoggedRun | None = None,
 ) -> GoodputLedger:
-    """The ledger a daemon starts with: a new one, or the saved one carried to now."""
+    """The ledger a daemon starts with: a new one, or the saved one carried to now.
+
+    After a daemon that died with its run, what the log shows that run did after the last
+    save (``logged``) is settled as it would have been: no total ever goes back."""
     if saved is None or not math.isfinite(saved[0]) or not 0 < saved[0] <= now_wall:
         return GoodputLedger(first_start=now_wall, gap_since=now_mono)
     first_start, totals, daemon_ended = saved
     before = cost_from_json(totals)
+    if not daemon_ended:
+        before = before + caught_up(first_start + before.total_s, logged)
     away = absence(first_start, before, daemon_ended=daemon_ended, now_wall=now_wall)
     best = totals.get("best_step") if isinstance(totals, dict) else None
     carried = None  # a daemon that ended: the next start may be a new job; one that died: not

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from dflashd.supervisor.decide.effects import Book, Effect, WriteRecord
 from dflashd.supervisor.decide.ending import RunFacts, lost_facts
-from dflashd.supervisor.decide.goodput import restored_ledger
+from dflashd.supervisor.decide.goodput import LoggedRun, restored_ledger
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.host.cgroups import CgroupBase
 from dflashd.supervisor.host.custody import end_proven, end_stale_cgroup
@@ -180,11 +180,12 @@ def restore(
     last_run: int,
     now_wall: float,
     now_mono: float = 0.0,
+    logged: LoggedRun | None = None,
 ) -> Restored:
     """Start-up, before the first launch (pure): the counters from state.json and the goodput
     ledger from runs.sqlite carried over, the records of what a dead daemon left
     (``leftovers``, ended by :func:`recover`, proven ours) and of a torn log tail."""
-    goodput = restored_ledger(saved_goodput, now_wall=now_wall, now_mono=now_mono)
+    goodput = restored_ledger(saved_goodput, now_wall=now_wall, now_mono=now_mono, logged=logged)
     fatal = previous.get("state") == State.FATAL  # a run that reaches its first step: ``recovered``
     book = Book(
         restarts_by_verdict=dict(previous.get("restarts_by_verdict") or {}),

@@ -70,6 +70,7 @@ class Reporter:
         self._metrics: Any = None
         self._alerts_sent: dict[str, float] = {}
         self._goodput_saved = float("-inf")
+        self._goodput_stored: dict[str, Any] | None = None  # the totals runs.sqlite holds
         self._wall = wall
         # the last alert handed to the sinks, and what each sink said (None: not yet)
         self.last_alert: dict[str, Any] | None = None
@@ -246,16 +247,21 @@ class Reporter:
         best_step: int | None,
         daemon_ended: bool,
         now: float,
-    ) -> None:
-        """The goodput ledger into runs.sqlite: every few seconds, and when the daemon ends
-        (a daemon killed outright loses at most the last few seconds, counted as downtime)."""
-        if not daemon_ended and now - self._goodput_saved < GOODPUT_SAVE_EVERY_S:
-            return
-        self._goodput_saved = now
+        shown: bool = False,
+    ) -> bool:
+        """The goodput ledger into runs.sqlite: every few seconds, when the daemon ends, and
+        when totals are shown (``shown``: status served them); True when saved.  A daemon
+        killed outright loses only what the run log cannot give back (recovery.py)."""
         stored: dict[str, Any] = {**cost_to_json(totals), "best_step": best_step}
+        if shown and stored == self._goodput_stored:
+            return False  # shown before, and saved then
+        if not (daemon_ended or shown) and now - self._goodput_saved < GOODPUT_SAVE_EVERY_S:
+            return False
+        self._goodput_saved, self._goodput_stored = now, stored
         self.record_history(
             lambda db: db.save_goodput(first_start, stored, daemon_ended=daemon_ended, saved_at=now)
         )
+        return True
 
     def publish(self, view: StatusView, one_line: str) -> None:
         """state.json, the metrics snapshot and systemd's STATUS=, from one status view."""
