@@ -88,8 +88,10 @@ def test_report_data_and_page(tmp_path: Path) -> None:
     assert data.runs[2].last_step == 1200 and sorted(data.gpu_memory) == [0, 1]
     page = render_html(data, "fixture")
     assert page.count("<svg") == 6 and "gpu_xid_79" in page and "import_error" in page
-    # goodput, from the exits' costs and the spawns' downtime: 388 s of 402 s
-    assert "Goodput: 96.5% of 6m42s" in page
+    # goodput, from the exits' costs and the spawns' downtime: 388 s of 402 s, and run 3 (no
+    # exit record, no daemon) settled up to its last record: 18 s of start-up (402 -> 420)
+    assert "Goodput: 92.4% of 7m00s" in page
+    assert data.goodput.cost_of(data.goodput.incidents[3]).startup_s == 18.0
     assert data.goodput.total.detection_s == 2.0 and data.goodput.total.downtime_s == 3.0
     assert data.goodput.incidents[2].downtime_after_s == 2.0
     assert "<script" not in page  # self-contained and static
