@@ -98,6 +98,9 @@ class Inbox:
         signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         for signum in HANDLED_SIGNALS:
             signal.signal(signum, _no_op_handler)
+        # a mask inherited blocked (a client spawning us with Ctrl-C held back, a service
+        # manager) would keep them from ever arriving
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(HANDLED_SIGNALS))
 
     def close(self) -> None:
         """Stop routing signals here and close the pipe."""

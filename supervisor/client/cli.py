@@ -7,6 +7,7 @@ Shell completion comes from click: ``eval "$(_DFLASHD_COMPLETE=bash_source dflas
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -29,11 +30,12 @@ from dflashd.supervisor.client.logcmds import report, tail
 from dflashd.supervisor.client.stackscmd import stacks
 from dflashd.supervisor.client.start import (
     already_running_message,
+    first_interrupt_only,
     prepare,
     run_foreground,
     start_detached,
 )
-from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
+from dflashd.supervisor.exitcodes import EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_USAGE
 from dflashd.supervisor.home import Home, lock_is_held, read_lock_pid
 from dflashd.supervisor.lifecycle import State
 
@@ -136,8 +138,13 @@ def start(
     """
     if command and command[0] == "--":
         command = command[1:]
+    if not foreground:  # from here a Ctrl-C is one line and exit 130 (start.py)
+        signal.signal(signal.SIGINT, first_interrupt_only)
     where = resolve_home(home)
-    config = prepare(where, config_path, tuple(command))
+    try:
+        config = prepare(where, config_path, tuple(command))
+    except KeyboardInterrupt:
+        fail("interrupted before the daemon was started: nothing runs", EXIT_INTERRUPTED)
     if foreground:
         if ready_fd is None and lock_is_held(where.lock):
             fail(already_running_message(where), 1)

@@ -8,8 +8,10 @@ its verdict and stderr tail, and ``start`` exits non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,15 +23,13 @@ import click
 import orjson
 
 from dflashd.supervisor.client.common import exposed_secret, fail
+from dflashd.supervisor.client.firststep import wait_for_first_step
 from dflashd.supervisor.client.invocation import save_invocation
 from dflashd.supervisor.config import Config, ConfigError, load_config
-from dflashd.supervisor.decide.verdicts import Verdict
-from dflashd.supervisor.events import Event
 from dflashd.supervisor.exitcodes import (
     EXIT_ALREADY_RUNNING,
     EXIT_FATAL,
     EXIT_INTERRUPTED,
-    EXIT_JOB_DIED,
     EXIT_USAGE,
 )
 from dflashd.supervisor.home import (
@@ -41,10 +41,8 @@ from dflashd.supervisor.home import (
     read_lock_pid,
     unusable_path,
 )
-from dflashd.supervisor.speak.echo import escape_controls
 
 _READY_TIMEOUT_S: Final = 120.0
-_FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record
 
 
 def already_running_message(home: Home) -> str:
@@ -197,7 +195,47 @@ def start_detached(
     wait: bool = True,
 ) -> int:
     """Launch the daemon in its own session; report the launch, then wait (``wait``) for the
-    job's first step, its death or ``start_wait_s``."""
+    job's first step, its death or ``start_wait_s``.
+
+    Ctrl-C, at any moment and however often, ends this command with one line and exit 130
+    (the first one counts; later ones are ignored while it says so): the job keeps running
+    in the daemon's own session, or nothing was started when it came before the launch.
+    """
+    launched: dict[str, Any] = {"spawned": False}
+    previous = signal.signal(signal.SIGINT, first_interrupt_only)
+    try:
+        return _launch(home, config, config_path, command, wait, launched)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if launched.get("run"):
+            message = (
+                f"stopped waiting; run {launched['run']} keeps running (dflashd stop to end it)"
+            )
+        elif launched["spawned"]:
+            message = "stopped waiting; the daemon goes on starting the job (dflashd status)"
+        else:
+            message = "interrupted before the daemon was started: nothing runs"
+        click.echo(f"\ndflashd: {message}", err=True)
+        return EXIT_INTERRUPTED
+    finally:
+        with contextlib.suppress(ValueError, TypeError):
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def first_interrupt_only(signum: int, frame: object) -> None:
+    """SIGINT while start waits: raised once; any more are ignored from here on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def _launch(
+    home: Home,
+    config: Config,
+    config_path: Path | None,
+    command: tuple[str, ...],
+    wait: bool,
+    launched: dict[str, Any],
+) -> int:
     if lock_is_held(home.lock):
         fail(already_running_message(home), 1)
     from dflashd.logs import last_records
@@ -217,28 +255,23 @@ def start_detached(
         )
     except OSError as exc:
         fail(f"cannot open {home.daemon_log}: {exc.strerror}", EXIT_USAGE)
-    with closing(os.fdopen(log_fd, "ab")) as daemon_log:
-        subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=daemon_log,
-            stderr=daemon_log,
-            pass_fds=(write_fd,),
-            start_new_session=True,
-        )
-    os.close(write_fd)
-    launched: dict[str, Any] = {}
-    try:  # Ctrl-C from here stops the waiting, not the job (its own session)
-        return _after_launch(home, config, read_fd, after_seq, wait, launched)
-    except KeyboardInterrupt:
-        if launched.get("run"):
-            message = (
-                f"stopped waiting; run {launched['run']} keeps running (dflashd stop to end it)"
+    # Ctrl-C held back across the spawn: afterwards it is known whether a daemon was started
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with closing(os.fdopen(log_fd, "ab")) as daemon_log:
+            subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=daemon_log,
+                stderr=daemon_log,
+                pass_fds=(write_fd,),
+                start_new_session=True,  # the mask it inherits is cleared by the daemon (inbox.py)
             )
-        else:
-            message = "stopped waiting; the daemon goes on starting the job (dflashd status)"
-        click.echo(f"\ndflashd: {message}", err=True)
-        return EXIT_INTERRUPTED
+        launched["spawned"] = True
+    finally:
+        os.close(write_fd)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return _after_launch(home, config, read_fd, after_seq, wait, launched)
 
 
 def _after_launch(
@@ -258,7 +291,7 @@ def _after_launch(
     print_launch(info)
     if not wait:
         return 0
-    return _wait_for_first_step(home, int(info["run"]), config.start_wait_s, after_seq)
+    return wait_for_first_step(home, int(info["run"]), config.start_wait_s, after_seq)
 
 
 def _read_ready(fd: int) -> dict[str, Any] | None:
@@ -275,108 +308,3 @@ def _read_ready(fd: int) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return info if isinstance(info, dict) else None
-
-
-def _wait_for_first_step(home: Home, run_no: int, wait_s: float, after_seq: int) -> int:
-    """Follow the log until the run's first step, its death, or ``wait_s``; say which.
-
-    On a terminal a one-line wait shows the seconds and the job's last line.  A death in the
-    window is reported with its verdict and stderr tail, and its documented exit code.
-    """
-    from dflashd.logs import EventRecord, LineRecord, RecordFilter, follow
-
-    if wait_s <= 0:
-        return 0
-    started = time.monotonic()
-    deadline = started + wait_s
-    exit_fields: dict[str, Any] | None = None
-    last_line = ""
-    live = _LiveLine(sys.stderr.isatty())
-    records = follow(
-        home.logs,
-        RecordFilter(run=run_no),
-        after_seq=after_seq,
-        poll_s=0.05,
-        should_stop=lambda: live.tick(run_no, started, last_line) or time.monotonic() > deadline,
-    )
-    try:
-        with closing(records):
-            for record in records:
-                if isinstance(record, LineRecord) and record.line.strip():
-                    last_line = record.line
-                elif not isinstance(record, EventRecord):
-                    continue
-                elif record.event == Event.FIRST_STEP and exit_fields is None:
-                    live.clear()
-                    after, source = record.fields.get("after_s"), record.fields.get("source")
-                    click.echo(
-                        f"dflashd: run {run_no} is training: first step after {after}s ({source})"
-                    )
-                    return 0
-                elif record.event == Event.EXIT:
-                    exit_fields = record.fields
-                    deadline = time.monotonic() + _FATE_WAIT_S
-                elif exit_fields is not None and record.event in (
-                    Event.FATAL,
-                    Event.RESTART,
-                    Event.DONE,
-                ):
-                    live.clear()
-                    return _report_early_exit(run_no, exit_fields, record.event, record.fields)
-    finally:
-        live.clear()
-    if exit_fields is not None:
-        return _report_early_exit(run_no, exit_fields, "", {})
-    shown = f" (last line: {escape_controls(last_line[:160])})" if last_line else ""
-    click.echo(f"dflashd: run {run_no} is running, no step seen in {wait_s:g}s{shown}")
-    return 0
-
-
-class _LiveLine:
-    """``waiting for run 3's first step… 7s | <last line>`` on a terminal, redrawn in place."""
-
-    def __init__(self, on: bool) -> None:
-        self.on, self._drawn, self._next = on, False, 0.0
-
-    def tick(self, run_no: int, started: float, last_line: str) -> bool:
-        now = time.monotonic()
-        if self.on and now >= self._next:
-            self._next = now + 0.25
-            text = f"waiting for run {run_no}'s first step… {now - started:.0f}s"
-            if last_line:
-                text += f" | {escape_controls(last_line)}"
-            sys.stderr.write("\r\x1b[2K" + text[:120])
-            sys.stderr.flush()
-            self._drawn = True
-        return False
-
-    def clear(self) -> None:
-        if self._drawn:
-            sys.stderr.write("\r\x1b[2K")
-            sys.stderr.flush()
-            self._drawn = False
-
-
-def _report_early_exit(
-    run_no: int, fields: dict[str, Any], then: str, then_fields: dict[str, Any]
-) -> int:
-    how = (
-        f"exit code {fields.get('exit_code')}"
-        if fields.get("exit_code") is not None
-        else str(fields.get("signal"))
-    )
-    click.echo(
-        f"dflashd: run {run_no} died: {fields.get('verdict')} ({fields.get('reason')}), {how} "
-        f"after {fields.get('duration_s')}s",
-        err=True,
-    )
-    for line in (fields.get("tail") or [])[-10:]:
-        click.echo(f"    | {escape_controls(str(line))}", err=True)
-    if then == Event.FATAL:
-        click.echo(f"dflashd: fatal: {then_fields.get('reason')}; not restarting", err=True)
-        return EXIT_FATAL
-    if then == Event.RESTART:
-        click.echo(f"dflashd: restarting in {then_fields.get('delay_s')}s", err=True)
-    if then == Event.DONE:
-        return 0 if fields.get("verdict") == Verdict.COMPLETED else EXIT_JOB_DIED
-    return EXIT_JOB_DIED

@@ -235,6 +235,7 @@ def conclude(
         worker_exit_code=worker_code,
         step=facts.step,
         tail=facts.tail,
+        frames=top_frames(facts.stacks),
     )
     settle = SettleProcesses(kill_now=facts.obs.ended_by is not EndedBy.CHILD)
     verdict_alert = AlertKind(verdict)
@@ -301,3 +302,9 @@ def lost_facts(run_no: int, step: int | None, ended_at: float) -> RunFacts:
     """A run the previous daemon ran when it was killed: its end was never seen."""
     obs = Observations(ended_by=EndedBy.DAEMON_DIED, status_unknown=True)
     return RunFacts(run_no, obs, None, ended_at=ended_at, step=step)
+
+
+def top_frames(stacks: dict[str, Any] | None) -> tuple[str, ...]:
+    """Every process's top frames in the dump taken before dflashd ended a run (evidence)."""
+    top = (stacks or {}).get("top")  # a line per process: its main thread's top frames
+    return tuple(line for line in top if isinstance(line, str)) if isinstance(top, list) else ()

@@ -103,6 +103,7 @@ def decide(
     worker_exit_code: int | None = None,
     step: int | None = None,
     tail: tuple[str, ...] = (),
+    frames: tuple[str, ...] = (),
 ) -> Decision:
     """Decide what follows a run that ended with ``verdict`` (``reason``: the classifier's detail).
 
@@ -112,7 +113,9 @@ def decide(
     step the run reached; ``policy.no_progress_restarts`` runs in a row that end without
     passing the best step of any earlier run are fatal (``no_progress_past_step_N``).
     ``tail``: the run's last output lines, the evidence for clearing the compile caches
-    (:func:`cache_evidence`).
+    (:func:`cache_evidence`); ``frames``: the top frames of the stacks dflashd took before it
+    ended a live run (``no_gpu_memory``, a stall), evidence too when they are inside a compile
+    or a build lock (:func:`frames_evidence`), never when the job waits in its own code.
     """
     if verdict in (Verdict.COMPLETED, Verdict.STOPPED):
         return Decision(Action.DONE, 0.0, False, verdict.value, history)
@@ -162,7 +165,8 @@ def decide(
     if policy.clear_cache_on_early_death and verdict in EARLY_DEATHS:
         signature = death_signature(tail)
         again = signature is not None and signature == history.last_early_signature
-        clear = cache_evidence(tail) is not None or (again and history.early_deaths >= 2)
+        named = cache_evidence(tail) is not None or frames_evidence(frames) is not None
+        clear = named or (again and history.early_deaths >= 2)
         history = replace(history, last_early_signature=signature)
     if (stable or new_progress) and reached_first_step:
         # A runtime crash after a healthy stretch or new progress: relaunch at once (a wait
@@ -191,6 +195,23 @@ def cache_evidence(tail: tuple[str, ...]) -> str | None:
     for line in tail:
         if _CACHE_SIGNS.search(line):
             return line[:300]
+    return None
+
+
+# In a stack, only frames inside the compilers and the build machinery say "the caches":
+# inductor, triton, a JIT extension build (its FileBaton lock, ninja), a compiler process.
+_FRAME_SIGNS: Final = re.compile(
+    r"torch/_inductor|torch\._inductor|[(/]triton/|torch/utils/cpp_extension|torch_extensions"
+    r"|file_baton|FileBaton|/ninja|torch/_dynamo/.*compile"
+)
+
+
+def frames_evidence(frames: tuple[str, ...]) -> str | None:
+    """The first stack frame inside a compile or a build lock, if any (a job waiting in its
+    own code, a lock of its own or a sleep, gives none)."""
+    for frame in frames:
+        if _FRAME_SIGNS.search(frame):
+            return frame[:300]
     return None
 
 

@@ -40,6 +40,7 @@ from dflashd.supervisor.host.cgroups import (
     remove_cgroup,
     wait_cgroup_empty,
 )
+from dflashd.supervisor.host.closure import stop_closure
 from dflashd.supervisor.host.procfs import (
     CLK_TCK,
     all_stats,
@@ -204,8 +205,11 @@ class HostCustody:
             found = self.proof.discover()
             if not found:
                 return
-            self._send(found.values(), signal.SIGSTOP)
-            self._send(self.proof.discover().values(), signal.SIGKILL)
+            stopped = stop_closure(found, self.proof.proves, _stop)
+            self._send(stopped.values(), signal.SIGKILL)
+            for pid, member in stopped.items():
+                if pid not in found:  # opened by the closure; the set's own it closes itself
+                    close_fd(member.pidfd)
 
     def empty(self) -> bool:
         if self.cgroup is not None:
@@ -255,6 +259,11 @@ class HostCustody:
             self.proof.proven.clear()
         if self.cgroup is not None and self.empty():
             remove_cgroup(self.cgroup)
+
+
+def _stop(members: Iterable[Member]) -> None:
+    """SIGSTOP for :func:`closure.stop_closure` (the signal is sent here, the one room)."""
+    HostCustody._send(members, signal.SIGSTOP)
 
 
 def die_with_parent(parent_pid: int, death_signal: int) -> None:
@@ -346,14 +355,15 @@ def end_adopted(exclude: set[int]) -> dict[str, str]:
                     continue
                 tree[pid] = Member(pid, found.start_ticks, fd, found.pgid)
                 grew = True
-        try:
-            if not tree:
-                return ended
-            HostCustody._send(tree.values(), signal.SIGSTOP)
-            ended.update((str(pid), cmdline_text(pid)) for pid in tree)  # named while stopped
-            HostCustody._send(tree.values(), signal.SIGKILL)
+        if not tree:
+            return ended
+        stopped = tree
+        try:  # stopped with all they fork meanwhile, named while stopped, then killed
+            stopped = stop_closure(tree, lambda st, _: not {st.pid, st.pgid} & exclude, _stop)
+            ended.update((str(pid), cmdline_text(pid)) for pid in stopped)
+            HostCustody._send(stopped.values(), signal.SIGKILL)
         finally:
-            for member in tree.values():
+            for member in {**tree, **stopped}.values():
                 close_fd(member.pidfd)
         for pid, found in all_stats().items():
             if found.ppid == me and found.state == "Z" and pid not in exclude:
