@@ -1,5 +1,5 @@
 """``python -m dflashd.supervisor`` is the ``dflashd`` command (the detached daemon re-executes it)."""
 
-from dflashd.supervisor.client.cli import main
+from dflashd.supervisor.client.entrypoint import main
 
 main()

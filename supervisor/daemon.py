@@ -320,18 +320,20 @@ class Daemon:
         return status_view(self)
 
     def _status_shown(self) -> dict[str, Any]:
-        """``status`` for a client; goodput totals once shown are saved (never shown less)."""
+        """``status`` for a client: the view shown is also what state.json and runs.sqlite
+        hold from now on, so no total shown ever comes back smaller (a dead daemon's status,
+        a new daemon's ledger)."""
         view = self.status()
-        self._save_goodput(ended=False, shown=True)
+        self._publish(view, shown=True)
         return dict(view)
 
-    def _publish(self) -> str:
+    def _publish(self, view: StatusView | None = None, *, shown: bool = False) -> str:
         """state.json, metrics and systemd's STATUS= from one snapshot; returns its one line."""
         self.core.published(self.clock.monotonic())
-        view = self.status()  # built once per publish
+        view = view or self.status()  # built once per publish
         summary = one_line(view)
         self.reporter.publish(view, summary)
-        self._save_goodput(ended=False)
+        self._save_goodput(ended=False, shown=shown)
         return summary
 
     def _save_goodput(self, *, ended: bool, shown: bool = False) -> None:

@@ -8,7 +8,6 @@ its verdict and stderr tail, and ``start`` exits non-zero.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
@@ -202,7 +201,7 @@ def start_detached(
     in the daemon's own session, or nothing was started when it came before the launch.
     """
     launched: dict[str, Any] = {"spawned": False}
-    previous = signal.signal(signal.SIGINT, first_interrupt_only)
+    signal.signal(signal.SIGINT, first_interrupt_only)
     try:
         return _launch(home, config, config_path, command, wait, launched)
     except KeyboardInterrupt:
@@ -216,10 +215,7 @@ def start_detached(
         else:
             message = "interrupted before the daemon was started: nothing runs"
         click.echo(f"\ndflashd: {message}", err=True)
-        return EXIT_INTERRUPTED
-    finally:
-        with contextlib.suppress(ValueError, TypeError):
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        return EXIT_INTERRUPTED  # SIGINT stays ignored: more Ctrl-C change nothing now
 
 
 def first_interrupt_only(signum: int, frame: object) -> None:

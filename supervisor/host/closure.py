@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Final
 
 from dflashd.supervisor.host.procfs import ProcStat, all_stats, child_pids, read_stat
-from dflashd.supervisor.host.proof import Member, close_fd, pidfd_open
+from dflashd.supervisor.host.proof import Member, ProvenSet, close_fd, pidfd_open
 
 CLOSURE_ROUNDS: Final = 10_000  # each round stops at least one new process: a bound, not a wait
 
@@ -71,3 +71,17 @@ def _children_of(parents: list[int]) -> list[tuple[int, int]]:
             return [(st.ppid, c) for c, st in all_stats().items() if st.ppid in wanted]
         out.extend((pid, kid) for kid in sorted(kids))
     return out
+
+
+def take_adopted(proof: ProvenSet) -> bool:
+    """Our children (orphans adopted as subreaper) that prove the run's, taken into ``proof``
+    (one atomic read of our children list); True when there was any."""
+    took = False
+    for pid in child_pids(os.getpid()) or ():
+        st = read_stat(pid)
+        if st is None or st.state == "Z" or pid in proof.proven:
+            continue
+        with proof.lock:
+            if proof.proves(st, {}) and proof.take(st):
+                took = True
+    return took

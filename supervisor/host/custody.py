@@ -40,7 +40,7 @@ from dflashd.supervisor.host.cgroups import (
     remove_cgroup,
     wait_cgroup_empty,
 )
-from dflashd.supervisor.host.closure import stop_closure
+from dflashd.supervisor.host.closure import stop_closure, take_adopted
 from dflashd.supervisor.host.procfs import (
     CLK_TCK,
     all_stats,
@@ -202,7 +202,7 @@ class HostCustody:
             kill_cgroup(self.cgroup)
             return
         for _ in range(SWEEP_ROUNDS):  # stop first, so a respawning chain cannot fork ahead
-            found = self.proof.discover()
+            found = self._found_or_confirmed_gone()
             if not found:
                 return
             stopped = stop_closure(found, self.proof.proves, _stop)
@@ -215,20 +215,31 @@ class HostCustody:
         if self.cgroup is not None:
             events = read_cgroup_events(self.cgroup)
             return events.get("populated", 0) == 0
-        return not self.proof.discover()
+        return not self._found_or_confirmed_gone()
 
     def wait_empty(self, timeout_s: float) -> bool:
         if self.cgroup is not None:
             return wait_cgroup_empty(self.cgroup, timeout_s)
         deadline = time.monotonic() + timeout_s
         while True:
-            found = self.proof.discover()
+            found = self._found_or_confirmed_gone()
             if not found:
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             poll_exits(found.values(), min(left, 0.2))  # a pidfd turns readable at its exit
+
+    def _found_or_confirmed_gone(self) -> dict[int, Member]:
+        """The run's members, or {} only when confirmed: one scan of /proc is not atomic, and a
+        chain whose link forks and exits while it reads can fall between its pids.  Empty
+        means the scan, then our adopted children (a link whose parent exited is ours at
+        once, as subreaper: one atomic read), then a second scan all found nothing."""
+        found = self.proof.discover()
+        if found:
+            return found
+        take_adopted(self.proof)  # what it takes, the next scan returns (proven, alive)
+        return self.proof.discover()
 
     def cpu_time_s(self) -> float | None:
         if self.cgroup is not None:
