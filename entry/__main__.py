@@ -1,5 +1,5 @@
 """``python -m dflashd``: the same command line as ``dflashd``."""
 
-from dflashd.supervisor.client.entrypoint import main
+from dflashd.supervisor.__main__ import main
 
 main(prog_name="dflashd")

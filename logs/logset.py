@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, Final
 
+from dflashd.logs.limits import DEFAULT_BASENAME
 from dflashd.logs.packed import (
     PACKED_SUFFIXES,
     is_packed,
@@ -25,7 +26,6 @@ from dflashd.logs.packed import (
 )
 from dflashd.logs.records import Record, RecordError, decode
 from dflashd.logs.resume import numbered_files
-from dflashd.logs.writer import DEFAULT_BASENAME
 
 READ_BLOCK: Final = 256 * 1024
 _OPEN_RETRIES: Final = 20  # fast retries: a rotation's rename chain is usually done by then

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 
+from dflashd.logs.limits import DEFAULT_BASENAME
 from dflashd.logs.logset import READ_BLOCK, OpenSet, parse_record, reverse_lines
 from dflashd.logs.packed import is_packed
 from dflashd.logs.records import EventRecord, LineRecord, Record
-from dflashd.logs.writer import DEFAULT_BASENAME
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,13 +34,12 @@ from typing import Any, Final
 
 from dflashd.logs.compress import EXIT_WAIT_S, Compressor, remove_stale_tmp, rotation_lock
 from dflashd.logs.framer import Frame
-from dflashd.logs.limits import MIN_MAX_BYTES
+from dflashd.logs.limits import DEFAULT_BASENAME, MIN_MAX_BYTES
 from dflashd.logs.livefile import LiveFile, error_text
 from dflashd.logs.logdir import LogDir, rotate_into_place
 from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
 from dflashd.logs.resume import plain_rotated, recover_tail
 
-DEFAULT_BASENAME: Final = "dflashd.jsonl"
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
 DEFAULT_BACKUPS: Final = 10
 

@@ -103,8 +103,9 @@ class Daemon:
         matcher = LineMatcher(
             config.first_step_pattern, config.step_pattern, config.builtin_formats
         )
+        c = config
         self._limits = Limits(
-            config.first_step_timeout_s, config.stall_timeout_s, config.hang_suspect_s
+            c.first_step_timeout_s, c.stall_timeout_s, c.hang_suspect_s, c.remote_wait_s
         )
         self.gpu = GpuWatch(GpuSettings.from_config(config))
         self.boot_id = boot_id()
@@ -320,9 +321,7 @@ class Daemon:
         return status_view(self)
 
     def _status_shown(self) -> dict[str, Any]:
-        """``status`` for a client: the view shown is also what state.json and runs.sqlite
-        hold from now on, so no total shown ever comes back smaller (a dead daemon's status,
-        a new daemon's ledger)."""
+        """``status`` for a client, published and saved as shown: no total shown goes back."""
         view = self.status()
         self._publish(view, shown=True)
         return dict(view)

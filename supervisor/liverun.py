@@ -18,9 +18,10 @@ import statistics
 from typing import Any, Final
 
 from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.decide.effects import Deadline, SetTimer
+from dflashd.supervisor.decide.effects import Deadline, SendAlert, SetTimer
 from dflashd.supervisor.decide.hang import (
     EndHung,
+    Finding,
     HangLimits,
     HangSampled,
     HangView,
@@ -30,7 +31,7 @@ from dflashd.supervisor.decide.hang import (
     Wait,
     decide,
 )
-from dflashd.supervisor.decide.verdicts import EndedBy
+from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.recorder import Recorder
@@ -138,7 +139,8 @@ class LiveRunControl:
             watch.sampling,
             gpu_idle=run.gpu_seen == "idle",
         )
-        action = decide(view, watch.evidence(), now, HangLimits(self.limits.hang_suspect_s))
+        limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
+        action = decide(view, watch.evidence(), now, limits)
         run.hang_due = None
         match action:
             case Wait(until=until):
@@ -149,10 +151,11 @@ class LiveRunControl:
                     self._suspect_record(run, now)
                 watch.sampling = True
                 self.dumps.sample(run)
-            case NewRound(judgement=judgement, at=at):
+            case NewRound(judgement=judgement, at=at, alert=alert):
                 watch.samples.clear()
                 watch.next_round_at = at
                 run.hang_due = at
+                self._waiting_elsewhere(run, judgement, now, alert)
                 if judgement.why != watch.last_finding:
                     watch.last_finding = judgement.why
                     self.reporter.record(
@@ -165,6 +168,22 @@ class LiveRunControl:
             case EndHung(judgement=judgement, hung_after_s=after):
                 run.hung_after_s = after
                 self._end_hung(run, judgement)
+
+    def _waiting_elsewhere(self, run: Run, judgement: Judgement, now: float, alert: bool) -> None:
+        """A round found the run waiting on work outside it (a remote rank, another job's
+        lock): never ended for that; after ``remote_wait_s`` one alert names the wait, and
+        the stall window stays the last word if nothing ever moves."""
+        watch = run.hang
+        if judgement.finding is not Finding.ELSEWHERE:
+            watch.elsewhere_since, watch.elsewhere_alerted = None, False
+            return
+        if watch.elsewhere_since is None:
+            watch.elsewhere_since = now
+        if alert:
+            watch.elsewhere_alerted = True
+            waited = round(now - watch.elsewhere_since, 3)
+            fields = {"waiting": judgement.why, "frames": list(judgement.frames), "for_s": waited}
+            self.observer.apply(run, (SendAlert(AlertKind.WAITING, judgement.why, fields),))
 
     def _suspect_record(self, run: Run, now: float) -> None:
         progress = run.progress

@@ -347,4 +347,5 @@ def test_alert_kinds_cover_every_verdict() -> None:
     """AlertKind repeats the verdicts (for static typing): it must never miss one."""
     from dflashd.supervisor.decide.verdicts import AlertKind, Verdict
 
-    assert {v.value for v in Verdict} | {"fatal", "recovered"} == {k.value for k in AlertKind}
+    extra = {"fatal", "recovered", "waiting"}  # gave up; trains again; waits on work elsewhere
+    assert {v.value for v in Verdict} | extra == {k.value for k in AlertKind}

@@ -225,3 +225,59 @@ def test_decide(view: HangView, evidence: Evidence, now: float, expected: object
         assert action.at > now
     else:
         assert action == expected
+
+
+# -- Hangs II: judged as a whole (issue 41) ---------------------------------------------------
+
+BARRIER = Frame("barrier", "torch/distributed/distributed_c10d.py", 4100)
+SLEEP = Frame("sleep", "train.py", 12)
+REMOTE0 = Role("worker", 0, 0, 2, 1)  # rank 0 of 2, one rank on this node: a remote peer
+REMOTE1 = Role("worker", 1, 0, 2, 1)
+
+
+def io(
+    pid: int, frame: Frame, *, read: int = 0, wrote: int = 0, outside: str = ""
+) -> ProcessSample:
+    thread = ThreadStack(pid, "MainThread", False, False, (frame, MAIN))
+    stacks = ProcessStacks(pid, Role("root"), (thread,))
+    waits = (outside,) if outside else ()
+    return ProcessSample(stacks, wrote, ("S",), 0.0, read, waits)
+
+
+@pytest.mark.parametrize(
+    ("rounds", "finding"),
+    [
+        # the only rank here waits in a barrier while the world reaches another node: elsewhere
+        ([(proc(2, BARRIER, MAIN, role=REMOTE1),)] * 3, Finding.ELSEWHERE),
+        # the same rank alone in the world (one node): its peers are all here, so hung
+        ([(proc(2, BARRIER, MAIN, role=WORKER1),)] * 3, Finding.HUNG),
+        # remote peers, but the rank here waits in its own code: the culprit is here, hung
+        ([(proc(2, SLEEP, MAIN, role=REMOTE1),)] * 3, Finding.HUNG),
+        # a stream read at 100 KB/s (400 KB between samples): working
+        ([(io(1, LOCK, read=i * 400_000),) for i in range(3)], Finding.WORKING),
+        # a heartbeat thread's 17 bytes a round are not work: hung
+        ([(io(1, LOCK, wrote=i * 17),) for i in range(3)], Finding.HUNG),
+        # a checkpoint's megabytes are
+        ([(io(1, LOCK, wrote=i << 20),) for i in range(3)], Finding.WORKING),
+        # a file lock another job holds: its work is elsewhere
+        (
+            [(io(1, LOCK, outside="pid 1 waits on a file lock held by pid 9, outside"),)] * 3,
+            Finding.ELSEWHERE,
+        ),
+    ],
+)
+def test_judge_as_a_whole(rounds: list[tuple[ProcessSample, ...]], finding: Finding) -> None:
+    assert judge(samples(*rounds)).finding is finding
+
+
+def test_a_wait_elsewhere_is_never_ended_and_alerted_once_after_remote_wait_s() -> None:
+    rounds = samples(*[(proc(2, BARRIER, MAIN, role=REMOTE1),)] * 3)
+    view = HangView(50.0, (1.0,) * 10, True, True)
+    limits = HangLimits(30.0, remote_wait_s=60.0)
+    first = decide(view, Evidence(tuple(rounds)), 120.0, limits)
+    assert isinstance(first, NewRound) and not first.alert
+    assert "wait in barrier" in first.judgement.why
+    later = decide(view, Evidence(tuple(rounds), None, 100.0), 170.0, limits)
+    assert isinstance(later, NewRound) and later.alert
+    said = decide(view, Evidence(tuple(rounds), None, 100.0, True), 400.0, limits)
+    assert isinstance(said, NewRound) and not said.alert

@@ -252,14 +252,18 @@ def test_the_state_write_finder_finds_writes() -> None:
 
 
 def test_one_vocabulary_across_the_boundaries() -> None:
-    """AlertKind is every verdict plus ``fatal`` and ``recovered``; every verdict has its
+    """AlertKind is every verdict plus ``fatal``, ``recovered`` and ``waiting``; every verdict has its
     colour in the report and every state its colour in the terminal."""
     from dflashd.supervisor.client.htmlreport import VERDICT_COLORS
     from dflashd.supervisor.client.render import STATE_COLOR
     from dflashd.supervisor.decide.verdicts import AlertKind, Verdict
     from dflashd.supervisor.lifecycle import State
 
-    assert {k.value for k in AlertKind} == {v.value for v in Verdict} | {"fatal", "recovered"}
+    assert {k.value for k in AlertKind} == {v.value for v in Verdict} | {
+        "fatal",
+        "recovered",
+        "waiting",
+    }
     assert all(AlertKind[v.name].value == v.value for v in Verdict)
     assert set(Verdict) <= set(VERDICT_COLORS)
     assert set(State) == set(STATE_COLOR)

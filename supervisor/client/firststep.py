@@ -26,7 +26,8 @@ def wait_for_first_step(home: Home, run_no: int, wait_s: float, after_seq: int) 
     On a terminal a one-line wait shows the seconds and the job's last line.  A death in the
     window is reported with its verdict and stderr tail, and its documented exit code.
     """
-    from dflashd.logs import EventRecord, LineRecord, RecordFilter, follow
+    from dflashd.logs.reader import RecordFilter, follow
+    from dflashd.logs.records import EventRecord, LineRecord
 
     if wait_s <= 0:
         return 0

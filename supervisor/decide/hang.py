@@ -38,6 +38,9 @@ STEADY_INTERVALS: Final = 5  # intervals seen before a cadence counts as steady
 SAMPLES: Final = 3  # samples that must agree before a run is hung
 SAMPLE_GAP_S: Final = 4.0  # between two samples of one round
 ROUND_GAP_S: Final = 15.0  # after a round that found work (or could not tell), the next one
+# A wait on work elsewhere is alerted once after this long: longer than most evals and saves,
+# well short of the stall window (15 min) that ends a run in which nothing moves at all.
+REMOTE_WAIT_S: Final = 300.0
 
 # A thread whose innermost Python frame is one of these waits for something else: a lock,
 # a condition, a sleep, a selector, a socket, a child, a collective, a CUDA synchronize.
@@ -54,6 +57,7 @@ class Finding(Enum):
 
     HUNG = "hung"
     WORKING = "working"
+    ELSEWHERE = "elsewhere"  # waits on work outside this node's run: never ended for it
     UNKNOWN = "unknown"  # no stacks: the time window decides
     UNDECIDED = "undecided"  # not enough samples yet
 
@@ -66,6 +70,10 @@ class ProcessSample:
     wrote_bytes: int | None = None  # /proc/PID/io wchar (None: unreadable)
     thread_states: tuple[str, ...] = ()  # /proc/PID/task/*/stat states (R, S, D, ...)
     cpu_s: float | None = None  # CPU time used so far (all its threads, native ones included)
+    read_bytes: int | None = None  # /proc/PID/io rchar (a stream from a slow server is work)
+    # waits whose other end is outside the run: a file lock another process holds, a pipe
+    # only others write (host/waits.py), each said in words
+    outside_waits: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,9 @@ class Sample:
 
 
 NATIVE_BUSY_CPU: Final = 0.1  # of one CPU over a round: a thread py-spy cannot see computes
+# Bytes moved over a round that count as work: a heartbeat line or a log line a side thread
+# appends is not; a checkpoint (megabytes) or a stream from a slow server (100 KB/s) is.
+WORK_BYTES: Final = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,9 +213,12 @@ def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
         after = last.get(pid)
         if after is None:
             continue
-        was, now = before.wrote_bytes, after.wrote_bytes
-        if was is not None and now is not None and now > was:
-            return Judgement(Finding.WORKING, f"pid {pid} wrote {now - was} bytes")
+        for verb, was, now in (
+            ("wrote", before.wrote_bytes, after.wrote_bytes),
+            ("read", before.read_bytes, after.read_bytes),
+        ):
+            if was is not None and now is not None and now - was >= WORK_BYTES:
+                return Judgement(Finding.WORKING, f"pid {pid} {verb} {now - was} bytes")
     for earlier, later in itertools.pairwise(judged):
         for pid, process in later.items():
             if pid in earlier and _signature(earlier[pid]) != _signature(process):
@@ -225,7 +239,38 @@ def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
         for p in last.values()
     )
     span = samples[-1].at - samples[0].at
+    elsewhere = waits_elsewhere(list(last.values()))
+    if elsewhere is not None:
+        return Judgement(Finding.ELSEWHERE, elsewhere, frames)
     return Judgement(Finding.HUNG, f"every thread waits, unmoved for {span:.0f}s", frames)
+
+
+def in_collective(process: ProcessSample) -> str | None:
+    """The collective frame one of the process's threads waits in, if any."""
+    for thread in process.stacks.threads:
+        for frame in thread.frames:
+            if frame.collective:
+                return frame.text()
+    return None
+
+
+def waits_elsewhere(processes: list[ProcessSample]) -> str | None:
+    """Why a round that looks hung on this node is not this node's to end (None: it is).
+
+    - The job's world reaches beyond this node (``WORLD_SIZE`` > ``LOCAL_WORLD_SIZE``) and
+      every rank here waits in a collective: the ranks it waits for run elsewhere (rank 0
+      evaluating or saving while the others sit in ``barrier``).  A rank here waiting in its
+      own code while its peers wait in collectives is the culprit: that stays a hang.
+    - A process waits on a file lock or a pipe whose other end lives outside the run (a
+      sibling job holding the lock, a producer filling a FIFO): that end's work is not ours.
+    """
+    sites = [in_collective(p) for p in processes]
+    if any(p.stacks.role.remote_peers for p in processes) and all(sites):
+        ranks = sorted(p.stacks.role.rank for p in processes if p.stacks.role.rank is not None)
+        world = max(p.stacks.role.world_size or 0 for p in processes)
+        return f"rank(s) {ranks} of {world} wait in {sites[0]} for ranks on other nodes"
+    outside = [w for p in processes for w in p.outside_waits]
+    return "; ".join(outside[:3]) if outside else None
 
 
 # -- the decider ----------------------------------------------------------------------------
@@ -245,17 +290,22 @@ class HangView:
 
 @dataclass(frozen=True, slots=True)
 class HangLimits:
-    """``hang_suspect_s`` (0: hang detection off)."""
+    """``hang_suspect_s`` (0: hang detection off); ``remote_wait_s``: how long a run may wait
+    on work elsewhere (a remote rank, a lock another job holds) before one alert says so."""
 
     hang_suspect_s: float = HANG_SUSPECT_S
+    remote_wait_s: float = REMOTE_WAIT_S
 
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """The samples of the current round and when the next round may begin."""
+    """The samples of the current round and when the next round may begin; since when the
+    rounds have found the run waiting elsewhere, and whether that was alerted."""
 
     samples: tuple[Sample, ...] = ()
     next_round_at: float | None = None
+    elsewhere_since: float | None = None
+    elsewhere_alerted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,10 +330,12 @@ class EndHung:
 
 @dataclass(frozen=True, slots=True)
 class NewRound:
-    """The round found work or could not tell: forget its samples, look again at ``at``."""
+    """The round found work, a wait elsewhere, or could not tell: forget its samples, look
+    again at ``at``; ``alert``: the run has waited elsewhere ``remote_wait_s`` (said once)."""
 
     judgement: Judgement
     at: float
+    alert: bool = False
 
 
 HangAction = Wait | TakeSample | EndHung | NewRound
@@ -316,6 +368,10 @@ def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -
         verdict = judge(samples, view.gpu_idle)
         if verdict.finding is Finding.HUNG:
             return EndHung(verdict, round(now - view.last_progress, 3))
+        if verdict.finding is Finding.ELSEWHERE:
+            since = evidence.elsewhere_since if evidence.elsewhere_since is not None else now
+            due = now - since >= limits.remote_wait_s and not evidence.elsewhere_alerted
+            return NewRound(verdict, now + ROUND_GAP_S, alert=due)
         if verdict.finding in (Finding.WORKING, Finding.UNKNOWN):
             return NewRound(verdict, now + ROUND_GAP_S)
         next_at = samples[-1].at + SAMPLE_GAP_S
@@ -334,7 +390,11 @@ class HangWatch:
     rounds: int = 0
     last_finding: str | None = None
     last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
+    elsewhere_since: float | None = None  # rounds in a row found it waiting elsewhere since
+    elsewhere_alerted: bool = False
 
     def evidence(self) -> Evidence:
         """The decider's view of it."""
-        return Evidence(tuple(self.samples), self.next_round_at)
+        return Evidence(
+            tuple(self.samples), self.next_round_at, self.elsewhere_since, self.elsewhere_alerted
+        )

@@ -54,6 +54,7 @@ class AlertKind(StrEnum):
     LOST = "lost"
     FATAL = "fatal"
     RECOVERED = "recovered"
+    WAITING = "waiting"  # alive, waiting past remote_wait_s on work elsewhere (not ended)
 
 
 # Alerted by default: every early death, a stall, a give-up and a recovery.
@@ -66,6 +67,7 @@ DEFAULT_ALERTS: Final = (
     AlertKind.RENDEZVOUS_TIMEOUT,
     AlertKind.FATAL,
     AlertKind.RECOVERED,
+    AlertKind.WAITING,
 )
 
 

@@ -81,16 +81,38 @@ def environ_values(pid: int, keys: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def wrote_bytes(pid: int) -> int | None:
-    """The bytes ``pid`` passed to write(2) so far (``/proc/PID/io`` wchar), None if unreadable."""
+def io_bytes(pid: int) -> tuple[int | None, int | None]:
+    """(read, written): the bytes ``pid`` passed through read(2) and write(2) so far
+    (``/proc/PID/io`` rchar and wchar), None where unreadable."""
+    read: int | None = None
+    written: int | None = None
     try:
         with open(f"/proc/{pid}/io", "rb") as fh:
             for line in fh:
-                if line.startswith(b"wchar:"):
-                    return int(line.split()[1])
+                if line.startswith(b"rchar:"):
+                    read = int(line.split()[1])
+                elif line.startswith(b"wchar:"):
+                    written = int(line.split()[1])
     except (OSError, ValueError, IndexError):
-        return None
-    return None
+        return None, None
+    return read, written
+
+
+def thread_wchans(pid: int) -> tuple[str, ...]:
+    """The kernel function each of ``pid``'s threads sleeps in (``/proc/PID/task/*/wchan``:
+    ``futex_wait_queue``, ``pipe_read``, ``locks_lock_inode_wait``...; "0" when running)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return ()
+    out = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/wchan", "rb") as fh:
+                out.append(fh.read(128).decode("ascii", "replace"))
+        except OSError:
+            continue
+    return tuple(out)
 
 
 def thread_states(pid: int) -> tuple[str, ...]:

@@ -26,8 +26,9 @@ import orjson
 from dflashd.supervisor.decide.hang import HangSampled, ProcessSample, Sample
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.host.procfs import CLK_TCK, read_stat, thread_states, wrote_bytes
+from dflashd.supervisor.host.procfs import CLK_TCK, io_bytes, read_stat, thread_states
 from dflashd.supervisor.host.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
+from dflashd.supervisor.host.waits import outside_waits
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.stacks import (
@@ -157,7 +158,8 @@ class StackDumps:
                         for pid in members
                         if pid not in dumped
                     ]
-                    processes = [_process_sample(p) for p in (*dump.processes, *native)]
+                    run_pids = set(members)
+                    processes = [_process_sample(p, run_pids) for p in (*dump.processes, *native)]
             finally:  # always posted: the decider waits for it
                 dump.took_s = time.monotonic() - started
                 sample = Sample(self.monotonic(), tuple(processes))
@@ -201,11 +203,13 @@ def _dump_python(binary: str, run: Run, members: list[int], native: bool) -> lis
     return dump_processes(binary, roles, native, resume)
 
 
-def _process_sample(stacks: ProcessStacks) -> ProcessSample:
+def _process_sample(stacks: ProcessStacks, run_pids: set[int]) -> ProcessSample:
     pid = stacks.pid
     found = read_stat(pid)
     cpu = found.cpu_ticks / CLK_TCK if found is not None else None
-    return ProcessSample(stacks, wrote_bytes(pid), thread_states(pid), cpu)
+    read, written = io_bytes(pid)
+    outside = outside_waits(pid, run_pids) if stacks.error is None else ()
+    return ProcessSample(stacks, written, thread_states(pid), cpu, read, outside)
 
 
 def _write(path: Path, data: bytes) -> None:

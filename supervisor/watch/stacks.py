@@ -61,6 +61,14 @@ class Role:
     kind: str  # "agent" (torchrun), "worker" (has RANK), "root" (the job), "process"
     rank: int | None = None
     local_rank: int | None = None
+    world_size: int | None = None  # WORLD_SIZE: every rank of the job, on every node
+    local_world_size: int | None = None  # LOCAL_WORLD_SIZE: the ranks on this node
+
+    @property
+    def remote_peers(self) -> bool:
+        """The job's world reaches beyond this node (ranks this node cannot see)."""
+        world, local = self.world_size, self.local_world_size
+        return world is not None and local is not None and world > local
 
     def label(self) -> str:
         """``worker rank 1 (local 1)``, ``agent``, ``root``."""

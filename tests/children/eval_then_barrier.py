@@ -1,0 +1,58 @@
+"""Every rank steps in a gloo group; at step EVAL_AT rank 0 evaluates (a Python loop, no
+output) or saves a checkpoint (SAVE_MB in 1 MB chunks) for SECONDS while every other rank
+waits in ``dist.barrier()`` — the ``if rank == 0: evaluate(); dist.barrier()`` of nearly
+every multi-node trainer — then all step on to STEPS and exit 0.
+
+    torchrun ... eval_then_barrier.py EVAL_AT SECONDS STEPS eval|checkpoint [PATH]
+"""
+
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+EVAL_AT, SECONDS, STEPS = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+MODE = sys.argv[4] if len(sys.argv) > 4 else "eval"
+PATH = sys.argv[5] if len(sys.argv) > 5 else ""
+SAVE_MB = 500
+
+
+def evaluate() -> None:
+    end = time.monotonic() + SECONDS
+    total = 0
+    while time.monotonic() < end:
+        total += sum(i * i for i in range(2000))
+
+
+def save() -> None:
+    chunk = os.urandom(1 << 20)
+    pause = SECONDS / SAVE_MB
+    with open(PATH, "wb") as fh:
+        for _ in range(SAVE_MB):
+            fh.write(chunk)
+            fh.flush()
+            time.sleep(pause)
+    os.unlink(PATH)
+
+
+def main() -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=900))
+    rank = dist.get_rank()
+    x = torch.ones(64)
+    for step in range(1, STEPS + 1):
+        if step == EVAL_AT:
+            if rank == 0:
+                evaluate() if MODE == "eval" else save()
+            dist.barrier()
+        x = x * 1.0001
+        dist.all_reduce(x)
+        print(f"step {step} loss {1.0 / step:.4f} rank {rank}", flush=True)
+        time.sleep(0.1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Issue 41 (a): a job judged as a whole across nodes, on CPU with gloo.
+
+Two dflashd homes stand for two nodes; each supervises ``torchrun --nnodes 2 --nproc-per-node 1``
+around one c10d rendezvous on 127.0.0.1.  At step 20 rank 0 (node A) evaluates in a Python
+loop with no output while rank 1 (node B) waits in ``dist.barrier()``: node B's only rank sits
+in a collective for the whole evaluation, with no CPU and no writes.  It waits on work that
+happens elsewhere, so neither node ends anything: both runs complete.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashd.logs import EventRecord
+from tests.helpers import run_cli, write_config
+from tests.multinode.two_nodes import Node, free_port, torchrun
+
+pytestmark = pytest.mark.trainer  # torch and torchrun
+
+CHILD = Path(__file__).parent.parent / "children" / "eval_then_barrier.py"
+EVAL_S = float(os.environ.get("DFLASHD_REMOTE_EVAL_S", "100"))
+
+
+def _node(root: Path, name: str, port: int, is_host: bool, args: list[str]) -> Node:
+    command = [
+        *torchrun(),
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=dflashd-remote-wait",
+        f"--rdzv-conf=is_host={'true' if is_host else 'false'},read_timeout=60",
+        str(CHILD),
+        *args,
+    ]
+    top = {
+        "command": command,
+        "node": name,
+        "gpus": "none",
+        "env": {"OMP_NUM_THREADS": "1"},
+        "first_step_timeout_s": 600.0,
+        "start_wait_s": 0.0,
+    }
+    restart = {"backoff_initial_s": 1.0, "stop_timeout_s": 10.0}
+    config = write_config(root / f"{name}.toml", top, restart=restart)
+    return Node(name, root / name, config)
+
+
+def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_is_never_ended(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    args = ["20", str(EVAL_S), "40", "eval"]
+    nodes = [_node(tmp_path, "a", port, True, args), _node(tmp_path, "b", port, False, args)]
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            node.wait_for(
+                lambda r: isinstance(r, EventRecord) and r.event == "first_step", timeout=300
+            )
+        started = time.monotonic()
+        exits = [
+            node.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "exit", EVAL_S + 240)
+            for node in nodes
+        ]
+        took = time.monotonic() - started
+    finally:
+        for node in nodes:
+            run_cli("stop", "--home", str(node.home), "--timeout", "5")
+    for node, ended in zip(nodes, exits, strict=True):
+        assert isinstance(ended, EventRecord)
+        assert ended.fields["verdict"] == "completed", (node.name, ended.fields)
+        assert ended.run == 1, "no run was ended and relaunched"
+    assert took >= EVAL_S - 5  # the evaluation did happen, and was waited out
+    checks = nodes[1].events("hang_check")
+    assert any(c.fields.get("finding") == "elsewhere" for c in checks), checks
+    assert "barrier" in " ".join(str(c.fields.get("why")) for c in checks)
+    assert not nodes[0].events("hang_suspect") or all(
+        c.fields.get("finding") == "working" for c in nodes[0].events("hang_check")
+    )
