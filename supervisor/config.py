@@ -74,9 +74,9 @@ class Config:
     gpu_busy_s: float = _seconds(30.0)
     first_step_timeout_s: float = _seconds(3600.0)
     stall_timeout_s: float = _seconds(900.0)
-    # a steady run with no new step for max(this, 10 x its typical interval) is sampled for a
+    # a steady run with no new step for max(this, 6 x its typical interval) is sampled for a
     # hang (stacks, I/O); only a proven hang ends it early (hang.py); 0 turns the sampling off
-    hang_suspect_s: float = _seconds(30.0, above=None, low=0.0)
+    hang_suspect_s: float = _seconds(12.0, above=None, low=0.0)
     # a run found waiting on work elsewhere (every rank here in a collective while the job's
     # world reaches other nodes; a lock or a pipe whose other end is outside the run) is never
     # ended for it: one `waiting` alert after this long, and the stall window has the last word

@@ -349,3 +349,33 @@ def test_alert_kinds_cover_every_verdict() -> None:
 
     extra = {"fatal", "recovered", "waiting"}  # gave up; trains again; waits on work elsewhere
     assert {v.value for v in Verdict} | extra == {k.value for k in AlertKind}
+
+
+def test_the_same_hang_twice_is_fatal_not_a_third_try() -> None:
+    """Issue 41: a hang with the same frames at the same step as the hang before stops with
+    one alert (the fatal) instead of spending the restart budget on hanging again."""
+    from dflashd.supervisor.decide.policy import Action, RestartHistory, decide
+
+    frames = ("worker rank 1 pid 4242: acquire (threading.py:320) <- load (data.py:88)",)
+
+    def hung(history: RestartHistory, step: int, pid: int) -> object:
+        seen = tuple(f.replace("4242", str(pid)) for f in frames)
+        return decide(
+            Verdict.STALLED,
+            exit_code=None,
+            reached_first_step=True,
+            progress_s=120.0,
+            history=history,
+            policy=POLICY,
+            jitter=0.5,
+            reason="hung",
+            step=step,
+            frames=seen,
+        )
+
+    first = hung(RestartHistory(), 500, 4242)
+    assert first.action is Action.RESTART  # type: ignore[attr-defined]
+    again = hung(first.history, 500, 5151)  # type: ignore[attr-defined]
+    assert again.action is Action.FATAL and again.reason == "same_hang_twice_at_step_500"  # type: ignore[attr-defined]
+    elsewhere = hung(first.history, 900, 5151)  # type: ignore[attr-defined]
+    assert elsewhere.action is Action.RESTART  # type: ignore[attr-defined]

@@ -177,7 +177,7 @@ def test_the_cadence_sets_the_suspicion_gap() -> None:
     limits = HangLimits(30.0)
     assert suspect_after((0.1,) * 4, limits) is None  # not steady yet
     assert suspect_after((0.1,) * 5, limits) == 30.0
-    assert suspect_after((10.0,) * 8, limits) == 100.0  # ten slow intervals
+    assert suspect_after((10.0,) * 8, limits) == 60.0  # six slow intervals
     assert suspect_after((0.1,) * 8, HangLimits(0.0)) is None  # off
 
 
@@ -200,8 +200,8 @@ HUNG3 = tuple(samples(*[(proc(1, LOCK, MAIN),)] * 3, gap=4.0))
         # no steady cadence: nothing
         (HangView(100.0, (0.1,), True, True), Evidence(), 500.0, Wait(None)),
         # one sample: the next one SAMPLE_GAP_S later
-        (HangView(60.0, STEADY, True, True), Evidence(HUNG3[:1]), 101.0, Wait(104.0)),
-        (HangView(60.0, STEADY, True, True), Evidence(HUNG3[:1]), 104.5, TakeSample()),
+        (HangView(60.0, STEADY, True, True), Evidence(HUNG3[:1]), 101.0, Wait(103.0)),
+        (HangView(60.0, STEADY, True, True), Evidence(HUNG3[:1]), 103.5, TakeSample()),
         # three that agree: end it, with the gap since the last step
         (HangView(60.0, STEADY, True, True), Evidence(HUNG3), 108.0, "end"),
         # a round that found work: a new round later

@@ -6,8 +6,8 @@ step, with no config, and relaunched; (b) pausing with no output while writing a
 checkpoint in chunks, or computing an "eval" in a Python loop: never ended; (c) the same
 pauses with stacks unavailable (``DFLASHD_STACKS=faulthandler``): never ended either.
 
-The pauses last ``DFLASHD_TEST_PAUSE_S`` (75 s here: past two rounds of sampling after the
-30 s suspicion; ``tests/perf/hang_table.py`` runs the issue's 150 s ten times).  The four
+The pauses last ``DFLASHD_TEST_PAUSE_S`` (75 s here: past three rounds of sampling after the
+12 s suspicion; ``tests/perf/hang_table.py`` runs the issue's 150 s ten times).  The four
 pause jobs run side by side, each under its own daemon, so the suite waits once.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -53,7 +54,7 @@ def test_a_job_blocked_forever_is_ended_hung_within_a_minute_and_relaunched(
     assert record.fields["step"] == 40
     assert daemon.wait(60) == 0  # the relaunch steps and completes
     suspect = daemon.events("hang_suspect")
-    assert suspect and suspect[0].fields["no_step_for_s"] >= 30.0
+    assert suspect and suspect[0].fields["no_step_for_s"] >= 12.0
     assert [e.fields["verdict"] for e in daemon.events("exit")] == ["stalled", "completed"]
 
 
@@ -118,3 +119,96 @@ def test_an_early_death_keeps_the_caches_unless_the_evidence_names_them(
     assert first["verdict"] == expected, first
     assert daemon.events("restart")[0].fields["cache_cleared"] is cleared
     assert bool(daemon.events("cache_cleared")) is cleared
+
+
+# -- Hangs II (issue 41, f): waits on work outside the run; frozen loops beside chatty threads --
+
+_SLOW_SERVER = r"""
+import socket, sys, time
+seconds = float(sys.argv[1])
+with socket.create_server(("127.0.0.1", 0)) as server:
+    print(server.getsockname()[1], flush=True)
+    conn, _ = server.accept()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # 100 KB/s
+        conn.sendall(b"x" * 10_000)
+        time.sleep(0.1)
+    conn.close()
+"""
+
+_COMPUTING_HOLDER = r"""
+import fcntl, os, sys, time
+what, path, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if what == "flock":
+    held = open(path, "a")
+    fcntl.flock(held, fcntl.LOCK_EX)
+else:  # the FIFO's producer: opened now (read-write: no wait for a reader), filled late
+    fd = os.open(path, os.O_RDWR)
+print("ready", flush=True)
+end = time.monotonic() + seconds
+while time.monotonic() < end:  # computes (a third of a CPU), outside any dflashd run
+    busy = time.monotonic() + 0.02
+    while time.monotonic() < busy:
+        pass
+    time.sleep(0.04)
+if what == "fifo":
+    os.write(fd, b"the data, at last\n")
+    os.close(fd)
+"""
+
+
+def _helper(code: str, *args: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()  # its port, or "ready": an event, not a sleep
+
+
+def test_waits_outside_the_run_are_never_ended_and_frozen_loops_beside_chatty_threads_are(
+    tmp_path: Path,
+) -> None:
+    """Side by side, each under its own daemon with no config: a shard streamed at 100 KB/s,
+    an flock a computing sibling holds, a FIFO a computing producer fills late — none ended;
+    a frozen loop beside a heartbeat thread, and beside a thread appending to a file — each
+    ended as hung within 60 s of its last step, and relaunched."""
+    if shutil.which("py-spy") is None and not Path(sys.executable).with_name("py-spy").exists():
+        pytest.skip("py-spy is not installed")
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"}, restart=FAST_RESTART)
+    helpers: list[subprocess.Popen[str]] = []
+    waiting: list[Daemon] = []
+    frozen: list[Daemon] = []
+    try:
+        server, port = _helper(_SLOW_SERVER, str(PAUSE_S))
+        lock, fifo = tmp_path / "shard.lock", tmp_path / "shard.fifo"
+        os.mkfifo(fifo)
+        sibling, _ = _helper(_COMPUTING_HOLDER, "flock", str(lock), str(PAUSE_S))
+        producer, _ = _helper(_COMPUTING_HOLDER, "fifo", str(fifo), str(PAUSE_S))
+        helpers += [server, sibling, producer]
+        for what, marker in (
+            ("stream", f"127.0.0.1:{port}"),
+            ("flock", str(lock)),
+            ("fifo", str(fifo)),
+        ):
+            job = child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker)
+            waiting.append(Daemon(tmp_path / f"w-{what}", config, job))
+        for what in ("heartbeat", "appender"):
+            job = child("steps_then.py", "0.1", "40", what, "0", str(tmp_path / "side.log"))
+            frozen.append(Daemon(tmp_path / f"f-{what}", config, job))
+        for daemon in frozen:
+            _ended_hung(daemon)
+            assert daemon.wait(60) == 0  # the relaunch steps and completes
+        for daemon in waiting:
+            code = daemon.wait(PAUSE_S + 120)
+            assert code == 0, daemon.proc.stderr.read()[-2000:] if daemon.proc.stderr else code
+            exits = daemon.events("exit")
+            assert [e.fields["verdict"] for e in exits] == ["completed"], exits
+        checks = [c.fields for d in waiting[1:] for c in d.events("hang_check")]
+        assert any(c["finding"] == "elsewhere" and "outside the run" in c["why"] for c in checks)
+    finally:
+        for daemon in waiting + frozen:
+            daemon.stop()
+            for pipe in (daemon.proc.stdout, daemon.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+        for proc in helpers:
+            proc.kill()
+            proc.communicate()

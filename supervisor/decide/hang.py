@@ -1,6 +1,6 @@
 """Hangs found from evidence, not from time: the pure decider (docs/design.md, "Hangs").
 
-Once a run has shown a steady step cadence, a gap of ``max(hang_suspect_s, 10 x`` its
+Once a run has shown a steady step cadence, a gap of ``max(hang_suspect_s, 6 x`` its
 typical interval``)`` with no new step makes it *suspect*.  Suspicion ends nothing: dflashd
 then samples every Python process of the run a few seconds apart (py-spy, non-blocking:
 the job keeps running) with each process's I/O and thread states, and :func:`judge` reads
@@ -32,11 +32,11 @@ from typing import Final
 
 from dflashd.supervisor.watch.stacks import Frame, ProcessStacks, StacksDump, ThreadStack
 
-HANG_SUSPECT_S: Final = 30.0  # the shortest gap that makes a steady run suspect
-CADENCE_FACTOR: Final = 10.0  # ... or this many typical intervals, if longer
+HANG_SUSPECT_S: Final = 12.0  # the shortest gap that makes a steady run suspect
+CADENCE_FACTOR: Final = 6.0  # ... or this many typical intervals, if longer
 STEADY_INTERVALS: Final = 5  # intervals seen before a cadence counts as steady
 SAMPLES: Final = 3  # samples that must agree before a run is hung
-SAMPLE_GAP_S: Final = 4.0  # between two samples of one round
+SAMPLE_GAP_S: Final = 3.0  # between two samples of one round
 ROUND_GAP_S: Final = 15.0  # after a round that found work (or could not tell), the next one
 # A wait on work elsewhere is alerted once after this long: longer than most evals and saves,
 # well short of the stall window (15 min) that ends a run in which nothing moves at all.

@@ -65,6 +65,7 @@ class RestartHistory:
     stuck_runs: int = 0  # runs in a row that ended without passing ``best_step``
     free_restart: bool = False  # the chain began with a crash after stable progress (no wait)
     last_early_signature: str | None = None  # the last early death's last error line
+    last_hang: tuple[int | None, str] | None = None  # the last hang's step and stack signature
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,13 @@ def decide(
         if not reached_first_step and reason in UNFIXABLE_REASONS:
             return Decision(Action.FATAL, 0.0, False, f"unfixable_{reason}", history)
 
+    if verdict is Verdict.STALLED and reason == "hung" and frames:
+        # the same frames at the same step as the hang before: a relaunch would hang again
+        hang = (step, _DIGITS.sub("N", " | ".join(frames))[:2000])
+        if history.last_hang == hang:
+            why = f"same_hang_twice_at_step_{step}"
+            return Decision(Action.FATAL, 0.0, False, why, replace(history, last_hang=hang))
+        history = replace(history, last_hang=hang)
     if reached_first_step:
         history = replace(history, early_deaths=0)
     stable = progress_s >= policy.stable_after_s

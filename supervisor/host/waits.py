@@ -14,22 +14,36 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Collection
 from typing import Final
 
 from dflashd.supervisor.host.procfs import thread_wchans
 
 _LOCK_WAIT: Final = re.compile(r"lock_inode_wait|flock|posix_lock|fcntl|locks_")
 _PIPE_WAIT: Final = re.compile(r"pipe_read|pipe_wait|fifo")
+_FIFO_OPEN: Final = re.compile(r"wait_for_partner|fifo_open")  # open(2) of a FIFO, no peer yet
 
 
-def outside_waits(pid: int, members: set[int]) -> tuple[str, ...]:
-    """The waits of ``pid`` whose other end is outside ``members`` (the run), in words."""
+_SOCKET_WAIT: Final = re.compile(r"sk_wait_data|wait_woken|tcp_recvmsg|inet_csk_accept")
+
+
+def outside_waits(
+    pid: int, members: set[int], judged_tids: Collection[int] = ()
+) -> tuple[str, ...]:
+    """The waits of ``pid`` whose other end is outside ``members`` (the run), in words.
+
+    ``judged_tids``: its threads with Python stacks outside any collective; only their socket
+    reads are looked at (a collective's own sockets are the collective rule's, hang.py)."""
     chans = thread_wchans(pid)
     out: list[str] = []
+    if any(_SOCKET_WAIT.search(_wchan(pid, tid)) for tid in judged_tids):
+        out.extend(_tcp_waits(pid, members))
     if any(_LOCK_WAIT.search(c) for c in chans):
         out.extend(_lock_waits(pid, members))
     if any(_PIPE_WAIT.search(c) for c in chans):
         out.extend(_pipe_waits(pid, members))
+    if any(_FIFO_OPEN.search(c) for c in chans):  # its other end is nobody yet: not the run
+        out.append(f"pid {pid} waits for a FIFO's other end to open it, outside the run")
     return tuple(out)
 
 
@@ -86,6 +100,102 @@ def _pipe_waits(pid: int, members: set[int]) -> list[str]:
         shown = ", ".join(f"pid {p}" for p in sorted(found)[:3])
         out.append(f"pid {pid} reads a pipe (inode {ident[1]}) written by {shown}, outside the run")
     return out
+
+
+def _wchan(pid: int, tid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/wchan", "rb") as fh:
+            return fh.read(128).decode("ascii", "replace")
+    except OSError:
+        return ""
+
+
+def _loopback(address: str) -> bool:
+    """/proc/net/tcp's hex: 127.x.x.x (little-endian, so its last byte), ::1, or v4-mapped."""
+    return (address.endswith("7F") and (len(address) == 8 or "FFFF0000" in address)) or (
+        address == "00000000000000000000000001000000"
+    )
+
+
+def _tcp_waits(pid: int, members: set[int]) -> list[str]:
+    """Established TCP connections of ``pid`` whose peer is another host, or a process on this
+    one outside the run (a data server): a read from them waits on work elsewhere."""
+    mine = _socket_inodes(pid)
+    if not mine:
+        return []
+    table = _tcp_table()
+    by_local = {local: inode for inode, (local, _) in table.items()}
+    out = []
+    for inode in sorted(mine & set(table)):
+        _, remote = table[inode]
+        if not _loopback(remote.split(":")[0]):
+            out.append(f"pid {pid} reads from another host ({_shown(remote)}), outside the run")
+            continue
+        peer_inode = by_local.get(remote)
+        owners = _owners(peer_inode) if peer_inode is not None else set()
+        if owners and not owners & members:
+            shown = ", ".join(f"pid {o}" for o in sorted(owners)[:3])
+            out.append(f"pid {pid} reads a socket from {shown} ({_shown(remote)}), outside the run")
+    return out
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    out: set[int] = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
+def _tcp_table() -> dict[int, tuple[str, str]]:
+    """Established connections: inode -> (local, remote) as /proc/net/tcp{,6} write them."""
+    out: dict[int, tuple[str, str]] = {}
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name, "rb") as fh:
+                lines = fh.read().decode("ascii", "replace").splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            words = line.split()
+            if len(words) > 9 and words[3] == "01" and words[9].isdigit():
+                out[int(words[9])] = (words[1], words[2])
+    return out
+
+
+def _owners(inode: int) -> set[int]:
+    wanted = f"socket:[{inode}]"
+    found = set()
+    for pid in _pids():
+        try:
+            names = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{name}") == wanted:
+                    found.add(pid)
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def _shown(address: str) -> str:
+    """``7F000001:1F90`` -> ``port 8080`` (the address stays hex: it is for a person to match)."""
+    host, _, port = address.partition(":")
+    try:
+        return f"{host}, port {int(port, 16)}"
+    except ValueError:
+        return address
 
 
 def _fds(pid: int) -> list[tuple[int, tuple[int, int], int]]:

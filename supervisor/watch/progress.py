@@ -48,7 +48,7 @@ class Limits:
 
     first_step_timeout_s: float
     stall_timeout_s: float
-    hang_suspect_s: float = 30.0  # hang.py; 0 turns hang detection off
+    hang_suspect_s: float = 12.0  # hang.py; 0 turns hang detection off
     remote_wait_s: float = 300.0  # hang.py: a wait on work elsewhere, alerted once after this
 
 

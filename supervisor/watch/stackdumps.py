@@ -208,7 +208,8 @@ def _process_sample(stacks: ProcessStacks, run_pids: set[int]) -> ProcessSample:
     found = read_stat(pid)
     cpu = found.cpu_ticks / CLK_TCK if found is not None else None
     read, written = io_bytes(pid)
-    outside = outside_waits(pid, run_pids) if stacks.error is None else ()
+    judged = {t.tid for t in stacks.threads if not any(f.collective for f in t.frames)}
+    outside = outside_waits(pid, run_pids, judged) if stacks.error is None else ()
     return ProcessSample(stacks, written, thread_states(pid), cpu, read, outside)
 
 

@@ -5,9 +5,18 @@ argv: interval at what [seconds] [marker]
 - ``socket``: it blocks forever reading a socket whose peer never writes;
 - ``checkpoint``: it writes 200 MB to ``marker`` in 1 MB chunks spread over ``seconds``, then steps on;
 - ``eval``: it computes in a Python loop for ``seconds`` with no output, then steps on;
-- ``sleep``: it sleeps ``seconds`` without a word (a wait: a hang by the evidence).
-After an ``eval`` or ``checkpoint`` it steps 20 more times and exits 0.  A relaunch
-(``DFLASHD_RUN`` > 1) runs 20 steps and exits 0.
+- ``sleep``: it sleeps ``seconds`` without a word (a wait: a hang by the evidence);
+- ``stream``: it reads ``marker`` (``host:port``) to its end, a server outside the run
+  sending slowly;
+- ``flock``: it takes an exclusive ``flock`` on ``marker``, which a sibling outside the run
+  holds while it computes;
+- ``fifo``: it reads the FIFO ``marker`` to its end, which a producer outside the run opened
+  and fills late;
+- ``heartbeat``: the main loop freezes on a lock while a thread prints ``alive`` every 3 s;
+- ``appender``: the main loop freezes on a lock while a thread appends a line to ``marker``
+  every second.
+After an ``eval``, ``checkpoint``, ``stream``, ``flock`` or ``fifo`` it steps 20 more times and
+exits 0.  A relaunch (``DFLASHD_RUN`` > 1) runs 20 steps and exits 0.
 """
 
 import os
@@ -49,6 +58,36 @@ elif what == "checkpoint":
             os.fsync(fh.fileno())
             time.sleep(seconds / 200)
     os.unlink(marker)
+elif what == "stream":
+    host, _, port = marker.rpartition(":")
+    with socket.create_connection((host, int(port))) as conn:
+        while conn.recv(65536):
+            pass
+elif what == "flock":
+    import fcntl
+
+    with open(marker, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+elif what == "fifo":
+    with open(marker, "rb") as fh:
+        while fh.read(65536):
+            pass
+elif what in ("heartbeat", "appender"):
+
+    def side() -> None:
+        while True:
+            if what == "heartbeat":
+                print("alive", flush=True)
+                time.sleep(3)
+            else:
+                with open(marker, "a") as fh:
+                    fh.write(f"{time.time():.3f} still here\n")
+                time.sleep(1)
+
+    threading.Thread(target=side, daemon=True).start()
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
 elif what == "eval":
     end = time.monotonic() + seconds
     total = 0
