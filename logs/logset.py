@@ -62,8 +62,9 @@ def _snapshot(directory: Path, basename: str) -> list[tuple[str, int]]:
     return out
 
 
-class LogSetUnsettled(Exception):
-    """A one-shot read could not open the set consistently (it never stopped changing)."""
+class LogSetUnsettled(OSError):
+    """A one-shot read could not open the set consistently (it never stopped changing): an
+    I/O failure to its callers (those that keep going on OSError keep going)."""
 
 
 def _packed_twin(path: Path) -> Path | None:

@@ -76,9 +76,10 @@ class Home:
         if len(text) == 32 and all(c in "0123456789abcdef" for c in text):
             return text
         made = secrets.token_hex(16)
-        tmp = self.root / f".id.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        tmp = self.root / f".id.{secrets.token_hex(6)}.tmp"
+        try:  # a new file (never an existing one, never through a link), renamed into place
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(tmp, flags, 0o600)
             with os.fdopen(fd, "w") as fh:
                 fh.write(made + "\n")
             os.replace(tmp, self.id_file)

@@ -236,7 +236,10 @@ def _launch(
         fail(already_running_message(home), 1)
     from dflashd.logs import last_records
 
-    last = last_records(home.logs, 1)
+    try:
+        last = last_records(home.logs, 1)
+    except OSError:  # unreadable now: the wait below filters by the new run's number anyway
+        last = []
     after_seq = last[0].seq if last else 0  # follow only what this start writes
     read_fd, write_fd = os.pipe()
     argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground"]

@@ -20,8 +20,8 @@ def stop_closure(
     proves: Callable[[ProcStat, dict[int, ProcStat]], bool],
     stop: Callable[[Iterable[Member]], None],
 ) -> dict[int, Member]:
-    """Stop (``stop``: custody's SIGSTOP) ``found`` and every process they fork, until nothing new appears: the run's
-    processes, all stopped, for one SIGKILL that nothing can outrun (pid and pidfd custody).
+    """Stop ``found`` (``stop``: custody's SIGSTOP) and every process they fork, until nothing
+    new appears: the run's processes, all stopped, for one SIGKILL that nothing can outrun.
 
     Exact where the kernel lists children: a fork completes only if no signal is pending on
     the parent, so once its SIGSTOP is queued a member's children are final, and read then.
