@@ -281,3 +281,26 @@ def test_a_wait_elsewhere_is_never_ended_and_alerted_once_after_remote_wait_s() 
     assert isinstance(later, NewRound) and later.alert
     said = decide(view, Evidence(tuple(rounds), None, 100.0, True), 400.0, limits)
     assert isinstance(said, NewRound) and not said.alert
+
+
+def test_status_shows_the_frames_that_proved_a_hang_not_the_step_lines() -> None:
+    from dflashd.supervisor.client.render import format_status
+
+    status = {
+        "state": "backoff",
+        "last_exit": {
+            "run": 3,
+            "verdict": "stalled",
+            "reason": "hung",
+            "signal": "SIGKILL",
+            "duration_s": 80.0,
+            "tail": ["step 40 loss 0.0250"],
+            "stacks": {
+                "path": "/h/logs/stacks/run-3-hang.txt",
+                "top": ["root pid 7: acquire (threading.py:320) <- load (data.py:88)"],
+            },
+        },
+    }
+    text = format_status(status, running=True, paint=lambda text, _style: text)
+    assert "acquire (threading.py:320)" in text and "cat /h/logs/stacks/run-3-hang.txt" in text
+    assert "step 40 loss" not in text

@@ -162,8 +162,16 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
             f" ({last.get('reason')}), {how} after {duration(last.get('duration_s'))}, {ago(last.get('ended_at'))}"
         )
         rows.append(("last exit", text))
-        for tail_line in (last.get("tail") or [])[-5:]:
-            rows.append(("", paint("  " + escape_controls(str(tail_line)), "dim")))
+        stacks = last.get("stacks") if isinstance(last.get("stacks"), dict) else {}
+        frames = stacks.get("top") if isinstance(stacks.get("top"), list) else []
+        if last.get("reason") == "hung" and frames:  # the frames that proved it, not step lines
+            for frame_line in frames[:6]:
+                rows.append(("", paint("  " + escape_controls(str(frame_line)), "dim")))
+            if isinstance(stacks.get("path"), str):
+                rows.append(("", f"  the whole dump: cat {escape_controls(stacks['path'])}"))
+        else:
+            for tail_line in (last.get("tail") or [])[-5:]:
+                rows.append(("", paint("  " + escape_controls(str(tail_line)), "dim")))
     alert = status.get("last_alert")
     if isinstance(alert, dict) and alert.get("kind"):
         rows.append(("last alert", _alert_text(alert, paint)))
