@@ -30,12 +30,12 @@ from dflashd.supervisor.client.logcmds import report, tail
 from dflashd.supervisor.client.stackscmd import stacks
 from dflashd.supervisor.client.start import (
     already_running_message,
-    first_interrupt_only,
     prepare,
     run_foreground,
     start_detached,
+    start_interrupted,
 )
-from dflashd.supervisor.exitcodes import EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_USAGE
+from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
 from dflashd.supervisor.home import Home, lock_is_held, read_lock_pid
 from dflashd.supervisor.lifecycle import State
 
@@ -67,6 +67,8 @@ def main(ctx: click.Context, home: Path | None) -> None:
     """
     ensure_standard_fds()
     ctx.obj = {"home": home}
+    if ctx.invoked_subcommand != "start":  # Ctrl-C is KeyboardInterrupt again (tail -f, a wait)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def ensure_standard_fds() -> None:
@@ -138,13 +140,11 @@ def start(
     """
     if command and command[0] == "--":
         command = command[1:]
-    if not foreground:  # from here a Ctrl-C is one line and exit 130 (start.py)
-        signal.signal(signal.SIGINT, first_interrupt_only)
+    # detached, a Ctrl-C is one line and exit 130 from here on, whenever (start.py); the
+    # foreground daemon takes its signals over itself once it serves
+    signal.signal(signal.SIGINT, signal.default_int_handler if foreground else start_interrupted)
     where = resolve_home(home)
-    try:
-        config = prepare(where, config_path, tuple(command))
-    except KeyboardInterrupt:
-        fail("interrupted before the daemon was started: nothing runs", EXIT_INTERRUPTED)
+    config = prepare(where, config_path, tuple(command))
     if foreground:
         if ready_fd is None and lock_is_held(where.lock):
             fail(already_running_message(where), 1)

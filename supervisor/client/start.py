@@ -8,6 +8,7 @@ its verdict and stderr tail, and ``start`` exits non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -197,31 +198,32 @@ def start_detached(
     job's first step, its death or ``start_wait_s``.
 
     Ctrl-C, at any moment and however often, ends this command with one line and exit 130
-    (the first one counts; later ones are ignored while it says so): the job keeps running
-    in the daemon's own session, or nothing was started when it came before the launch.
+    (:func:`start_interrupted`): the job keeps running in the daemon's own session, or
+    nothing was started when it came before the launch.
     """
-    launched: dict[str, Any] = {"spawned": False}
-    signal.signal(signal.SIGINT, first_interrupt_only)
-    try:
-        return _launch(home, config, config_path, command, wait, launched)
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if launched.get("run"):
-            message = (
-                f"stopped waiting; run {launched['run']} keeps running (dflashd stop to end it)"
-            )
-        elif launched["spawned"]:
-            message = "stopped waiting; the daemon goes on starting the job (dflashd status)"
-        else:
-            message = "interrupted before the daemon was started: nothing runs"
-        click.echo(f"\ndflashd: {message}", err=True)
-        return EXIT_INTERRUPTED  # SIGINT stays ignored: more Ctrl-C change nothing now
+    signal.signal(signal.SIGINT, start_interrupted)
+    return _launch(home, config, config_path, command, wait, _LAUNCHED)
 
 
-def first_interrupt_only(signum: int, frame: object) -> None:
-    """SIGINT while start waits: raised once; any more are ignored from here on."""
+# What a Ctrl-C of ``start`` reports: a daemon spawned yet, and its run once launched.
+_LAUNCHED: dict[str, Any] = {"spawned": False, "run": None}
+
+
+def start_interrupted(signum: int, frame: object) -> None:
+    """SIGINT while ``start`` works or waits: one line, exit 130, at once.  The handler says
+    it and exits itself (no exception that code in between could swallow); the spawn is
+    never cut half-way (SIGINT is held back across it), and later Ctrl-C are ignored."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
+    if _LAUNCHED["run"]:
+        message = f"stopped waiting; run {_LAUNCHED['run']} keeps running (dflashd stop to end it)"
+    elif _LAUNCHED["spawned"]:
+        message = "stopped waiting; the daemon goes on starting the job (dflashd status)"
+    else:
+        message = "interrupted before the daemon was started: nothing runs"
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    os.write(2, f"\ndflashd: {message}\n".encode())
+    os._exit(EXIT_INTERRUPTED)
 
 
 def _launch(
