@@ -6,6 +6,7 @@ them.  A pid alone names nothing; (pid, start ticks) names one process for its w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,36 +99,49 @@ def io_bytes(pid: int) -> tuple[int | None, int | None]:
     return read, written
 
 
-def thread_wchans(pid: int) -> tuple[str, ...]:
-    """The kernel function each of ``pid``'s threads sleeps in (``/proc/PID/task/*/wchan``:
-    ``futex_wait_queue``, ``pipe_read``, ``locks_lock_inode_wait``...; "0" when running)."""
+def per_thread(pid: int, name: str, limit: int = 4096) -> dict[int, bytes]:
+    """``/proc/PID/task/TID/<name>`` of each of ``pid``'s threads (the ones readable now)."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return ()
-    out = []
+        return {}
+    out: dict[int, bytes] = {}
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/wchan", "rb") as fh:
-                out.append(fh.read(128).decode("ascii", "replace"))
-        except OSError:
+            with open(f"/proc/{pid}/task/{tid}/{name}", "rb") as fh:
+                out[int(tid)] = fh.read(limit)
+        except (OSError, ValueError):
             continue
-    return tuple(out)
+    return out
+
+
+def fd_links(pid: int) -> dict[int, str]:
+    """What each of ``pid``'s descriptors names (``socket:[N]``, ``pipe:[N]``, a path), by fd."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return {}
+    out: dict[int, str] = {}
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            out[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+    return out
+
+
+def thread_wchans(pid: int) -> dict[int, str]:
+    """The kernel function each of ``pid``'s threads sleeps in, by tid (``wchan``:
+    ``futex_wait_queue``, ``pipe_read``, ``locks_lock_inode_wait``...; "0" when running)."""
+    return {
+        tid: raw.decode("ascii", "replace") for tid, raw in per_thread(pid, "wchan", 128).items()
+    }
 
 
 def thread_states(pid: int) -> tuple[str, ...]:
     """The state letter of each of ``pid``'s threads (R, S, D, ...), from /proc/PID/task."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return ()
     out = []
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as fh:
-                out.append(fh.read().rsplit(b")", 1)[1].split()[0].decode())
-        except (OSError, IndexError):
-            continue
+    for raw in per_thread(pid, "stat").values():
+        with contextlib.suppress(IndexError):
+            out.append(raw.rsplit(b")", 1)[1].split()[0].decode())
     return tuple(out)
 
 

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Collection
 from typing import Final
 
-from dflashd.supervisor.host.procfs import thread_wchans
+from dflashd.supervisor.host.procfs import fd_links, thread_wchans
 
 _LOCK_WAIT: Final = re.compile(r"lock_inode_wait|flock|posix_lock|fcntl|locks_")
 _PIPE_WAIT: Final = re.compile(r"pipe_read|pipe_wait|fifo")
@@ -36,13 +36,15 @@ def outside_waits(
     reads are looked at (a collective's own sockets are the collective rule's, hang.py)."""
     chans = thread_wchans(pid)
     out: list[str] = []
-    if any(_SOCKET_WAIT.search(_wchan(pid, tid)) for tid in judged_tids):
+    if any(_SOCKET_WAIT.search(chans.get(tid, "")) for tid in judged_tids):
         out.extend(_tcp_waits(pid, members))
-    if any(_LOCK_WAIT.search(c) for c in chans):
+    if any(_LOCK_WAIT.search(c) for c in chans.values()):
         out.extend(_lock_waits(pid, members))
-    if any(_PIPE_WAIT.search(c) for c in chans):
+    if any(_PIPE_WAIT.search(c) for c in chans.values()):
         out.extend(_pipe_waits(pid, members))
-    if any(_FIFO_OPEN.search(c) for c in chans):  # its other end is nobody yet: not the run
+    if any(
+        _FIFO_OPEN.search(c) for c in chans.values()
+    ):  # its other end is nobody yet: not the run
         out.append(f"pid {pid} waits for a FIFO's other end to open it, outside the run")
     return tuple(out)
 
@@ -102,14 +104,6 @@ def _pipe_waits(pid: int, members: set[int]) -> list[str]:
     return out
 
 
-def _wchan(pid: int, tid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/wchan", "rb") as fh:
-            return fh.read(128).decode("ascii", "replace")
-    except OSError:
-        return ""
-
-
 def _loopback(address: str) -> bool:
     """/proc/net/tcp's hex: 127.x.x.x (little-endian, so its last byte), ::1, or v4-mapped."""
     return (address.endswith("7F") and (len(address) == 8 or "FFFF0000" in address)) or (
@@ -140,19 +134,10 @@ def _tcp_waits(pid: int, members: set[int]) -> list[str]:
 
 
 def _socket_inodes(pid: int) -> set[int]:
-    out: set[int] = set()
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(int(target[8:-1]))
-    return out
+    links = fd_links(pid).values()
+    return {
+        int(link[8:-1]) for link in links if link.startswith("socket:[") and link[8:-1].isdigit()
+    }
 
 
 def _tcp_table() -> dict[int, tuple[str, str]]:
@@ -173,20 +158,7 @@ def _tcp_table() -> dict[int, tuple[str, str]]:
 
 def _owners(inode: int) -> set[int]:
     wanted = f"socket:[{inode}]"
-    found = set()
-    for pid in _pids():
-        try:
-            names = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for name in names:
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{name}") == wanted:
-                    found.add(pid)
-                    break
-            except OSError:
-                continue
-    return found
+    return {pid for pid in _pids() if wanted in fd_links(pid).values()}
 
 
 def _shown(address: str) -> str:
