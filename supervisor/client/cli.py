@@ -315,7 +315,8 @@ def restart(
     home: Path | None, timeout_s: float | None, config_path: Path | None, command: tuple[str, ...]
 ) -> None:
     """Stop the job and the daemon, then start again as the last `start` did (or as told here),
-    in the directory it was started from."""
+    in the directory it was started from.  Without a command, a record of the last start that
+    is missing or damaged (invocation.json) refuses the restart (exit 2): nothing is guessed."""
     where = resolve_home(home)
     if not has_run(where) and not lock_is_held(where.lock):  # a typo'd --home: start nothing
         fail(f"{where.root}: no job has run in this home, nothing to restart (dflashd start)", 2)

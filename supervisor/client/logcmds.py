@@ -198,7 +198,8 @@ _BAR_MIN_BYTES = 64 << 20  # below this, reading takes well under a second
     type=click.Path(dir_okay=False, path_type=Path),
     default=Path("dflashd-report.html"),
     show_default=True,
-    help="Where to write the report: .html (a self-contained page) or .svg (the charts alone).",
+    help="Where to write the report: .html (a self-contained page) or .svg (the charts alone); "
+    "written as a new file renamed into place, never through another user's symlink.",
 )
 def report(home: Path | None, which_run: str | None, output: Path) -> None:
     """A picture of the recent runs: goodput, a timeline of runs, steps and loss over time, GPU memory."""
