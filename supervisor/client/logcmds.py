@@ -78,7 +78,9 @@ def tail(
 
     Control characters in the job's output (escape sequences that retitle or clear a
     terminal) are shown escaped, as journalctl does; --raw and --json keep the bytes.
-    Times are UTC, with the date when the records shown span more than one day.
+    Times are UTC, with the date when the records shown span more than one day.  Files
+    rotated or compressed while it reads are read once each; a set that never stops changing
+    is said in one line, exit 1 (never "no records").
     """
     from dflashd.logs.logset import LogSetUnsettled
     from dflashd.logs.reader import RecordFilter, last_records
