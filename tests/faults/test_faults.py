@@ -304,8 +304,13 @@ def test_9_files_stay_within_one_record_of_max_bytes(start_daemon: Start, home: 
         child("flood_and_exit.py", "50000"), logs={"max_bytes": 65536, "backups": 100}
     )
     assert daemon.wait(60) == 0
-    sizes = [p.stat().st_size for p in (home / "logs").iterdir()]
-    assert max(sizes) <= 65536 + 200
+    sizes = []
+    for path in (home / "logs").iterdir():  # the finisher may still be compressing: files come
+        try:  # and go (a .part becomes a .zst, a plain file its packed twin)
+            sizes.append(path.stat().st_size)
+        except FileNotFoundError:
+            continue
+    assert sizes and max(sizes) <= 65536 + 200
 
 
 # -- 10. the live log deleted under the daemon -----------------------------------------------
