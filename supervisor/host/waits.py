@@ -1,4 +1,4 @@
-"""Where a waiting process's other end is: a file lock's holder, a pipe's writers.
+"""Where a waiting process's other end is: a file lock's holder, a pipe's writers, a TCP peer.
 
 A thread asleep in the kernel says on what (``/proc/PID/task/TID/wchan``): a file lock
 (``locks_lock_inode_wait``), a pipe read (``pipe_read``), a futex, a socket.  For a file lock
@@ -22,8 +22,6 @@ from dflashd.supervisor.host.procfs import fd_links, thread_wchans
 _LOCK_WAIT: Final = re.compile(r"lock_inode_wait|flock|posix_lock|fcntl|locks_")
 _PIPE_WAIT: Final = re.compile(r"pipe_read|pipe_wait|fifo")
 _FIFO_OPEN: Final = re.compile(r"wait_for_partner|fifo_open")  # open(2) of a FIFO, no peer yet
-
-
 _SOCKET_WAIT: Final = re.compile(r"sk_wait_data|wait_woken|tcp_recvmsg|inet_csk_accept")
 
 
@@ -42,9 +40,7 @@ def outside_waits(
         out.extend(_lock_waits(pid, members))
     if any(_PIPE_WAIT.search(c) for c in chans.values()):
         out.extend(_pipe_waits(pid, members))
-    if any(
-        _FIFO_OPEN.search(c) for c in chans.values()
-    ):  # its other end is nobody yet: not the run
+    if any(_FIFO_OPEN.search(c) for c in chans.values()):  # nobody has the other end yet
         out.append(f"pid {pid} waits for a FIFO's other end to open it, outside the run")
     return tuple(out)
 
