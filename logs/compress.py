@@ -121,6 +121,8 @@ class Compressor:
             return
         argv = [sys.executable, "-I", "-S", str(SQUEEZE), "finish", self.codec, str(os.getpid())]
         argv += [f"@{self._dir_fd}", basename, str(backups)]  # the held directory, not a path
+        if self.helper_pid is not None:  # still at work: the finisher waits for it too
+            argv.append(str(self.helper_pid))
         try:
             self.finisher = subprocess.Popen(
                 argv,

@@ -2,7 +2,7 @@
 pays nothing for it (neither its CPU nor its GIL).
 
     python -I -S squeeze.py CODEC PARENT_PID [@DIRFD] FD=OUT [FD=OUT ...]
-    python -I -S squeeze.py finish CODEC DAEMON_PID DIR|@DIRFD BASE BACKUPS
+    python -I -S squeeze.py finish CODEC DAEMON_PID DIR|@DIRFD BASE BACKUPS [HELPER_PID]
 
 ``@DIRFD`` is the logs directory as the daemon holds it open (an inherited descriptor): the
 helper changes into it (``fchdir``) and names every file relative to it, so a directory
@@ -165,6 +165,8 @@ def finish(argv: list[str]) -> int:
     suffix = ".zst" if codec == "zstd" else ".gz"
     directory = _enter(directory)
     _wait_gone(daemon)
+    if len(argv) > 5 and argv[5].isdigit():  # the daemon's helper, if one was at work: it
+        _wait_gone(int(argv[5]))  # writes the same temporary names, and gives up soon
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(3):  # a new daemon may rotate more meanwhile: look again, a few times
         todo = _plain(directory, base, backups)
@@ -207,6 +209,8 @@ def main(argv: list[str]) -> int:
     for job in jobs:
         fd_text, _, out = job.partition("=")
         part = out + ".part"  # OUT appears only whole: a killed helper leaves a .part, never OUT
+        if parent and os.getppid() != parent:
+            return 1  # the daemon is gone: its finisher takes the rest (no .part made)
         try:
             with (
                 os.fdopen(int(fd_text), "rb") as src,
@@ -215,6 +219,10 @@ def main(argv: list[str]) -> int:
                 squeeze(src, dst, codec, parent)
             os.replace(part, out)
         except ParentGone:
+            try:
+                os.unlink(part)  # given up: nothing of it stays behind
+            except OSError:
+                pass
             return 1
         except OSError:
             failed += 1
