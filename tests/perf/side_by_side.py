@@ -4,7 +4,8 @@ CPU per GiB.
 
 supervisord comes from the package registry, into this benchmark's own venv (made once under
 ``--venv``).  ``--ci`` runs a short dflashd-vs-direct check and fails when a ratio is more than
-30 % worse than the one recorded in tests/perf/baseline.json (ratios only, never times).
+30 % worse than the one recorded in tests/perf/baseline.json in each of three rounds (ratios
+only, never times).
 
     python tests/perf/side_by_side.py [--mib 256] [--reps 3] [--modes block,line]
     python tests/perf/side_by_side.py --ci
@@ -30,6 +31,7 @@ from _bench import daemon_argv, process_cpu_s
 WRITER = Path(__file__).with_name("_writer_child.py")
 BASELINE = Path(__file__).with_name("baseline.json")
 TOLERANCE = 0.30
+CI_ROUNDS = 3
 
 
 def child(mode: str, mib: float, report: Path) -> list[str]:
@@ -156,55 +158,74 @@ def main() -> int:
     if "supervisord" in launchers and not ensure_supervisord(args.venv, args.wheels):
         print("supervisord could not be installed; left out")
         launchers.remove("supervisord")
-    ratios: dict[str, float] = {}
     print(f"# side_by_side: {args.mib:g} MiB, {args.reps} reps, medians; {os.cpu_count()} CPUs")
     print(
         "# dflashd: zstd on (the default); -plain: compress = false; -quiet: --quiet, no compression"
     )
+    recorded: dict[str, float] = json.loads(BASELINE.read_text()) if args.ci else {}
+    ratios: dict[str, float] = {}
+    worse: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="dflashd-side-") as tmp:
         work = Path(tmp)
         for mode in args.modes.split(","):
-            got: dict[str, list[Result]] = {name: [] for name in launchers}
-            for _ in range(args.reps):
-                for name in launchers:
-                    if name == "direct":
-                        got[name].append(direct(mode, args.mib, work))
-                    elif name == "supervisord":
-                        got[name].append(supervisord(mode, args.mib, work, args.venv))
-                    else:
-                        got[name].append(dflashd(mode, args.mib, work, name))
-            base = statistics.median(r.mib_s for r in got["direct"])
-            e2e_base = statistics.median(r.e2e_mib_s for r in got["direct"])
-            print(
-                f"\n## {mode}   (MiB/s while the child writes; end to end: to the launcher's exit)"
-            )
-            for name, values in got.items():
-                mib_s = statistics.median(r.mib_s for r in values)
-                e2e = statistics.median(r.e2e_mib_s for r in values)
-                cpu = statistics.median(r.cpu_s_per_gib for r in values)
-                ratios[f"{mode}:{name}"] = mib_s / base
-                print(
-                    f"{name:14s} {mib_s:8.1f} MiB/s {mib_s / base:5.2f}x   end to end"
-                    f" {e2e:8.1f} MiB/s {e2e / e2e_base:5.2f}x   launcher CPU {cpu:5.1f} s/GiB"
+            # A ratio against a page-cache write of 32 MiB is noisy (the direct run is ~10 ms);
+            # noise lowers a round at random, a regression lowers every round: the check
+            # measures a mode again when it looks worse and fails only when every round does.
+            for round_no in range(1, CI_ROUNDS + 1 if args.ci else 2):
+                got = measure_mode(mode, args, launchers, work, round_no)
+                ratios.update(got)
+                worse = {k: v for k, v in worse.items() if not k.startswith(f"{mode}:")}
+                worse.update(
+                    (key, (got[key], value))
+                    for key, value in recorded.items()
+                    if key in got and got[key] < value * (1 - TOLERANCE)
                 )
+                if not any(key.startswith(f"{mode}:") for key in worse):
+                    break
     if args.record:
         BASELINE.write_text(
             json.dumps({k: round(v, 4) for k, v in ratios.items()}, indent=2) + "\n"
         )
         print(f"recorded {BASELINE}")
-    if args.ci:
-        recorded = json.loads(BASELINE.read_text())
-        worse = {
-            key: (ratios[key], value)
-            for key, value in recorded.items()
-            if key in ratios and ratios[key] < value * (1 - TOLERANCE)
-        }
-        for key, (now, then) in worse.items():
-            print(
-                f"REGRESSION {key}: {now:.3f}x direct, recorded {then:.3f}x (more than 30 % worse)"
-            )
-        return 1 if worse else 0
-    return 0
+    for key, (now, then) in worse.items():
+        print(
+            f"REGRESSION {key}: {now:.3f}x direct, recorded {then:.3f}x"
+            f" (more than 30 % worse in each of {CI_ROUNDS} rounds)"
+        )
+    return 1 if worse else 0
+
+
+def measure_mode(
+    mode: str, args: argparse.Namespace, launchers: list[str], work: Path, round_no: int
+) -> dict[str, float]:
+    """One round of one mode: the launchers interleaved, ``args.reps`` times; prints and
+    returns each launcher's ratio to direct (medians)."""
+    got: dict[str, list[Result]] = {name: [] for name in launchers}
+    for _ in range(args.reps):
+        for name in launchers:
+            if name == "direct":
+                got[name].append(direct(mode, args.mib, work))
+            elif name == "supervisord":
+                got[name].append(supervisord(mode, args.mib, work, args.venv))
+            else:
+                got[name].append(dflashd(mode, args.mib, work, name))
+    base = statistics.median(r.mib_s for r in got["direct"])
+    e2e_base = statistics.median(r.e2e_mib_s for r in got["direct"])
+    again = f" (round {round_no})" if round_no > 1 else ""
+    print(
+        f"\n## {mode}{again}   (MiB/s while the child writes; end to end: to the launcher's exit)"
+    )
+    ratios: dict[str, float] = {}
+    for name, values in got.items():
+        mib_s = statistics.median(r.mib_s for r in values)
+        e2e = statistics.median(r.e2e_mib_s for r in values)
+        cpu = statistics.median(r.cpu_s_per_gib for r in values)
+        ratios[f"{mode}:{name}"] = mib_s / base
+        print(
+            f"{name:14s} {mib_s:8.1f} MiB/s {mib_s / base:5.2f}x   end to end"
+            f" {e2e:8.1f} MiB/s {e2e / e2e_base:5.2f}x   launcher CPU {cpu:5.1f} s/GiB"
+        )
+    return ratios
 
 
 if __name__ == "__main__":
