@@ -110,6 +110,7 @@ class Run:
             best_before=p.best_before,
             passed_best=p.passed_best_mono,
             stepped=p.step is not None,
+            recoveries=tuple(p.recoveries),
         )
 
     def saw(self, pids: set[int]) -> None:

@@ -13,6 +13,7 @@ import pytest
 from dflashd.supervisor.decide.goodput import (
     Cost,
     GoodputLedger,
+    Recovery,
     RunTimes,
     cost_from_json,
     cost_to_json,
@@ -209,3 +210,42 @@ def test_a_crash_after_new_progress_relaunches_at_once_and_a_loop_still_backs_of
     assert delay == 0.0  # past 50: new progress again, the chain starts over
     delay, history = _after(51, history)
     assert delay == pytest.approx(5.0)
+
+
+def test_a_restart_torchrun_handled_itself_is_detection_downtime_and_redone() -> None:
+    """Issue 41 (e): steps 1..38 every 0.1 s, a worker failure noticed at 5.0, the restarted
+    worker steps again from 21 at 6.0 and passes 38 at 7.8; the run completes at 10.0."""
+    progress = Progress(started_mono=0.0)
+    for step in range(1, 39):
+        progress.on_step(1.0 + step * 0.1, step=step, first=False, source="pattern")
+    progress.workers_restarting(5.0)
+    progress.workers_restarting(5.1)  # torchrun's "will restart" line: the same restart
+    for step in range(21, 61):
+        progress.on_step(6.0 + (step - 21) * 0.1, step=step, first=False, source="pattern")
+    (rec,) = progress.recoveries
+    assert (rec.last_step, rec.failed, rec.resumed, rec.passed) == pytest.approx((4.8, 5, 6, 7.8))
+    assert max(progress.intervals) < 0.2  # the restart gap is not a step interval
+    times = RunTimes(
+        launched=0.0,
+        first_step=progress.first_step_mono,
+        last_progress=progress.last_progress_mono,
+        stepped=True,
+        recoveries=tuple(progress.recoveries),
+    )
+    cost = run_cost(times, 10.0, ended=True, completed=True)
+    assert cost.detection_s == pytest.approx(0.2)
+    assert cost.downtime_s == pytest.approx(1.0)
+    assert cost.redone_s == pytest.approx(1.8)
+    assert cost.productive_s == pytest.approx(10.0 - 1.1 - 0.2 - 1.0 - 1.8)
+    assert cost.total_s == pytest.approx(10.0)
+    # a second failure before the first was passed again ends the first's redone stretch
+    twice = RunTimes(
+        launched=0.0,
+        first_step=1.0,
+        last_progress=9.0,
+        stepped=True,
+        recoveries=(Recovery(2.0, 2.5, 3.0, None), Recovery(4.0, 4.5, 5.0, 6.0)),
+    )
+    cost = run_cost(twice, 9.0, ended=False)
+    assert (cost.detection_s, cost.downtime_s, cost.redone_s) == pytest.approx((1.0, 1.0, 2.0))
+    assert cost.total_s == pytest.approx(9.0)

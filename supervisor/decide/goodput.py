@@ -74,6 +74,18 @@ NOTHING: Final = Cost()
 
 
 @dataclass(frozen=True, slots=True)
+class Recovery:
+    """A restart inside one run that its launcher handled itself (torchrun's ``--max-restarts``):
+    the last step before the failure, the failure, the first step after it, and when the run
+    passed its best step before the failure again (monotonic; None: not yet)."""
+
+    last_step: float
+    failed: float
+    resumed: float | None = None
+    passed: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunTimes:
     """One run's moments (monotonic seconds), as its progress saw them."""
 
@@ -83,6 +95,7 @@ class RunTimes:
     best_before: int | None = None  # the best step of every earlier run (None: none had one)
     passed_best: float | None = None  # when it first reported a step beyond ``best_before``
     stepped: bool = False  # it reported step numbers (only then can steps be redone)
+    recoveries: tuple[Recovery, ...] = ()  # restarts inside the run (torchrun's own)
 
 
 def run_cost(
@@ -114,17 +127,42 @@ def run_cost(
     else:
         passed = max(times.passed_best, times.first_step)
         redone, productive = passed - times.first_step, moving_end - passed
+    inner = _inner_restarts(times, productive_from=moving_end - productive, until=moving_end)
     tail = cut - moving_end if ended or stop_at is not None else 0.0
     if completed or stop_at is not None:
         productive += tail  # a completed run's last save, or a healthy run up to the stop
         tail = 0.0
     return Cost(
-        productive_s=productive,
+        productive_s=productive - inner.total_s,
         startup_s=startup,
-        redone_s=redone,
-        detection_s=tail,
+        redone_s=redone + inner.redone_s,
+        detection_s=tail + inner.detection_s,
+        downtime_s=inner.downtime_s,
         stopped_s=stopped,
     )
+
+
+def _overlap(start: float, end: float, lo: float, hi: float) -> float:
+    return max(0.0, min(end, hi) - max(start, lo))
+
+
+def _inner_restarts(times: RunTimes, *, productive_from: float, until: float) -> Cost:
+    """The part of a run's productive stretch ``[productive_from, until]`` that its own
+    restarts cost: the last step -> the failure is detection, the failure -> the first step
+    after it downtime, and that step -> passing the old best redone (each ends at the next
+    failure at the latest)."""
+    cost = NOTHING
+    recoveries = times.recoveries
+    for index, rec in enumerate(recoveries):
+        end = recoveries[index + 1].last_step if index + 1 < len(recoveries) else until
+        resumed = min(rec.resumed if rec.resumed is not None else end, end)
+        passed = min(rec.passed if rec.passed is not None else end, end)
+        cost += Cost(
+            detection_s=_overlap(rec.last_step, rec.failed, productive_from, until),
+            downtime_s=_overlap(rec.failed, resumed, productive_from, until),
+            redone_s=_overlap(resumed, passed, productive_from, until),
+        )
+    return cost
 
 
 def gap_cost(since: float, until: float, *, wanted: bool) -> Cost:

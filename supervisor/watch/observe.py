@@ -12,7 +12,7 @@ by the daemon's one applier.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from dflashd.supervisor.decide.effects import Book, Effect
 from dflashd.supervisor.decide.incidents import passed, resumed
@@ -25,7 +25,7 @@ from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid, ElasticState
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
-from dflashd.supervisor.watch.linewatch import LinesSeen
+from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.watch.notify import NotifyMessage
 from dflashd.supervisor.watch.nvml import GpuSample
 from dflashd.supervisor.watch.progress import GPU, Change
@@ -41,6 +41,14 @@ class Apply(Protocol):
     ) -> None:
         """Carry out ``effects`` in order; ``publish``: then write the status once."""
         ...
+
+
+# agent lines that say torchrun restarts the run's workers itself (goodput: downtime, redone)
+_RESTARTING: Final = (
+    AgentSaid.WORKER_FAILED,
+    AgentSaid.GROUP_RESTART,
+    AgentSaid.MEMBERSHIP_RESTART,
+)
 
 
 class RunObserver:
@@ -73,7 +81,15 @@ class RunObserver:
         found = seen.progress
         if found is None:
             run.progress.on_alive(now)
-            return True
+        else:
+            self._stepped(run, found, now)
+        if any(said.said in _RESTARTING for said in seen.agent):
+            # after the batch's step: it is the failed worker's last one, posted with the
+            # agent's line (a restarted worker needs far longer than a post to step again)
+            run.progress.workers_restarting(now)
+        return True
+
+    def _stepped(self, run: Run, found: LineProgress, now: float) -> None:
         change = run.progress.on_step(
             now,
             step=found.step,
@@ -85,7 +101,6 @@ class RunObserver:
             batches=found.batches,
         )
         self._progressed(run, change)
-        return True
 
     def notify(self, run: Run | None, msg: NotifyMessage, now: float) -> bool:
         """One sd_notify datagram; ignored unless its sender belongs to the live run."""

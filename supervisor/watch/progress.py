@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from dflashd.supervisor.bounds import bounded_int, finite_float
+from dflashd.supervisor.decide.goodput import Recovery
 from dflashd.supervisor.decide.verdicts import EndedBy
 from dflashd.supervisor.watch.formats import global_step
 from dflashd.supervisor.watch.notify import NotifyMessage
@@ -103,6 +104,11 @@ class Progress:
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=CADENCE_INTERVALS))
     best_before: int | None = None  # the best step of every earlier run (goodput: redone)
     passed_best_mono: float | None = None  # when a step beyond ``best_before`` was first seen
+    top_step: int | None = None  # the highest step this run reported
+    # restarts its launcher handled itself (torchrun): closed ones, and the open one with the
+    # step it must pass again
+    recoveries: list[Recovery] = field(default_factory=list)
+    recovering_past: int | None = None
     # step, epoch and loss of the last progress record (the curve's last point)
     recorded: tuple[int | None, float | None, float | None] = (None, None, None)
 
@@ -155,11 +161,14 @@ class Progress:
         if source != GPU:
             self.sees_steps = True
             self.reports_steps = self.reports_steps or step is not None or epoch is not None
+        resuming = self.recoveries and self.recoveries[-1].resumed is None
         if step is not None:
             if self.passed_best_mono is None:
                 self.passed_best_mono = self._passed_best(step, now)
+            self._recovering(step, now)
             self.step = step
             self.step_source = source
+            self.top_step = step if self.top_step is None else max(self.top_step, step)
         if loss is not None:
             self.loss = loss
         became_first = False
@@ -171,7 +180,7 @@ class Progress:
             return NOTHING
         if not moved and not became_first and self.reports_steps:
             return NOTHING  # the same epoch again, or a loss alone: alive, not progress
-        if self.last_progress_mono is not None and self.reports_steps:
+        if self.last_progress_mono is not None and self.reports_steps and not resuming:
             self.intervals.append(now - self.last_progress_mono)  # the job's own cadence
         self.last_progress_mono = now
         # Denser early (a short run still draws a curve), every 30 s at most later on.
@@ -181,6 +190,30 @@ class Progress:
             self.last_record_mono = now
             self.recorded = (self.step, self.epoch, self.loss)
         return Change(first_step=became_first, progress_record=record)
+
+    def workers_restarting(self, now: float) -> None:
+        """The launcher restarts the run's workers itself (torchrun: a worker failed, or a
+        node joined): from here to the next step is downtime, and steps up to the best one
+        so far are redone (goodput).  A second notice before any step is the same restart."""
+        if self.first_step_mono is None:
+            return  # still starting: startup either way
+        if self.recoveries and self.recoveries[-1].resumed is None:
+            return
+        last = self.last_progress_mono or self.first_step_mono
+        self.recoveries.append(Recovery(last_step=last, failed=max(now, last)))
+        self.recovering_past = self.top_step
+
+    def _recovering(self, step: int, now: float) -> None:
+        """A step after a restart inside the run: its first step, then passing the old best."""
+        if not self.recoveries:
+            return
+        rec = self.recoveries[-1]
+        if rec.resumed is None:
+            rec = replace(rec, resumed=now)
+        past = self.recovering_past
+        if rec.passed is None and (past is None or step > past):
+            rec = replace(rec, passed=now)
+        self.recoveries[-1] = rec
 
     def _passed_best(self, step: int, now: float) -> float | None:
         """When the run passed the earlier runs' best, if ``step`` passes it: between the last
