@@ -32,6 +32,7 @@ from dflashd.supervisor.decide.hang import (
     decide,
 )
 from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.decide.world import WAITING, WORKING, Share, share_of, world_summary
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.recorder import Recorder
@@ -41,6 +42,34 @@ from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper
 from dflashd.supervisor.watch.stacks import StacksTaken, alert_lines
 
 DUMP_GRACE_S: Final = 3.0  # between SIGABRT (faulthandler's dump) and SIGKILL
+
+
+def world_share(run: Run, now: float) -> Share | None:
+    """What this node shares with the others at a round's first sample (decide/world.py):
+    a node of a c10d rendezvous, its last round's finding (waiting, working, or nothing)."""
+    elastic = run.elastic
+    if elastic is None or not elastic.job.many_nodes or elastic.job.rdzv_backend != "c10d":
+        return None
+    watch = run.hang
+    finding: tuple[str, float, str] | None = None
+    if watch.last_kind is Finding.ELSEWHERE and watch.elsewhere_since is not None:
+        finding = (WAITING, now - watch.elsewhere_since, watch.last_finding or "")
+    elif watch.last_kind is Finding.WORKING:
+        finding = (WORKING, 0.0, watch.last_finding or "")
+    nodes = elastic.group_world_size
+    if nodes is None and elastic.job.nnodes.split(":")[-1].isdigit():
+        nodes = int(elastic.job.nnodes.split(":")[-1])
+    job = elastic.job
+    return share_of(job.rdzv_endpoint, job.rdzv_id, node_rank(run), nodes, finding)
+
+
+def node_rank(run: Run) -> int | None:
+    """This node's group rank: torchrun's agent said it, or a worker's GROUP_RANK did."""
+    if run.elastic is not None and run.elastic.group_rank is not None:
+        return run.elastic.group_rank
+    dump = run.hang.last_dump
+    ranks = [p.role.group_rank for p in (dump.processes if dump is not None else ())]
+    return next((r for r in ranks if r is not None), None)
 
 
 class LiveRunControl:
@@ -138,6 +167,7 @@ class LiveRunControl:
             self.dumps.available,
             watch.sampling,
             gpu_idle=run.gpu_seen == "idle",
+            node=node_rank(run),
         )
         limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
         action = decide(view, watch.evidence(), now, limits)
@@ -150,23 +180,25 @@ class LiveRunControl:
                     watch.rounds += 1
                     self._suspect_record(run, now)
                 watch.sampling = True
-                self.dumps.sample(run)
+                self.dumps.sample(run, world_share(run, now) if len(watch.samples) == 0 else None)
             case NewRound(judgement=judgement, at=at, alert=alert):
+                heard = next((s.world for s in reversed(watch.samples) if s.world), None)
+                world = world_summary(heard)
                 watch.samples.clear()
+                watch.last_kind = judgement.finding
                 watch.next_round_at = at
                 run.hang_due = at
                 self._waiting_elsewhere(run, judgement, now, alert)
-                if judgement.why != watch.last_finding:
-                    watch.last_finding = judgement.why
-                    self.reporter.record(
-                        run.run_no,
-                        Event.HANG_CHECK,
-                        finding=judgement.finding.value,
-                        why=judgement.why,
-                        next_in_s=round(at - now, 3),
-                    )
+                if (judgement.why, world) != (watch.last_finding, watch.last_world):
+                    watch.last_finding, watch.last_world = judgement.why, world
+                    fields: dict[str, Any] = {"finding": judgement.finding.value}
+                    fields |= {"why": judgement.why, "next_in_s": round(at - now, 3)}
+                    if world is not None:
+                        fields["world"] = world
+                    self.reporter.record(run.run_no, Event.HANG_CHECK, **fields)
             case EndHung(judgement=judgement, hung_after_s=after):
                 run.hung_after_s = after
+                watch.last_finding = judgement.why
                 self._end_hung(run, judgement)
 
     def _waiting_elsewhere(self, run: Run, judgement: Judgement, now: float, alert: bool) -> None:

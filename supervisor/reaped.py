@@ -119,6 +119,12 @@ def reaped_facts(
         times=run.times(),
         died_mono=died_mono,
         stop_at=stop_at,
+        hang_evidence=run.hang.last_finding if run.hung_after_s is not None else None,
+        waited_elsewhere=(
+            (run.hang.last_finding or "", died_mono - run.hang.elsewhere_since)
+            if run.hang.elsewhere_since is not None and not run.ended_by_us
+            else None
+        ),
     )
 
 

@@ -11,7 +11,6 @@ from dflashd.supervisor.decide.hang import (
     HangLimits,
     HangView,
     NewRound,
-    ProcessSample,
     Sample,
     TakeSample,
     Wait,
@@ -19,6 +18,7 @@ from dflashd.supervisor.decide.hang import (
     judge,
     suspect_after,
 )
+from dflashd.supervisor.decide.world import ProcessSample
 from dflashd.supervisor.watch.stacks import Frame, ProcessStacks, Role, ThreadStack
 
 LOCK = Frame("acquire", "threading.py", 100)
@@ -281,6 +281,25 @@ def test_a_wait_elsewhere_is_never_ended_and_alerted_once_after_remote_wait_s() 
     assert isinstance(later, NewRound) and later.alert
     said = decide(view, Evidence(tuple(rounds), None, 100.0, True), 400.0, limits)
     assert isinstance(said, NewRound) and not said.alert
+
+
+def test_a_world_every_node_of_which_waits_is_ended_and_one_that_works_is_not() -> None:
+    """The store's reports ride on a round's sample (decide/world.py): every node waited
+    ``remote_wait_s`` -> ended as hung with the wait named; a node at work -> no alert."""
+    from dflashd.supervisor.decide.world import WAITING, WORKING, NodeReport, WorldHeard
+
+    procs = (proc(2, BARRIER, MAIN, role=REMOTE1),)
+    view = HangView(50.0, (1.0,) * 10, True, True, node=1)
+    limits = HangLimits(30.0, remote_wait_s=60.0)
+    other = NodeReport(0, WAITING, 70.0, "rank(s) [0] of 2 wait in barrier", 4.0)
+    stuck = [Sample(100.0, procs, WorldHeard(2, (other,))), *samples(procs, procs, procs)[1:]]
+    ended = decide(view, Evidence(tuple(stuck), None, 100.0), 170.0, limits)
+    assert isinstance(ended, EndHung)
+    assert "every node of the world waits" in ended.judgement.why
+    working = NodeReport(0, WORKING, 0.0, "pid 7 runs evaluate", 4.0)
+    busy = [Sample(100.0, procs, WorldHeard(2, (working,))), *samples(procs, procs, procs)[1:]]
+    waits = decide(view, Evidence(tuple(busy), None, 100.0), 170.0, limits)
+    assert isinstance(waits, NewRound) and not waits.alert  # the wait is for that work
 
 
 def test_status_shows_the_frames_that_proved_a_hang_not_the_step_lines() -> None:

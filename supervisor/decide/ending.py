@@ -74,6 +74,9 @@ class RunFacts:
     times: RunTimes | None = None  # its launch, first step, progress (goodput); None: lost
     died_mono: float | None = None
     stop_at: float | None = None  # monotonic: when the user asked to stop
+    # the hang rounds found it waiting on work elsewhere when it died: (the wait, for how long)
+    waited_elsewhere: tuple[str, float] | None = None
+    hang_evidence: str | None = None  # why a proven hang was proven (the world's wait named)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,8 @@ def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
         out["flight_recorder"] = list(facts.flight_recorder)
     if facts.hung_after_s is not None:
         out["hung_after_s"] = facts.hung_after_s
+    if facts.hang_evidence is not None:
+        out["hang_evidence"] = facts.hang_evidence
     if facts.stale_build_locks:
         out["stale_build_locks"] = list(facts.stale_build_locks)
         out["stale_build_locks_hint"] = (
@@ -185,7 +190,16 @@ def conclude(
     ``incident``: the failure already alerted that no run has passed yet; one more of its
     kind alerts nobody (the ``fatal`` that ends a loop of them does)."""
     result = classify(facts.obs, policy.early_death_s)
+    if facts.waited_elsewhere is not None and result.verdict is Verdict.CRASHED:
+        why, waited = facts.waited_elsewhere
+        reason = f"{result.reason}, after waiting {waited:.0f}s on work elsewhere ({why})"
+        result = Classification(result.verdict, f"{reason}: a peer on another node was lost?")
     fields = exit_fields(facts, result)
+    if facts.waited_elsewhere is not None:
+        fields["waited_elsewhere"] = {
+            "why": facts.waited_elsewhere[0],
+            "for_s": round(facts.waited_elsewhere[1], 3),
+        }
     cost: Cost | None = None  # what the run cost (goodput); unknown for a run not seen end
     if facts.times is not None and facts.died_mono is not None:
         ok = result.verdict is Verdict.COMPLETED

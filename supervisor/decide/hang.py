@@ -30,7 +30,15 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final
 
-from dflashd.supervisor.watch.stacks import Frame, ProcessStacks, StacksDump, ThreadStack
+from dflashd.supervisor.decide.world import (
+    ProcessSample,
+    WorldHeard,
+    someone_works,
+    waits_elsewhere,
+    world_decides,
+    world_stuck,
+)
+from dflashd.supervisor.watch.stacks import Frame, StacksDump, ThreadStack
 
 HANG_SUSPECT_S: Final = 12.0  # the shortest gap that makes a steady run suspect
 CADENCE_FACTOR: Final = 6.0  # ... or this many typical intervals, if longer
@@ -63,25 +71,12 @@ class Finding(Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessSample:
-    """One process at one moment: its stacks, the bytes it wrote so far, its threads' states."""
-
-    stacks: ProcessStacks
-    wrote_bytes: int | None = None  # /proc/PID/io wchar (None: unreadable)
-    thread_states: tuple[str, ...] = ()  # /proc/PID/task/*/stat states (R, S, D, ...)
-    cpu_s: float | None = None  # CPU time used so far (all its threads, native ones included)
-    read_bytes: int | None = None  # /proc/PID/io rchar (a stream from a slow server is work)
-    # waits whose other end is outside the run: a file lock another process holds, a pipe
-    # only others write (host/waits.py), each said in words
-    outside_waits: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class Sample:
     """Every process of the run at one moment (one that is not Python: no stacks, an error)."""
 
     at: float
     processes: tuple[ProcessSample, ...]
+    world: WorldHeard | None = None  # what the other nodes said (decide/world.py), if asked
 
 
 NATIVE_BUSY_CPU: Final = 0.1  # of one CPU over a round: a thread py-spy cannot see computes
@@ -245,34 +240,6 @@ def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
     return Judgement(Finding.HUNG, f"every thread waits, unmoved for {span:.0f}s", frames)
 
 
-def in_collective(process: ProcessSample) -> str | None:
-    """The collective frame one of the process's threads waits in, if any."""
-    for thread in process.stacks.threads:
-        for frame in thread.frames:
-            if frame.collective:
-                return frame.text()
-    return None
-
-
-def waits_elsewhere(processes: list[ProcessSample]) -> str | None:
-    """Why a round that looks hung on this node is not this node's to end (None: it is).
-
-    - The job's world reaches beyond this node (``WORLD_SIZE`` > ``LOCAL_WORLD_SIZE``) and
-      every rank here waits in a collective: the ranks it waits for run elsewhere (rank 0
-      evaluating or saving while the others sit in ``barrier``).  A rank here waiting in its
-      own code while its peers wait in collectives is the culprit: that stays a hang.
-    - A process waits on a file lock or a pipe whose other end lives outside the run (a
-      sibling job holding the lock, a producer filling a FIFO): that end's work is not ours.
-    """
-    sites = [in_collective(p) for p in processes]
-    if any(p.stacks.role.remote_peers for p in processes) and all(sites):
-        ranks = sorted(p.stacks.role.rank for p in processes if p.stacks.role.rank is not None)
-        world = max(p.stacks.role.world_size or 0 for p in processes)
-        return f"rank(s) {ranks} of {world} wait in {sites[0]} for ranks on other nodes"
-    outside = [w for p in processes for w in p.outside_waits]
-    return "; ".join(outside[:3]) if outside else None
-
-
 # -- the decider ----------------------------------------------------------------------------
 
 
@@ -286,6 +253,7 @@ class HangView:
     stacks_available: bool  # py-spy can be used
     sampling: bool = False  # a sample is being taken now
     gpu_idle: bool = False  # the run's GPUs were idle at the last sample (False: busy or unknown)
+    node: int | None = None  # this node's group rank in a job of many nodes (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,8 +338,14 @@ def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -
             return EndHung(verdict, round(now - view.last_progress, 3))
         if verdict.finding is Finding.ELSEWHERE:
             since = evidence.elsewhere_since if evidence.elsewhere_since is not None else now
+            heard = next((s.world for s in reversed(samples) if s.world is not None), None)
+            stuck = world_stuck(heard, view.node, now - since, limits.remote_wait_s)
+            if stuck is not None:
+                judged = Judgement(Finding.HUNG, f"{stuck} (here: {verdict.why})", verdict.frames)
+                return EndHung(judged, round(now - view.last_progress, 3))
             due = now - since >= limits.remote_wait_s and not evidence.elsewhere_alerted
-            return NewRound(verdict, now + ROUND_GAP_S, alert=due)
+            quiet = someone_works(heard) or world_decides(heard)
+            return NewRound(verdict, now + ROUND_GAP_S, alert=due and not quiet)
         if verdict.finding in (Finding.WORKING, Finding.UNKNOWN):
             return NewRound(verdict, now + ROUND_GAP_S)
         next_at = samples[-1].at + SAMPLE_GAP_S
@@ -389,6 +363,8 @@ class HangWatch:
     sampling: bool = False
     rounds: int = 0
     last_finding: str | None = None
+    last_kind: Finding | None = None  # the last round's finding (shared with the other nodes)
+    last_world: str | None = None  # what the other nodes said at the last round, in words
     last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
     elsewhere_since: float | None = None  # rounds in a row found it waiting elsewhere since
     elsewhere_alerted: bool = False

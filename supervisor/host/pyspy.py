@@ -27,7 +27,14 @@ from dflashd.supervisor.watch.stacks import ProcessStacks, Role, parse_pyspy
 
 PROCESS_BOUND_S: Final = 4.0  # one process's dump (py-spy is killed past it)
 MAX_PARALLEL: Final = 8  # 8 processes dump at once: a node's workers within the 5 s bound
-_ROLE_KEYS: Final = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+_ROLE_KEYS: Final = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
 RUNNING_DUMPS: set[int] = set()  # py-spy processes at work: the daemon's orphan reaper leaves them
 
 
@@ -56,12 +63,14 @@ def role_of(pid: int, root_pid: int | None, torchrun: bool) -> Role:
     rank, local = env.get("RANK"), env.get("LOCAL_RANK")
     if rank is not None and rank.isdigit():
         world, here = env.get("WORLD_SIZE"), env.get("LOCAL_WORLD_SIZE")
+        group = env.get("GROUP_RANK")
         return Role(
             "worker",
             int(rank),
             int(local) if local and local.isdigit() else None,
             int(world) if world and world.isdigit() else None,
             int(here) if here and here.isdigit() else None,
+            int(group) if group and group.isdigit() else None,
         )
     if pid == root_pid:
         return Role("agent" if torchrun else "root")

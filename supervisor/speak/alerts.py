@@ -102,6 +102,11 @@ def summary_text(payload: dict[str, Any]) -> str:
         text += "\n```\n" + "\n".join(str(line)[:300] for line in tail[-15:]) + "\n```"
     if payload.get("hung_after_s") is not None:
         text += f"\nHung: no step for {payload['hung_after_s']}s, every rank waiting."
+    if payload.get("hang_evidence"):
+        text += f"\nProof: {payload['hang_evidence']}"
+    waited = payload.get("waited_elsewhere")
+    if isinstance(waited, dict):
+        text += f"\nBefore it died it waited {waited.get('for_s')}s on: {waited.get('why')}"
     if payload.get("odd_rank_out"):
         text += f"\nOdd rank out: {payload['odd_rank_out']}"
     stacks = payload.get("stacks")

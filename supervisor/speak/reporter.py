@@ -186,7 +186,8 @@ class Reporter:
             step=step,
             stacks=(fields.get("stacks") or {}).get("top"),
         )
-        for key in ("hung_after_s", "stale_build_locks", "error"):  # what a person acts on first
+        first = ("hung_after_s", "hang_evidence", "waited_elsewhere", "stale_build_locks", "error")
+        for key in first:  # what a person acts on first
             if fields.get(key):
                 payload[key] = fields[key]
         if kind is AlertKind.FATAL and fields.get("verdict"):

@@ -23,11 +23,25 @@ from typing import Any, Final, Protocol
 
 import orjson
 
-from dflashd.supervisor.decide.hang import HangSampled, ProcessSample, Sample
+from dflashd.supervisor.decide.hang import HangSampled, Sample
+from dflashd.supervisor.decide.world import (
+    ProcessSample,
+    Share,
+    WorldHeard,
+    heard_from,
+    share_request,
+)
 from dflashd.supervisor.events import Event
 from dflashd.supervisor.home import Home
-from dflashd.supervisor.host.procfs import CLK_TCK, io_bytes, read_stat, thread_states
+from dflashd.supervisor.host.procfs import (
+    CLK_TCK,
+    environ_values,
+    io_bytes,
+    read_stat,
+    thread_states,
+)
 from dflashd.supervisor.host.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
+from dflashd.supervisor.host.rdzvstore import share_and_hear
 from dflashd.supervisor.host.waits import outside_waits
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.recorder import Recorder
@@ -63,8 +77,9 @@ class Dumper(Protocol):
         """Write a finished dump's files and record."""
         ...
 
-    def sample(self, run: Run) -> None:
-        """Take one hang sample of ``run``; it comes back through the inbox (HangSampled)."""
+    def sample(self, run: Run, share: Share | None = None) -> None:
+        """Take one hang sample of ``run``; it comes back through the inbox (HangSampled).
+        ``share``: also share this node's finding through the job's store, and hear the rest."""
         ...
 
 
@@ -139,15 +154,17 @@ class StackDumps:
         threading.Thread(target=work, name=f"dflashd-stacks-{dump_id}", daemon=True).start()
         return dump_id
 
-    def sample(self, run: Run) -> None:
+    def sample(self, run: Run, share: Share | None = None) -> None:
         """A hang sample on a thread: every Python process's stacks (py-spy, non-blocking: the
-        job is never paused), the bytes each wrote so far and its threads' states."""
+        job is never paused), the bytes each wrote so far and its threads' states; with
+        ``share``, then this node's finding shared and the other nodes' heard (decide/world.py)."""
         custody, binary = run.custody, self.binary
 
         def work() -> None:
             started = time.monotonic()
             dump = StacksDump(run.run_no, "hang_sample", "py-spy")
             processes: list[ProcessSample] = []
+            world: WorldHeard | None = None
             try:
                 if binary is not None and custody is not None:
                     members = sorted(custody.members())
@@ -160,9 +177,11 @@ class StackDumps:
                     ]
                     run_pids = set(members)
                     processes = [_process_sample(p, run_pids) for p in (*dump.processes, *native)]
+                if share is not None:
+                    world = _hear_world(share, dump.processes)
             finally:  # always posted: the decider waits for it
                 dump.took_s = time.monotonic() - started
-                sample = Sample(self.monotonic(), tuple(processes))
+                sample = Sample(self.monotonic(), tuple(processes), world)
                 self.post(HangSampled(run.run_no, sample, dump))
 
         threading.Thread(target=work, name=f"dflashd-hang-{run.run_no}", daemon=True).start()
@@ -192,6 +211,27 @@ class StackDumps:
         level = "info" if dump.trigger == "command" else "warning"
         self.reporter.record(dump.run_no, Event.STACKS, log_level=level, **fields)
         return fields
+
+
+def _hear_world(share: Share, processes: list[ProcessStacks]) -> WorldHeard:
+    """Share and hear through the job's store, under a worker's own Python (it has torch):
+    the interpreter it was started as (a venv's ``bin/python``; ``/proc/PID/exe`` would
+    name the base interpreter, without the venv), with its ``PYTHONPATH``."""
+    for pid in [p.pid for p in processes if p.role.kind == "worker"]:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                python = fh.read().split(b"\0")[0].decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if not os.path.isabs(python) or not os.access(python, os.X_OK):
+            try:
+                python = os.readlink(f"/proc/{pid}/exe")
+            except OSError:
+                continue
+        env = environ_values(pid, ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH"))
+        answer = share_and_hear(share_request(share), python, env)
+        return heard_from(answer, share.nodes)
+    return WorldHeard(share.nodes, error="no worker's Python to reach the store with")
 
 
 def _dump_python(binary: str, run: Run, members: list[int], native: bool) -> list[ProcessStacks]:

@@ -63,6 +63,7 @@ class Role:
     local_rank: int | None = None
     world_size: int | None = None  # WORLD_SIZE: every rank of the job, on every node
     local_world_size: int | None = None  # LOCAL_WORLD_SIZE: the ranks on this node
+    group_rank: int | None = None  # GROUP_RANK: this node's rank among the job's nodes
 
     @property
     def remote_peers(self) -> bool:

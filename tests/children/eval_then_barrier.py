@@ -1,9 +1,10 @@
 """Every rank steps in a gloo group; at step EVAL_AT rank 0 evaluates (a Python loop, no
 output) or saves a checkpoint (SAVE_MB in 1 MB chunks) for SECONDS while every other rank
-waits in ``dist.barrier()`` — the ``if rank == 0: evaluate(); dist.barrier()`` of nearly
+waits in ``dist.barrier()`` (``deadlock``: every rank instead waits in ``dist.recv`` from the
+next one, for ever: the whole world is stuck) — the ``if rank == 0: evaluate(); dist.barrier()`` of nearly
 every multi-node trainer — then all step on to STEPS and exit 0.
 
-    torchrun ... eval_then_barrier.py EVAL_AT SECONDS STEPS eval|checkpoint [PATH]
+    torchrun ... eval_then_barrier.py EVAL_AT SECONDS STEPS eval|checkpoint|deadlock [PATH]
 """
 
 import datetime
@@ -43,6 +44,8 @@ def main() -> None:
     rank = dist.get_rank()
     x = torch.ones(64)
     for step in range(1, STEPS + 1):
+        if step == EVAL_AT and MODE == "deadlock":
+            dist.recv(torch.zeros(1), src=(rank + 1) % dist.get_world_size())
         if step == EVAL_AT:
             if rank == 0:
                 evaluate() if MODE == "eval" else save()

@@ -1,5 +1,9 @@
 """Issue 41 (a): a job judged as a whole across nodes, on CPU with gloo.
 
+(d): every rank of both nodes waits in ``dist.recv`` from the other for ever: each node alone
+sees only a wait on a remote peer, and through the rendezvous store (decide/world.py) both
+learn that the whole world waits, so the run is ended after ``remote_wait_s``.
+
 Two dflashd homes stand for two nodes; each supervises ``torchrun --nnodes 2 --nproc-per-node 1``
 around one c10d rendezvous on 127.0.0.1.  At step 20 rank 0 (node A) evaluates in a Python
 loop with no output while rank 1 (node B) waits in ``dist.barrier()``: node B's only rank sits
@@ -9,13 +13,15 @@ happens elsewhere, so neither node ends anything: both runs complete.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from dflashd.logs import EventRecord
+from dflashd.logs import EventRecord, LineRecord
+from dflashd.logs.records import parse_timestamp
 from tests.helpers import run_cli, write_config
 from tests.multinode.two_nodes import Node, free_port, torchrun
 
@@ -25,7 +31,9 @@ CHILD = Path(__file__).parent.parent / "children" / "eval_then_barrier.py"
 EVAL_S = float(os.environ.get("DFLASHD_REMOTE_EVAL_S", "100"))
 
 
-def _node(root: Path, name: str, port: int, is_host: bool, args: list[str]) -> Node:
+def _node(
+    root: Path, name: str, port: int, is_host: bool, args: list[str], **extra: object
+) -> Node:
     command = [
         *torchrun(),
         "--nnodes=2",
@@ -44,9 +52,16 @@ def _node(root: Path, name: str, port: int, is_host: bool, args: list[str]) -> N
         "env": {"OMP_NUM_THREADS": "1"},
         "first_step_timeout_s": 600.0,
         "start_wait_s": 0.0,
+        **extra,
     }
     restart = {"backoff_initial_s": 1.0, "stop_timeout_s": 10.0}
-    config = write_config(root / f"{name}.toml", top, restart=restart)
+    # each alert's JSON, one line each, in a file of the node's own
+    sink = [
+        "sh",
+        "-c",
+        f"cat >> {root / (name + '-alerts.jsonl')}; echo >> {root / (name + '-alerts.jsonl')}",
+    ]
+    config = write_config(root / f"{name}.toml", top, restart=restart, alerts={"command": sink})
     return Node(name, root / name, config)
 
 
@@ -83,3 +98,56 @@ def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_is_never_ended(
     assert not nodes[0].events("hang_suspect") or all(
         c.fields.get("finding") == "working" for c in nodes[0].events("hang_check")
     )
+
+
+REMOTE_WAIT_S = float(os.environ.get("DFLASHD_REMOTE_WAIT_S", "60"))
+
+
+def test_every_rank_of_every_node_waiting_on_each_other_is_ended_through_the_store(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    args = ["20", "0", "40", "deadlock"]
+    extra = {"remote_wait_s": REMOTE_WAIT_S}
+    nodes = [
+        _node(tmp_path, "a", port, True, args, **extra),
+        _node(tmp_path, "b", port, False, args, **extra),
+    ]
+    limit = REMOTE_WAIT_S + 60
+    if os.environ.get("DFLASHD_DEBUG_STORE"):
+        limit = 0.0
+    try:
+        for node in nodes:
+            node.start()
+        exits = [
+            node.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "exit", limit + 300)
+            for node in nodes
+        ]
+    finally:
+        for node in nodes:
+            run_cli("stop", "--home", str(node.home), "--timeout", "5")
+    ended_by_store = []
+    for node, ended in zip(nodes, exits, strict=True):
+        assert isinstance(ended, EventRecord)
+        found = [c for c in node.events("hang_check") if c.fields.get("finding") == "elsewhere"]
+        steps = [
+            r for r in node.records() if isinstance(r, LineRecord) and r.line.startswith("step ")
+        ]
+        # the wait was found ~20 s after the last step (suspicion, then three samples); the
+        # run must end within remote_wait_s + 60 s of that
+        after = parse_timestamp(ended.ts) - parse_timestamp(found[0].ts)
+        since_step = parse_timestamp(ended.ts) - parse_timestamp(steps[-1].ts)
+        print(node.name, ended.fields["verdict"], round(after, 1), round(since_step, 1))
+        assert after <= limit, (node.name, after)
+        evidence = str(ended.fields.get("hang_evidence"))
+        if "every node of the world waits" in evidence:
+            ended_by_store.append(node.name)
+            assert "recv" in evidence, evidence
+        else:  # its peer was ended first: its collective failed, and its record says so
+            assert ended.fields["verdict"] == "crashed", ended.fields
+            assert "recv" in ended.fields["waited_elsewhere"]["why"], ended.fields
+        sent = (tmp_path / f"{node.name}-alerts.jsonl").read_text().split("\n")
+        alerts = [json.loads(line) for line in sent if line.strip()]
+        assert len(alerts) == 1, alerts  # one page per node, naming the wait
+        assert "recv" in json.dumps(alerts[0]), alerts
+    assert ended_by_store, "at least one node ended the stuck world from the store's reports"
