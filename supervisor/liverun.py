@@ -31,9 +31,11 @@ from dflashd.supervisor.decide.hang import (
     Wait,
     decide,
 )
+from dflashd.supervisor.decide.startup import StartupStuck, startup_decide
 from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.decide.world import WAITING, WORKING, Share, share_of, world_summary
 from dflashd.supervisor.events import Event
+from dflashd.supervisor.host.caches import file_age, stale_build_locks
 from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.observe import RunObserver
@@ -155,8 +157,60 @@ class LiveRunControl:
 
     # -- hangs: the evidence decides (hang.py), this applies ---------------------------------
 
+    def _startup(self, run: Run, now: float) -> None:
+        """No first step yet: a start-up stuck in a known wait is named (startup.py), once."""
+        watch = run.hang
+        root = run.extensions_root
+        locks = stale_build_locks(root, run.started_wall) if root is not None else ()
+        action = startup_decide(
+            run.started_mono,
+            self.dumps.available and watch.waiting is None,
+            watch.sampling,
+            watch.evidence(),
+            now,
+            stale_lock=bool(locks),
+        )
+        run.hang_due = None
+        match action:
+            case Wait(until=until):
+                run.hang_due = until
+            case TakeSample():
+                watch.sampling = True
+                self.dumps.sample(run)
+            case NewRound(at=at):
+                watch.samples.clear()
+                watch.next_round_at = run.hang_due = at
+            case StartupStuck(judgement=judgement):
+                watch.samples.clear()
+                self._startup_named(run, judgement, locks, now)
+
+    def _startup_named(
+        self, run: Run, judgement: Judgement, locks: tuple[str, ...], now: float
+    ) -> None:
+        wall = self.clock.time()
+        held = [{"path": path, "age_s": age} for path in locks if (age := file_age(path, wall))]
+        why = f"the start-up waits, unmoved: {'; '.join(judgement.frames) or judgement.why}"
+        fields: dict[str, Any] = {"kind": "startup", "on": why, "since": wall}
+        fields["frames"] = list(judgement.frames)
+        if held:
+            fields["stale_build_locks"] = held
+            fields["hint"] = (
+                "a killed build left this lock and torch waits on it for ever: remove it if no "
+                "build runs (dflashd never deletes it, and will not relaunch into it)"
+            )
+        run.hang.waiting = fields
+        self.reporter.record(
+            run.run_no, Event.HANG_CHECK, log_level="warning", finding="startup_wait", **fields
+        )
+        self.observer.apply(run, (SendAlert(AlertKind.WAITING, why, fields),), publish=True)
+
     def _hang(self, run: Run, now: float) -> None:
         progress, watch = run.progress, run.hang
+        if not progress.reached_first_step:
+            self._startup(run, now)
+            return
+        if watch.waiting is not None and watch.waiting.get("kind") == "startup":
+            watch.waiting = None  # it made its first step after all
         if watch.samples and (progress.last_progress_mono or 0.0) >= watch.samples[0].at:
             watch.samples.clear()  # a new step since: the round's evidence is stale
             watch.next_round_at = None
@@ -208,9 +262,13 @@ class LiveRunControl:
         watch = run.hang
         if judgement.finding is not Finding.ELSEWHERE:
             watch.elsewhere_since, watch.elsewhere_alerted = None, False
+            watch.waiting = None
             return
         if watch.elsewhere_since is None:
             watch.elsewhere_since = now
+        since = self.clock.time() - (now - watch.elsewhere_since)
+        watch.waiting = {"kind": "elsewhere", "on": judgement.why, "since": since}
+        watch.waiting["frames"] = list(judgement.frames)
         if alert:
             watch.elsewhere_alerted = True
             waited = round(now - watch.elsewhere_since, 3)

@@ -216,3 +216,25 @@ def test_a_lost_run_is_classified_and_counted_like_any_other() -> None:
     assert outcome.next_state is None and outcome.restart_delay_s is None  # the start launches
     assert [(k.value, why) for k, why in outcome.alerts] == [("lost", "daemon_killed")]
     assert outcome.records == (Event.EXIT,)
+
+
+def test_a_start_up_that_died_on_a_stale_build_lock_is_not_relaunched_into_it() -> None:
+    """Issue 41: torch would wait on the same lock again; one fatal naming the path instead."""
+    lock = "/root/.cache/torch_extensions/py311_cpu/cpu_adam/lock"
+    stuck = Observations(signal=9, ended_by=EndedBy.FIRST_STEP_TIMEOUT, output_lines=3)
+    facts = RunFacts(1, stuck, 3600.0, ended_at=1.0, stale_build_locks=(lock,))
+    outcome = conclude(
+        facts, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0
+    )
+    assert outcome.decision is not None and outcome.decision.reason == f"stale_build_lock:{lock}"
+    assert any(isinstance(e, SendAlert) and e.kind is AlertKind.FATAL for e in outcome.effects)
+    assert outcome.exit_fields["stale_build_locks"] == [lock]
+    # without the lock the same death is relaunched
+    again = conclude(
+        RunFacts(1, stuck, 3600.0, ended_at=1.0),
+        history=RestartHistory(),
+        policy=POLICY,
+        alerts_on=DEFAULT_ALERTS,
+        jitter=0.0,
+    )
+    assert again.decision is not None and again.decision.action.value == "restart"

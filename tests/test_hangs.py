@@ -24,6 +24,7 @@ import pytest
 
 from dflashd.logs import EventRecord
 from tests.conftest import FAST_RESTART, Daemon, child, write_config
+from tests.helpers import run_cli
 
 Start = Callable[..., Daemon]
 PAUSE_S = float(os.environ.get("DFLASHD_TEST_PAUSE_S", "75"))
@@ -212,3 +213,57 @@ def test_waits_outside_the_run_are_never_ended_and_frozen_loops_beside_chatty_th
         for proc in helpers:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.trainer  # torch's own FileBaton
+def test_a_start_up_waiting_on_a_stale_build_lock_is_named_with_the_lock_and_never_ended(
+    start_daemon: Start, tmp_path: Path
+) -> None:
+    """Issue 41: a killed build left ``torch_extensions/.../lock``; torch waits on it for ever.
+    Within two minutes one ``waiting`` alert and ``status`` name the wait, the lock's path and
+    age and what to remove; nothing is ended and dflashd deletes nothing.  Once the user
+    removes the lock the job steps, and ``status`` no longer says it waits."""
+    pytest.importorskip("torch")
+    import json
+    import time
+
+    lock = tmp_path / "ext" / "py311_cpu" / "my_op" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    os.utime(lock, (time.time() - 600, time.time() - 600))  # a build killed 10 minutes ago
+    sink = tmp_path / "alerts.jsonl"
+    daemon = start_daemon(
+        child("build_lock_wait.py", str(lock)),
+        env={"TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")},
+        alerts={"command": ["sh", "-c", f"cat >> {sink}; echo >> {sink}"]},
+    )
+    named = daemon.wait_for(
+        lambda r: (
+            isinstance(r, EventRecord)
+            and r.event == "hang_check"
+            and r.fields.get("finding") == "startup_wait"
+        ),
+        timeout=120,
+    )
+    assert isinstance(named, EventRecord)
+    assert "file_baton" in " ".join(named.fields["frames"])
+    assert named.fields["stale_build_locks"][0]["path"] == str(lock)
+    assert named.fields["stale_build_locks"][0]["age_s"] >= 600
+    assert "remove it" in named.fields["hint"]
+    launched = daemon.events("spawn")[0]
+    took = named.ts  # the record says when; the launch record too
+    from dflashd.logs.records import parse_timestamp
+
+    assert parse_timestamp(took) - parse_timestamp(launched.ts) <= 120
+    home = str(daemon.home)
+    status = json.loads(run_cli("status", "--home", home, "--json").stdout)
+    assert status["waiting"]["kind"] == "startup" and status["phase"] == "warming_up"
+    text = run_cli("status", "--home", home).stdout
+    assert "stale lock" in text and str(lock) in text
+    daemon.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "alert", timeout=30)
+    alerts = [json.loads(line) for line in sink.read_text().splitlines() if line.strip()]
+    assert [a["verdict"] for a in alerts] == ["waiting"] and str(lock) in json.dumps(alerts[0])
+    assert lock.exists() and not daemon.events("exit")  # nothing deleted, nothing ended
+    lock.unlink()  # the user removes it: torch's wait ends, the job steps and completes
+    ended = daemon.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "exit", 60)
+    assert isinstance(ended, EventRecord) and ended.fields["verdict"] == "completed"

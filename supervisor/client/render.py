@@ -130,6 +130,21 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         rows.append(("run", line))
         if status.get("first_step_source"):
             rows.append(("first step", f"seen from {status['first_step_source']}"))
+    waiting = status.get("waiting")
+    if isinstance(waiting, dict) and running:
+        since = waiting.get("since")
+        held = (
+            f" (for {duration(status['updated_at'] - since)})" if isinstance(since, float) else ""
+        )
+        text = escape_controls(str(waiting.get("on")))[:300] + held
+        rows.append(("waiting", paint(text, "yellow")))
+        for lock in waiting.get("stale_build_locks") or []:
+            age = duration(float(lock.get("age_s") or 0.0))
+            rows.append(
+                ("stale lock", escape_controls(f"{lock.get('path')} (last written {age} ago)"))
+            )
+        if waiting.get("hint"):
+            rows.append(("", escape_controls(str(waiting["hint"]))))
     if status.get("child_status"):
         rows.append(("child says", escape_controls(str(status["child_status"]))))
     if status.get("last_line"):

@@ -16,7 +16,7 @@ concluded here too, through :func:`classify`.  No clock, no I/O: time and jitter
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from dflashd.supervisor.decide.effects import (
@@ -251,6 +251,10 @@ def conclude(
         tail=facts.tail,
         frames=top_frames(facts.stacks),
     )
+    if decision.action is Action.RESTART and facts.stale_build_locks:
+        # torch would wait on the same lock again: one alert with the path, not a loop
+        lock = facts.stale_build_locks[0]
+        decision = replace(decision, action=Action.FATAL, reason=f"stale_build_lock:{lock}")
     settle = SettleProcesses(kill_now=facts.obs.ended_by is not EndedBy.CHILD)
     verdict_alert = AlertKind(verdict)
     if facts.stop_requested:

@@ -28,7 +28,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 from dflashd.supervisor.decide.world import (
     ProcessSample,
@@ -365,6 +365,8 @@ class HangWatch:
     last_finding: str | None = None
     last_kind: Finding | None = None  # the last round's finding (shared with the other nodes)
     last_world: str | None = None  # what the other nodes said at the last round, in words
+    # what the run waits on, for status: a wait elsewhere, or a start-up named (startup.py)
+    waiting: dict[str, Any] | None = None
     last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
     elsewhere_since: float | None = None  # rounds in a row found it waiting elsewhere since
     elsewhere_alerted: bool = False

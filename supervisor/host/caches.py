@@ -151,6 +151,14 @@ def stale_build_locks(root: Path, older_than_wall: float, limit: int = 20) -> tu
     return tuple(found)
 
 
+def file_age(path: str, now_wall: float) -> float | None:
+    """Seconds since ``path`` was last modified (None: gone or unreadable)."""
+    try:
+        return round(max(0.0, now_wall - os.lstat(path).st_mtime), 1)
+    except OSError:
+        return None
+
+
 def _remove_in_background(path: Path) -> None:
     # rmtree never follows a symlink inside the tree; deleting a large cache takes seconds.
     threading.Thread(

@@ -117,6 +117,7 @@ def status_view(source: StatusSource) -> StatusView:
         "goodput": ledger.goodput.view(
             run.times() if alive and run is not None else None, now_mono
         ),
+        "waiting": run.hang.waiting if alive and run is not None else None,
     }
     if alive and run is not None and run.pid is not None:
         view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}
