@@ -56,7 +56,7 @@ def world_share(run: Run, now: float) -> Share | None:
     finding: tuple[str, float, str] | None = None
     if watch.last_kind is Finding.ELSEWHERE and watch.elsewhere_since is not None:
         finding = (WAITING, now - watch.elsewhere_since, watch.last_finding or "")
-    elif watch.last_kind is Finding.WORKING:
+    elif watch.last_kind in (Finding.WORKING, Finding.GPU_WAIT):
         finding = (WORKING, 0.0, watch.last_finding or "")
     nodes = elastic.group_world_size
     if nodes is None and elastic.job.nnodes.split(":")[-1].isdigit():
@@ -213,7 +213,7 @@ class LiveRunControl:
             watch.waiting = None  # it made its first step after all
         if watch.samples and (progress.last_progress_mono or 0.0) >= watch.samples[0].at:
             watch.samples.clear()  # a new step since: the round's evidence is stale
-            watch.next_round_at = None
+            watch.next_round_at, watch.gpu_wait = None, None
         view = HangView(
             progress.last_progress_mono,
             tuple(progress.intervals),
@@ -222,6 +222,7 @@ class LiveRunControl:
             watch.sampling,
             gpu_idle=run.gpu_seen == "idle",
             node=node_rank(run),
+            gpu_power_share=run.gpu_power.share(),
         )
         limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
         action = decide(view, watch.evidence(), now, limits)
@@ -241,6 +242,10 @@ class LiveRunControl:
                 watch.samples.clear()
                 watch.last_kind = judgement.finding
                 watch.next_round_at = at
+                if judgement.key is None:
+                    watch.gpu_wait = None
+                elif watch.gpu_wait is None or watch.gpu_wait[0] != judgement.key:
+                    watch.gpu_wait = (judgement.key, now)  # the same GPU wait, from here
                 run.hang_due = at
                 self._waiting_elsewhere(run, judgement, now, alert)
                 if (judgement.why, world) != (watch.last_finding, watch.last_world):

@@ -13,13 +13,15 @@ from typing import Any, Protocol
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor.decide.goodput import RunTimes
-from dflashd.supervisor.decide.hang import HangWatch
+from dflashd.supervisor.decide.gpuspin import PowerSeen
+from dflashd.supervisor.decide.hang import Evidence, Finding, Sample
 from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.host.proof import Launched, RunCustody
 from dflashd.supervisor.lifecycle import Phase
 from dflashd.supervisor.watch.elastic import ElasticState
 from dflashd.supervisor.watch.nvml import ChildGpuUse
 from dflashd.supervisor.watch.progress import Progress
+from dflashd.supervisor.watch.stacks import StacksDump
 
 
 class StepWatcher(Protocol):
@@ -36,6 +38,35 @@ class StepWatcher(Protocol):
     def flush(self) -> None:
         """Post what is pending (the child is dead)."""
         ...
+
+
+@dataclass(slots=True)
+class HangWatch:
+    """One run's hang evidence, held by the run (the applier writes it, the decider reads it)."""
+
+    samples: list[Sample] = field(default_factory=list)
+    next_round_at: float | None = None
+    sampling: bool = False
+    rounds: int = 0
+    last_finding: str | None = None
+    last_kind: Finding | None = None  # the last round's finding (shared with the other nodes)
+    last_world: str | None = None  # what the other nodes said at the last round, in words
+    # what the run waits on, for status: a wait elsewhere, or a start-up named (startup.py)
+    waiting: dict[str, Any] | None = None
+    last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
+    elsewhere_since: float | None = None  # rounds in a row found it waiting elsewhere since
+    elsewhere_alerted: bool = False
+    gpu_wait: tuple[int, float] | None = None  # the same unmoved wait on a busy GPU, since
+
+    def evidence(self) -> Evidence:
+        """The decider's view of it."""
+        return Evidence(
+            tuple(self.samples),
+            self.next_round_at,
+            self.elsewhere_since,
+            self.elsewhere_alerted,
+            self.gpu_wait,
+        )
 
 
 @dataclass
@@ -70,6 +101,7 @@ class Run:
     hung_after_s: float | None = None  # a proven hang: last step -> the decision
     extensions_root: Path | None = None  # where torch JIT-builds extensions for this run
     gpu_seen: str = "unknown"  # the run's GPUs at the last sample: busy, idle or unknown
+    gpu_power: PowerSeen = field(default_factory=PowerSeen)  # their power: stepping, now
 
     @property
     def pid(self) -> int | None:

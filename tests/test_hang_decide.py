@@ -323,3 +323,51 @@ def test_status_shows_the_frames_that_proved_a_hang_not_the_step_lines() -> None
     text = format_status(status, running=True, paint=lambda text, _style: text)
     assert "acquire (threading.py:320)" in text and "cat /h/logs/stacks/run-3-hang.txt" in text
     assert "step 40 loss" not in text
+
+
+SYNC = Frame("synchronize", "torch/cuda/__init__.py", 985)
+EVAL_LOOP = Frame("evaluate", "train.py", 120)
+
+
+def gpu_proc(loop_index: int | None) -> ProcessSample:
+    """A process waiting in ``torch.cuda.synchronize`` under its eval loop; ``loop_index``:
+    its loop variable as py-spy's ``--locals`` read it (None: no locals read)."""
+    key = 0 if loop_index is None else hash((("i", str(loop_index)),))
+    thread = ThreadStack(7, "MainThread", False, False, (SYNC, EVAL_LOOP), key)
+    return ProcessSample(ProcessStacks(7, Role("root"), (thread,)), 0, ("R",), 3.0)
+
+
+def test_a_gpu_that_spins_is_a_hang_and_a_gpu_eval_whose_loop_moves_is_not() -> None:
+    """Issue 41: the same frames *and* locals waiting on a busy GPU across rounds spanning
+    GPU_SPIN_S is gpu_spin; an eval in the same frame whose loop variable changes is work,
+    and with no locals read nothing is ever called a spin."""
+    from dflashd.supervisor.decide.gpuspin import GPU_SPIN_S
+
+    view = HangView(50.0, (1.0,) * 10, True, True, gpu_power_share=0.2)
+    limits = HangLimits(12.0)
+    spinning = samples((gpu_proc(41),), (gpu_proc(41),), (gpu_proc(41),))
+    first = decide(view, Evidence(tuple(spinning)), 120.0, limits)
+    assert isinstance(first, NewRound) and first.judgement.finding is Finding.GPU_WAIT
+    key = first.judgement.key
+    assert key is not None
+    not_yet = Evidence(tuple(spinning), gpu_wait=(key, 120.0))
+    assert isinstance(decide(view, not_yet, 120.0 + GPU_SPIN_S - 1, limits), NewRound)
+    ended = decide(view, not_yet, 120.0 + GPU_SPIN_S, limits)
+    assert isinstance(ended, EndHung) and ended.judgement.why.startswith("gpu_spin:")
+    assert "synchronize" in " ".join(ended.judgement.frames)
+    # the same unmoved frames and locals at the power the run drew while stepping: an eval
+    # whose loop is module-level code (no locals move): never a spin; nor with no power read
+    for share in (0.9, None):
+        full = HangView(50.0, (1.0,) * 10, True, True, gpu_power_share=share)
+        assert isinstance(decide(full, not_yet, 120.0 + GPU_SPIN_S * 3, limits), NewRound)
+    # an eval: the same frame every sample, its loop index moving
+    evaluating = samples((gpu_proc(41),), (gpu_proc(42),), (gpu_proc(44),))
+    found = decide(view, Evidence(tuple(evaluating), gpu_wait=(key, 0.0)), 500.0, limits)
+    assert isinstance(found, NewRound) and found.judgement.finding is Finding.WORKING
+    # no locals read: the old rule (a busy GPU is work), never a spin
+    unread = samples((gpu_proc(None),), (gpu_proc(None),), (gpu_proc(None),))
+    found = decide(view, Evidence(tuple(unread)), 500.0, limits)
+    assert isinstance(found, NewRound) and found.judgement.finding is Finding.WORKING
+    # an idle GPU under the same wait stays a plain hang, as before
+    idle = HangView(50.0, (1.0,) * 10, True, True, gpu_idle=True)
+    assert isinstance(decide(idle, Evidence(tuple(spinning)), 120.0, limits), EndHung)

@@ -26,10 +26,11 @@ from __future__ import annotations
 import itertools
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Final
+from typing import Final
 
+from dflashd.supervisor.decide.gpuspin import gpu_wait, spinning_power, spun_s
 from dflashd.supervisor.decide.world import (
     ProcessSample,
     WorldHeard,
@@ -68,6 +69,7 @@ class Finding(Enum):
     ELSEWHERE = "elsewhere"  # waits on work outside this node's run: never ended for it
     UNKNOWN = "unknown"  # no stacks: the time window decides
     UNDECIDED = "undecided"  # not enough samples yet
+    GPU_WAIT = "gpu_wait"  # every process waits on its busy GPU, unmoved (gpu_spin after a while)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,7 @@ class Judgement:
     finding: Finding
     why: str
     frames: tuple[str, ...] = ()
+    key: int | None = None  # GPU_WAIT: the stacks and locals that must stay the same
 
 
 # A thread waiting for its GPU: a CUDA synchronize, or a tensor read back to the host.  A
@@ -151,6 +154,18 @@ def _signature(process: ProcessSample) -> tuple[tuple[int, tuple[str, ...]], ...
     return tuple(
         (t.tid, tuple(f.text() for f in t.frames))
         for t in sorted(process.stacks.threads, key=lambda t: t.tid)
+    )
+
+
+def _locals(process: ProcessSample) -> tuple[int, ...]:
+    return tuple(t.locals_key for t in sorted(process.stacks.threads, key=lambda t: t.tid))
+
+
+def _frames(last: dict[int, ProcessSample]) -> tuple[str, ...]:
+    """Each process's top frame, with its role: the evidence a finding names."""
+    return tuple(
+        f"pid {p.stacks.pid} {p.stacks.role.label()}: {(p.stacks.top() or ['?'])[0]}"
+        for p in last.values()
     )
 
 
@@ -226,13 +241,14 @@ def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
         p for p in last.values() if any(waiting_on(t) is WaitKind.GPU for t in p.stacks.threads)
     ]
     if on_gpu and not gpu_idle and len(on_gpu) == len(last):
-        # every process waits for a busy GPU: a GPU-bound loop (an eval) looks exactly so
-        pid = on_gpu[0].stacks.pid
-        return Judgement(Finding.WORKING, f"pid {pid} waits for its GPU, which is busy")
-    frames = tuple(
-        f"pid {p.stacks.pid} {p.stacks.role.label()}: {p.stacks.top()[0] if p.stacks.top() else '?'}"
-        for p in last.values()
-    )
+        # every process waits for a busy GPU: a GPU-bound loop (an eval) looks exactly so,
+        # unless its loop variables stand still too (a kernel that never returns)
+        digests = [{pid: _locals(p) for pid, p in one.items()} for one in (judged[0], last)]
+        found = gpu_wait(digests[0], digests[1], tuple(_signature(p) for p in last.values()))
+        if found.key is None:
+            return Judgement(Finding.WORKING, found.why)
+        return Judgement(Finding.GPU_WAIT, found.why, _frames(last), found.key)
+    frames = _frames(last)
     span = samples[-1].at - samples[0].at
     elsewhere = waits_elsewhere(list(last.values()))
     if elsewhere is not None:
@@ -254,6 +270,7 @@ class HangView:
     sampling: bool = False  # a sample is being taken now
     gpu_idle: bool = False  # the run's GPUs were idle at the last sample (False: busy or unknown)
     node: int | None = None  # this node's group rank in a job of many nodes (None: unknown)
+    gpu_power_share: float | None = None  # its GPUs' power now / while stepping (gpuspin.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +291,7 @@ class Evidence:
     next_round_at: float | None = None
     elsewhere_since: float | None = None
     elsewhere_alerted: bool = False
+    gpu_wait: tuple[int, float] | None = None  # the same GPU wait (its key) seen since
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +354,14 @@ def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -
         verdict = judge(samples, view.gpu_idle)
         if verdict.finding is Finding.HUNG:
             return EndHung(verdict, round(now - view.last_progress, 3))
+        if verdict.finding is Finding.GPU_WAIT:
+            spun = spun_s(verdict.key, evidence.gpu_wait, now)
+            if spun is not None and spinning_power(view.gpu_power_share):
+                why = f"gpu_spin: {verdict.why} for {spun:.0f}s (a kernel that never returns)"
+                return EndHung(
+                    Judgement(Finding.HUNG, why, verdict.frames), round(now - view.last_progress, 3)
+                )
+            return NewRound(verdict, now + ROUND_GAP_S)
         if verdict.finding is Finding.ELSEWHERE:
             since = evidence.elsewhere_since if evidence.elsewhere_since is not None else now
             heard = next((s.world for s in reversed(samples) if s.world is not None), None)
@@ -352,27 +378,3 @@ def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -
         if now < next_at:
             return Wait(next_at)
     return TakeSample()
-
-
-@dataclass(slots=True)
-class HangWatch:
-    """One run's hang evidence, held by the run (the applier writes it, the decider reads it)."""
-
-    samples: list[Sample] = field(default_factory=list)
-    next_round_at: float | None = None
-    sampling: bool = False
-    rounds: int = 0
-    last_finding: str | None = None
-    last_kind: Finding | None = None  # the last round's finding (shared with the other nodes)
-    last_world: str | None = None  # what the other nodes said at the last round, in words
-    # what the run waits on, for status: a wait elsewhere, or a start-up named (startup.py)
-    waiting: dict[str, Any] | None = None
-    last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
-    elsewhere_since: float | None = None  # rounds in a row found it waiting elsewhere since
-    elsewhere_alerted: bool = False
-
-    def evidence(self) -> Evidence:
-        """The decider's view of it."""
-        return Evidence(
-            tuple(self.samples), self.next_round_at, self.elsewhere_since, self.elsewhere_alerted
-        )

@@ -82,10 +82,15 @@ def _stopped(pid: int) -> bool:
     return found is not None and found.state in ("T", "t")
 
 
-def dump_process(binary: str, pid: int, role: Role, native: bool) -> ProcessStacks:
-    """One process, bounded by ``PROCESS_BOUND_S``."""
+def dump_process(
+    binary: str, pid: int, role: Role, native: bool, with_locals: bool = False
+) -> ProcessStacks:
+    """One process, bounded by ``PROCESS_BOUND_S``; ``with_locals``: its frames' local
+    variables read too (kept only as a digest: a loop that moves changes them)."""
     argv = [binary, "dump", "--pid", str(pid), "--json"]
     argv.append("--native" if native else "--nonblocking")
+    if with_locals and not native:
+        argv.append("--locals")
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -118,6 +123,7 @@ def dump_processes(
     roles: dict[int, Role],
     native: bool,
     resume: Callable[[int], object],
+    with_locals: bool = False,
 ) -> list[ProcessStacks]:
     """Every process of ``roles`` at once (at most ``MAX_PARALLEL`` at a time).
 
@@ -136,7 +142,8 @@ def dump_processes(
     parallel = min(MAX_PARALLEL, len(roles), (os.cpu_count() or 1) if native else MAX_PARALLEL)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = {
-            pid: pool.submit(dump_process, binary, pid, role, native) for pid, role in roles.items()
+            pid: pool.submit(dump_process, binary, pid, role, native, with_locals)
+            for pid, role in roles.items()
         }
         results = [futures[pid].result() for pid in sorted(roles)]
     for pid, before in was_stopped.items():

@@ -79,6 +79,7 @@ class GpuUpdate:
     no_gpu_memory: bool = False  # alive past the grace before its first step, holding nothing
     busy_for_s: float | None = None  # set once the run's GPUs were busy for gpu_busy_s in a row
     active: bool = False  # a kernel ran on the run's GPUs: liveness
+    power_w: float | None = None  # the power the run's GPUs draw together (None: unknown)
 
 
 @dataclass
@@ -220,6 +221,9 @@ class GpuWatch:
             )
         if alive and run is not None:
             self._judge_run(run, use, now, update)
+            held = [r.power_w for r in sample.readings if use.per_gpu_mib.get(r.index)]
+            if held and all(w is not None for w in held):
+                update.power_w = sum(w for w in held if w is not None)
         return update
 
     def _judge_run(self, run: Run, use: ChildGpuUse, now: float, update: GpuUpdate) -> None:

@@ -36,6 +36,7 @@ class GpuReading:
     processes: tuple[GpuProcess, ...] = ()
     error: str | None = None
     xids: tuple[int, ...] = ()
+    power_w: float | None = None  # the board's power draw (a spinning kernel draws little)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +138,13 @@ class NvmlSampler:
                     )
                     for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
                 )
+                try:
+                    power: float | None = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+                except nvml.NVMLError:
+                    power = None  # not supported on this board
+                found = tuple(xids.get(index, ()))
                 readings.append(
-                    GpuReading(index, used, total, util, procs, xids=tuple(xids.get(index, ())))
+                    GpuReading(index, used, total, util, procs, xids=found, power_w=power)
                 )
             except nvml.NVMLError as exc:
                 readings.append(GpuReading(index, error=str(exc), xids=tuple(xids.get(index, ()))))

@@ -168,7 +168,7 @@ class StackDumps:
             try:
                 if binary is not None and custody is not None:
                     members = sorted(custody.members())
-                    dump.processes = _dump_python(binary, run, members, False)
+                    dump.processes = _dump_python(binary, run, members, False, with_locals=True)
                     dumped = {p.pid for p in dump.processes}
                     native = [
                         ProcessStacks(pid, Role("process"), error="not Python")
@@ -234,13 +234,15 @@ def _hear_world(share: Share, processes: list[ProcessStacks]) -> WorldHeard:
     return WorldHeard(share.nodes, error="no worker's Python to reach the store with")
 
 
-def _dump_python(binary: str, run: Run, members: list[int], native: bool) -> list[ProcessStacks]:
+def _dump_python(
+    binary: str, run: Run, members: list[int], native: bool, *, with_locals: bool = False
+) -> list[ProcessStacks]:
     """py-spy's dump of the Python processes among ``members``, each labelled with its role."""
     custody = run.custody
     torchrun = run.elastic is not None
     roles = {pid: role_of(pid, run.pid, torchrun) for pid in members if is_python(pid)}
     resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT) if custody else None  # noqa: E731
-    return dump_processes(binary, roles, native, resume)
+    return dump_processes(binary, roles, native, resume, with_locals)
 
 
 def _process_sample(stacks: ProcessStacks, run_pids: set[int]) -> ProcessSample:

@@ -52,6 +52,9 @@ class ThreadStack:
     active: bool
     owns_gil: bool
     frames: tuple[Frame, ...]
+    # a digest of its frames' local variables (py-spy --locals; 0: none read): a loop whose
+    # frames look the same from sample to sample still changes its loop variable
+    locals_key: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +163,16 @@ def parse_pyspy(pid: int, role: Role, data: Any, took_s: float) -> ProcessStacks
             for f in raw.get("frames") or []
             if isinstance(f, dict)
         )
-        threads.append(
-            ThreadStack(
-                int(tid), str(name), bool(raw.get("active")), bool(raw.get("owns_gil")), frames
-            )
+        values = tuple(
+            (str(v.get("name")), str(v.get("repr")))
+            for f in raw.get("frames") or []
+            if isinstance(f, dict)
+            for v in f.get("locals") or []
+            if isinstance(v, dict)
         )
+        active, gil = bool(raw.get("active")), bool(raw.get("owns_gil"))
+        key = hash(values) if values else 0
+        threads.append(ThreadStack(int(tid), str(name), active, gil, frames, key))
     return ProcessStacks(pid, role, tuple(threads), took_s=took_s)
 
 
