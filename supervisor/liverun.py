@@ -213,7 +213,7 @@ class LiveRunControl:
             watch.waiting = None  # it made its first step after all
         if watch.samples and (progress.last_progress_mono or 0.0) >= watch.samples[0].at:
             watch.samples.clear()  # a new step since: the round's evidence is stale
-            watch.next_round_at, watch.gpu_wait = None, None
+            watch.next_round_at, watch.gpu_wait, watch.elsewhere_last = None, None, None
         view = HangView(
             progress.last_progress_mono,
             tuple(progress.intervals),
@@ -271,6 +271,7 @@ class LiveRunControl:
             return
         if watch.elsewhere_since is None:
             watch.elsewhere_since = now
+        watch.elsewhere_last = (judgement.why, watch.elsewhere_since, now)
         since = self.clock.time() - (now - watch.elsewhere_since)
         watch.waiting = {"kind": "elsewhere", "on": judgement.why, "since": since}
         watch.waiting["frames"] = list(judgement.frames)

@@ -18,6 +18,7 @@ from dflashd.supervisor.host.caches import stale_build_locks
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.run import Run
 
+ELSEWHERE_RECENT_S: Final = 60.0  # a wait elsewhere seen this recently explains a death
 CPU_LIFE_SHARE: Final = 0.1  # a run that used at least this share of a CPU over its life was alive
 
 
@@ -120,12 +121,18 @@ def reaped_facts(
         died_mono=died_mono,
         stop_at=stop_at,
         hang_evidence=run.hang.last_finding if run.hung_after_s is not None else None,
-        waited_elsewhere=(
-            (run.hang.last_finding or "", died_mono - run.hang.elsewhere_since)
-            if run.hang.elsewhere_since is not None and not run.ended_by_us
-            else None
-        ),
+        waited_elsewhere=waited_elsewhere(run, died_mono),
     )
+
+
+def waited_elsewhere(run: Run, died_mono: float) -> tuple[str, float] | None:
+    """A run that died (not ended by dflashd) within a round or two of waiting on work
+    elsewhere: that wait and how long it lasted (its peer was likely lost)."""
+    last = run.hang.elsewhere_last
+    if last is None or run.ended_by_us or died_mono - last[2] > ELSEWHERE_RECENT_S:
+        return None
+    why, since, seen = last
+    return why, max(seen, died_mono) - since
 
 
 def flight_traces(run: Run) -> tuple[str, ...]:

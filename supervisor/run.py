@@ -56,6 +56,9 @@ class HangWatch:
     last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
     elsewhere_since: float | None = None  # rounds in a row found it waiting elsewhere since
     elsewhere_alerted: bool = False
+    # the last wait elsewhere (why, since, last seen), kept through a round that found
+    # otherwise (a crash's round) until a new step: a run that dies of a lost peer says so
+    elsewhere_last: tuple[str, float, float] | None = None
     gpu_wait: tuple[int, float] | None = None  # the same unmoved wait on a busy GPU, since
 
     def evidence(self) -> Evidence:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -69,7 +68,10 @@ def share_and_hear(
     try:
         out, err = proc.communicate(timeout=HELPER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # its own group: only what we started
+        # the daemon's side only (a script run never gets here): custody sends every signal
+        from dflashd.supervisor.host.custody import end_own_child_session
+
+        end_own_child_session(proc)  # its own session: only what we started
         proc.communicate()
         return {"error": f"the store helper did not answer within {HELPER_TIMEOUT_S:.0f}s"}
     if proc.returncode != 0:

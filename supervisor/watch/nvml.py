@@ -260,6 +260,8 @@ def reading_to_dict(r: GpuReading, child_mib: float | None) -> dict[str, Any]:
         "utilization_pct": r.utilization_pct,
         "child_memory_mib": None if child_mib is None else round(child_mib, 1),
     }
+    if r.power_w is not None:
+        out["power_w"] = round(r.power_w, 1)
     if r.error:
         out["error"] = r.error
     return out

@@ -6,7 +6,8 @@ call, under 10 minutes:
     python3 tests/gpu/hang_gpu.py            (after tests/gpu/_env.sh, as run_gpu_checks.sh does)
 
 The job (written here, ~25 ms a step of matmuls, a checkpoint every 50 steps) freezes at step
-150 (``freeze``: the main thread blocks on a lock while the GPU idles, as a dead data loader
+150 (spins or evaluates at step 600: a spin is judged against the power the GPU drew while the
+job stepped, which takes a few GPU samples) (``freeze``: the main thread blocks on a lock while the GPU idles, as a dead data loader
 does), spins in a kernel that never returns (``spin``: ``torch.cuda._sleep`` for hours, then
 ``synchronize``), or evaluates for 150 s at full utilisation with no output (``eval``), then
 steps on.
@@ -35,7 +36,7 @@ ckpt = os.path.join(sys.argv[2], "ckpt.pt")
 start = 0
 if os.path.exists(ckpt) and int(os.environ.get("DFLASHD_RUN", "1")) > 1:
     start = torch.load(ckpt)["step"]
-for step in range(start + 1, start + 400):
+for step in range(start + 1, start + 800):
     for _ in range(4):
         y = x @ w
     torch.cuda.synchronize()
@@ -46,16 +47,16 @@ for step in range(start + 1, start + 400):
         sys.exit(0)
     if step == 150 and what == "freeze":
         lock = threading.Lock(); lock.acquire(); lock.acquire()
-    if step == 150 and what == "spin":
+    if step == 600 and what == "spin":
         torch.cuda._sleep(1 << 50)  # a kernel that does not return (days at GPU clocks)
         torch.cuda.synchronize()
-    if step == 150 and what == "eval":
+    if step == 600 and what == "eval":
         end = time.monotonic() + 150
         while time.monotonic() < end:
             for _ in range(20):
                 y = x @ w
             torch.cuda.synchronize()
-    if step == 250:
+    if step == 250 and what == "freeze" or step == 700:
         sys.exit(0)
 """
 
@@ -98,6 +99,9 @@ def run_case(what: str, work: Path) -> dict:
         "checks": [e.get("why") for e in events if e["event"] == "hang_check"],
         "frames": ending[0].get("frames") if ending else None,
         "evidence": [e.get("evidence") for e in ending],
+        "power_w": [
+            [g.get("power_w") for g in e.get("gpus", [])] for e in events if e["event"] == "gpu"
+        ][:12],
     }
     if ending and len(firsts) > 1:
         from datetime import datetime
