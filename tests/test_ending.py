@@ -238,3 +238,30 @@ def test_a_start_up_that_died_on_a_stale_build_lock_is_not_relaunched_into_it() 
         jitter=0.0,
     )
     assert again.decision is not None and again.decision.action.value == "restart"
+
+
+def test_a_crash_right_after_a_wait_elsewhere_says_so_in_one_waiting_alert() -> None:
+    """Issue 41: the node whose peer was ended first sees its collective fail; its exit
+    record and its one alert name the wait (``crashed`` itself is not alerted by default)."""
+    why = "rank(s) [0] of 2 wait in recv for ranks on other nodes"
+    crash = Observations(exit_code=1, reached_first_step=True, output_lines=9)
+    facts = RunFacts(1, crash, 95.0, ended_at=1.0, waited_elsewhere=(why, 70.0))
+    outcome = conclude(
+        facts, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0
+    )
+    sent = [e for e in outcome.effects if isinstance(e, SendAlert)]
+    assert [e.kind for e in sent] == [AlertKind.WAITING]
+    assert "after waiting 70s on work elsewhere" in sent[0].reason and why in sent[0].reason
+    assert outcome.exit_fields["waited_elsewhere"] == {"why": why, "for_s": 70.0}
+    already = RunFacts(
+        1,
+        crash,
+        95.0,
+        ended_at=1.0,
+        waited_elsewhere=(why, 70.0),
+        already_alerted=frozenset({AlertKind.WAITING}),
+    )
+    again = conclude(
+        already, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0
+    )
+    assert not [e for e in again.effects if isinstance(e, SendAlert)]  # said once already

@@ -75,14 +75,16 @@ def test_two_gloo_ranks_one_frozen_are_ended_hung_and_the_odd_rank_named(
 
 
 def test_pauses_that_work_are_never_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Checkpoint and eval pauses, with stacks and without: all four complete."""
+    """Checkpoint, eval, data preparation and first-compile pauses, with stacks (and the first
+    two without): all complete."""
     started: list[Daemon] = []
     config = write_config(tmp_path / "c.toml", {"gpus": "none"}, restart=FAST_RESTART)
     try:
         for stacks in ("py-spy", "faulthandler"):
             if stacks == "faulthandler":
                 monkeypatch.setenv("DFLASHD_STACKS", "faulthandler")  # the daemon inherits it
-            for what in ("checkpoint", "eval"):
+            kinds = ("checkpoint", "eval", "dataprep", "compile") if stacks == "py-spy" else ()
+            for what in kinds or ("checkpoint", "eval"):
                 marker = str(tmp_path / f"{what}-{stacks}.bin")
                 job = child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker)
                 # a short home: under pytest-xdist tmp_path is longer, and a home whose

@@ -300,6 +300,9 @@ def conclude(
         incident=extended(incident, verdict, facts.step),
     )
     alerts = alert(verdict_alert, result.reason, history.early_deaths)
+    if not alerts and facts.waited_elsewhere is not None:
+        # a crash right after a wait elsewhere: its peer was lost; the wait's one alert says so
+        alerts = alert(AlertKind.WAITING, result.reason, 0)
     restart = {
         "delay_s": round(decision.delay_s, 3),
         "cache_cleared": decision.clear_cache,

@@ -12,10 +12,14 @@ argv: interval at what [seconds] [marker]
   holds while it computes;
 - ``fifo``: it reads the FIFO ``marker`` to its end, which a producer outside the run opened
   and fills late;
+- ``dataprep``: data preparation: a pool of worker processes computes for ``seconds`` while
+  the main thread waits on its results (``multiprocessing.Pool.map``);
+- ``compile``: a first compile as inductor does it: compile workers started for the pause
+  (a ``ProcessPoolExecutor``) compute for ``seconds`` while the main thread waits on futures;
 - ``heartbeat``: the main loop freezes on a lock while a thread prints ``alive`` every 3 s;
 - ``appender``: the main loop freezes on a lock while a thread appends a line to ``marker``
   every second.
-After an ``eval``, ``checkpoint``, ``stream``, ``flock`` or ``fifo`` it steps 20 more times and
+After an ``eval``, ``checkpoint``, ``dataprep``, ``compile``, ``stream``, ``flock`` or ``fifo`` it steps 20 more times and
 exits 0.  A relaunch (``DFLASHD_RUN`` > 1) runs 20 steps and exits 0.
 """
 
@@ -24,6 +28,17 @@ import socket
 import sys
 import threading
 import time
+
+
+def busy(seconds: float) -> int:
+    """Compute in a Python loop for ``seconds``."""
+    end = time.monotonic() + seconds
+    total = 0
+    while time.monotonic() < end:
+        for i in range(10_000):
+            total += i * i
+    return total
+
 
 interval, at, what = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 150.0
@@ -89,10 +104,16 @@ elif what in ("heartbeat", "appender"):
     lock.acquire()
     lock.acquire()
 elif what == "eval":
-    end = time.monotonic() + seconds
-    total = 0
-    while time.monotonic() < end:
-        for i in range(10_000):
-            total += i * i
+    busy(seconds)
+elif what == "dataprep":
+    import multiprocessing
+
+    with multiprocessing.Pool(2) as pool:
+        pool.map(busy, [seconds / 2] * 4, chunksize=1)  # two rounds of seconds / 2 each
+elif what == "compile":
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(busy, [seconds / 2] * 4))
 steps(at + 1, 20)
 sys.exit(0)

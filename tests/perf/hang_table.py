@@ -2,10 +2,12 @@
 
     python tests/perf/hang_table.py [--runs 10] [--pause 150]
 
-Starts, side by side, N jobs that step every 0.1 s and then block forever on a lock, N that
-pause ``--pause`` seconds writing a 200 MB checkpoint, N that pause computing an "eval" in a
-Python loop (each under its own daemon, no config), and prints the decision times (median,
-worst) and the false kills.  The eval jobs load the machine (2 cores here): the verdicts must
+Starts, side by side, N jobs that step every 0.1 s and then block forever on a lock, and N of
+each pause of ``--pause`` seconds: writing a 200 MB checkpoint, an "eval" computing in a Python
+loop, a data preparation (a ``multiprocessing.Pool`` computes while the main thread waits on
+it) and a first compile (compile worker processes started for it, the main thread waiting on
+their futures); each under its own daemon, no config.  Prints the decision times (median,
+worst) and the false kills.  ``--kinds`` picks the pauses.  The eval jobs load the machine (2 cores here): the verdicts must
 not depend on how much CPU each job gets.
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = ROOT / "tests" / "children" / "steps_then.py"
+PAUSES = ("checkpoint", "eval", "dataprep", "compile")
 
 
 def start(home: Path, config: Path, *job: str) -> subprocess.Popen[bytes]:
@@ -43,12 +46,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--pause", type=float, default=150.0)
+    parser.add_argument("--kinds", default=",".join(PAUSES))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dflashd-hangs-"))
     config = work / "c.toml"
     config.write_text('gpus = "none"\n[restart]\nbackoff_initial_s = 0.0\n')
     procs: dict[str, list[tuple[Path, subprocess.Popen[bytes]]]] = {}
-    for kind in ("lock", "checkpoint", "eval"):
+    pauses = [k for k in args.kinds.split(",") if k]
+    for kind in ("lock", *pauses):
         for i in range(args.runs):
             home = work / f"{kind}-{i}"
             marker = str(work / f"{kind}-{i}.bin")
@@ -62,7 +67,7 @@ def main() -> int:
     decided = [h for h in hung if h is not None]
     false_kills = {
         kind: sum(1 for home, _ in procs[kind] if exits(home)[0]["verdict"] != "completed")
-        for kind in ("checkpoint", "eval")
+        for kind in pauses
     }
     print(f"{args.runs} runs each, side by side, {time.monotonic() - started:.0f} s in all")
     print(
