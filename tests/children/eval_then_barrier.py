@@ -1,10 +1,11 @@
 """Every rank steps in a gloo group; at step EVAL_AT rank 0 evaluates (a Python loop, no
 output) or saves a checkpoint (SAVE_MB in 1 MB chunks) for SECONDS while every other rank
 waits in ``dist.barrier()`` (``deadlock``: every rank instead waits in ``dist.recv`` from the
-next one, for ever: the whole world is stuck) — the ``if rank == 0: evaluate(); dist.barrier()`` of nearly
+next one, for ever: the whole world is stuck; ``freeze``: rank 1 blocks for ever on a lock of
+its own at EVAL_AT in the first run, ``DFLASHD_RUN`` 1, while its peers wait in ``all_reduce``) — the ``if rank == 0: evaluate(); dist.barrier()`` of nearly
 every multi-node trainer — then all step on to STEPS and exit 0.
 
-    torchrun ... eval_then_barrier.py EVAL_AT SECONDS STEPS eval|checkpoint|deadlock [PATH]
+    torchrun ... eval_then_barrier.py EVAL_AT SECONDS STEPS eval|checkpoint|deadlock|freeze [PATH]
 """
 
 import datetime
@@ -44,9 +45,16 @@ def main() -> None:
     rank = dist.get_rank()
     x = torch.ones(64)
     for step in range(1, STEPS + 1):
+        first_run = os.environ.get("DFLASHD_RUN", "1") == "1"
+        if step == EVAL_AT and MODE == "freeze" and rank == 1 and first_run:
+            import threading
+
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()  # its own code, waiting for ever: the culprit
         if step == EVAL_AT and MODE == "deadlock":
             dist.recv(torch.zeros(1), src=(rank + 1) % dist.get_world_size())
-        if step == EVAL_AT:
+        if step == EVAL_AT and MODE in ("eval", "checkpoint"):
             if rank == 0:
                 evaluate() if MODE == "eval" else save()
             dist.barrier()

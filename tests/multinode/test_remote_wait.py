@@ -1,4 +1,8 @@
-"""Issue 41 (a): a job judged as a whole across nodes, on CPU with gloo.
+"""Issue 41 (a)-(d): a job judged as a whole across nodes, on CPU with gloo.
+
+(c): rank 1 freezes on a lock in its own code while rank 0 waits in ``all_reduce``: node B
+holds the culprit and ends it as hung within 60 s; node A's run then fails (its peer is gone)
+and says so; both relaunch and complete.
 
 (d): every rank of both nodes waits in ``dist.recv`` from the other for ever: each node alone
 sees only a wait on a remote peer, and through the rendezvous store (decide/world.py) both
@@ -65,33 +69,43 @@ def _node(
     return Node(name, root / name, config)
 
 
-def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_is_never_ended(
+def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_or_save_is_never_ended(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    args = ["20", str(EVAL_S), "40", "eval"]
-    nodes = [_node(tmp_path, "a", port, True, args), _node(tmp_path, "b", port, False, args)]
+    """(a) rank 0 evaluates in a Python loop, and side by side (b) another job's rank 0 saves
+    a 500 MB checkpoint in chunks, while the other node's rank waits in ``dist.barrier()``."""
+    pairs = []
+    for first, second, mode in (("a", "b", "eval"), ("c", "d", "checkpoint")):
+        port = free_port()
+        args = ["20", str(EVAL_S), "40", mode, str(tmp_path / f"{mode}.bin")]
+        pairs.append(
+            [_node(tmp_path, first, port, True, args), _node(tmp_path, second, port, False, args)]
+        )
+    every = [node for pair in pairs for node in pair]
     try:
-        for node in nodes:
+        for node in every:
             node.start()
-        for node in nodes:
+        for node in every:
             node.wait_for(
                 lambda r: isinstance(r, EventRecord) and r.event == "first_step", timeout=300
             )
         started = time.monotonic()
         exits = [
-            node.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "exit", EVAL_S + 240)
-            for node in nodes
+            node.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "exit", EVAL_S + 300)
+            for node in every
         ]
         took = time.monotonic() - started
     finally:
-        for node in nodes:
+        for node in every:
             run_cli("stop", "--home", str(node.home), "--timeout", "5")
-    for node, ended in zip(nodes, exits, strict=True):
+    for node, ended in zip(every, exits, strict=True):
         assert isinstance(ended, EventRecord)
         assert ended.fields["verdict"] == "completed", (node.name, ended.fields)
         assert ended.run == 1, "no run was ended and relaunched"
     assert took >= EVAL_S - 5  # the evaluation did happen, and was waited out
+    nodes = pairs[0]
+    saver = pairs[1][0].events("hang_check")
+    assert not saver or all(c.fields.get("finding") != "hung" for c in saver)
     checks = nodes[1].events("hang_check")
     assert any(c.fields.get("finding") == "elsewhere" for c in checks), checks
     assert "barrier" in " ".join(str(c.fields.get("why")) for c in checks)
@@ -151,3 +165,30 @@ def test_every_rank_of_every_node_waiting_on_each_other_is_ended_through_the_sto
         assert len(alerts) == 1, alerts  # one page per node, naming the wait
         assert "recv" in json.dumps(alerts[0]), alerts
     assert ended_by_store, "at least one node ended the stuck world from the store's reports"
+
+
+def test_a_rank_frozen_in_its_own_code_is_ended_by_its_node_and_the_job_completes(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    args = ["20", "0", "40", "freeze"]
+    nodes = [_node(tmp_path, "a", port, True, args), _node(tmp_path, "b", port, False, args)]
+    try:
+        for node in nodes:
+            node.start()
+        done = [
+            node.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "done", timeout=400)
+            for node in nodes
+        ]
+    finally:
+        for node in nodes:
+            run_cli("stop", "--home", str(node.home), "--timeout", "5")
+    assert [d.fields["verdict"] for d in done if isinstance(d, EventRecord)] == ["completed"] * 2
+    holder = nodes[1].events("exit")
+    assert holder[0].fields["verdict"] == "stalled" and holder[0].fields["reason"] == "hung"
+    assert holder[0].fields["hung_after_s"] <= 60, holder[0].fields
+    (culprit,) = [t for t in holder[0].fields["stacks"]["top"] if "worker rank 1" in t]
+    assert "eval_then_barrier.py" in culprit and "distributed" not in culprit, culprit
+    waiter = nodes[0].events("exit")
+    assert waiter[0].fields["verdict"] != "stalled", waiter[0].fields  # never ended by A
+    assert not nodes[0].events("ending_run")
