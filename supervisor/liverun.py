@@ -211,6 +211,8 @@ class LiveRunControl:
             return
         if watch.waiting is not None and watch.waiting.get("kind") == "startup":
             watch.waiting = None  # it made its first step after all
+        if not watch.rounds:
+            watch.next_round_at = None  # a start-up round's: the hang rounds start afresh
         if watch.samples and (progress.last_progress_mono or 0.0) >= watch.samples[0].at:
             watch.samples.clear()  # a new step since: the round's evidence is stale
             watch.next_round_at, watch.gpu_wait, watch.elsewhere_last = None, None, None
