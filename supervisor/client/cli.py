@@ -43,7 +43,7 @@ from dflashd.supervisor.lifecycle import State
 _LIVE_STATES: Final = frozenset({State.RUNNING, State.STARTING, State.BACKOFF, State.STOPPING})
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name="dflashd")
 @click.option(
     "--home",
@@ -67,6 +67,9 @@ def main(ctx: click.Context, home: Path | None) -> None:
     """
     ensure_standard_fds()
     ctx.obj = {"home": home}
+    if ctx.invoked_subcommand is None:  # a bare `dflashd`: what it can do, and success
+        click.echo(ctx.get_help())
+        ctx.exit(0)
     if ctx.invoked_subcommand != "start":  # Ctrl-C is KeyboardInterrupt again (tail -f, a wait)
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -22,6 +22,7 @@ from typing import Any, Final
 import click
 import orjson
 
+from dflashd.supervisor.client.cmdhint import command_hint
 from dflashd.supervisor.client.common import exposed_secret, fail
 from dflashd.supervisor.client.firststep import wait_for_first_step
 from dflashd.supervisor.client.invocation import save_invocation
@@ -77,6 +78,8 @@ def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> C
         fail(f"config error: cwd: not a directory: {cwd}", EXIT_USAGE)
     # absolute from here on: the spawn record, status and a later restart name the real place
     config = dataclasses.replace(config, cwd=str(cwd.resolve()))
+    if (hint := command_hint(config.command, cwd, config.env)) is not None:
+        fail(hint, EXIT_USAGE)  # nothing launched, nothing recorded, no page
     if (why := unusable_path(home.root)) is not None:
         fail(why, EXIT_USAGE)  # before the home is made: a refused start leaves nothing behind
     try:

@@ -1,0 +1,58 @@
+"""Everyday paths III (issue 44), the first items, through the real CLI.
+
+- The pm2 habit: ``dflashd start train.py`` and ``dflashd start 'python train.py'`` say what
+  was meant and launch nothing (no home made, no record, no page), exit 2.
+- A bare ``dflashd`` prints its help and exits 0.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dflashd.supervisor.client.cmdhint import command_hint
+
+
+def dflashd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "dflashd.supervisor", *args]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize(
+    ("command", "meant"),
+    [
+        (["train.py"], "`dflashd start -- python train.py`"),
+        (["train.py", "--lr", "3e-4"], "`dflashd start -- python train.py --lr 3e-4`"),
+        (["python train.py --lr 3e-4"], "`dflashd start -- python train.py --lr 3e-4`"),
+        (["run.sh"], "`dflashd start -- bash run.sh`"),
+    ],
+)
+def test_a_script_named_like_pm2_is_refused_with_what_was_meant(
+    tmp_path: Path, command: list[str], meant: str
+) -> None:
+    (tmp_path / "train.py").write_text("print('step 1')\n")
+    (tmp_path / "run.sh").write_text("echo step 1\n")
+    home = tmp_path / "home"
+    done = dflashd("start", "--home", str(home), *command, cwd=tmp_path)
+    assert done.returncode == 2, done
+    assert meant in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not home.exists()  # nothing launched, nothing recorded, nobody paged
+
+
+def test_commands_that_run_or_are_merely_unknown_get_no_hint(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    env = {"PATH": "/usr/bin:/bin"}
+    assert command_hint(["python3", "train.py"], tmp_path, env) is None
+    assert command_hint(["./train.py"], tmp_path, env) is None  # a path: the spawn decides
+    assert command_hint(["no-such-tool", "x"], tmp_path, env) is None  # left to spawn_failed
+    assert command_hint(["no such tool at all"], tmp_path, env) is None
+    assert command_hint([], tmp_path, env) is None
+
+
+def test_a_bare_dflashd_prints_its_help_and_succeeds(tmp_path: Path) -> None:
+    done = dflashd(cwd=tmp_path)
+    assert done.returncode == 0, done
+    assert "Usage:" in done.stdout and "Commands:" in done.stdout and "start" in done.stdout
