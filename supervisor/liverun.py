@@ -20,6 +20,7 @@ from typing import Any, Final
 from dflashd.supervisor.clock import Clock
 from dflashd.supervisor.decide.effects import Deadline, SendAlert, SetTimer
 from dflashd.supervisor.decide.hang import (
+    SAMPLES,
     EndHung,
     Finding,
     HangLimits,
@@ -161,7 +162,10 @@ class LiveRunControl:
         """No first step yet: a start-up stuck in a known wait is named (startup.py), once."""
         watch = run.hang
         root = run.extensions_root
-        locks = stale_build_locks(root, run.started_wall) if root is not None else ()
+        # looked for only when a round is complete and about to be judged (a glob per wake-up
+        # of a chatty start-up would be waste)
+        judged = root is not None and len(watch.samples) >= SAMPLES
+        locks = stale_build_locks(root, run.started_wall) if judged and root else ()
         action = startup_decide(
             run.started_mono,
             self.dumps.available and watch.waiting is None,
