@@ -34,12 +34,16 @@ def test_start_on_an_import_error_after_import_torch_exits_4_with_the_traceback(
 
 
 def test_a_mistyped_option_is_refused_and_nothing_launches(tmp_path: Path, home: Path) -> None:
-    for typo in (["--foregroud"], ["-d"], ["--detach"], ["-c", "x.toml"]):
+    for typo in (["--foregroud"], ["-d"], ["--detach"]):
         result = run_cli("start", "--home", str(home), *typo, "--", "python3", "train.py")
         assert result.returncode == 2, (typo, result.stderr)
         assert "No such option" in result.stderr
         assert not (home / "logs").exists() and not (home / "invocation.json").exists()
     assert "Did you mean '--foreground'" in run_cli("start", "--foregroud").stderr
+    # -c is --config since issue 44: a missing file is one line, and nothing launches either
+    missing = run_cli("start", "--home", str(home), "-c", "x.toml", "--", "python3", "train.py")
+    assert missing.returncode == 2 and "config file not found: x.toml" in missing.stderr
+    assert not (home / "logs").exists()
 
 
 def test_restart_from_another_directory_runs_where_start_ran(tmp_path: Path, home: Path) -> None:

@@ -56,3 +56,30 @@ def test_a_bare_dflashd_prints_its_help_and_succeeds(tmp_path: Path) -> None:
     done = dflashd(cwd=tmp_path)
     assert done.returncode == 0, done
     assert "Usage:" in done.stdout and "Commands:" in done.stdout and "start" in done.stdout
+
+
+def test_short_options_and_a_success_that_says_ended(tmp_path: Path) -> None:
+    """``-c/--config`` and ``-t/--timeout``, as every CLI user types them; a job that completes
+    during ``start``'s wait "ended: completed", it did not "die"."""
+    config = tmp_path / "c.toml"
+    config.write_text('gpus = "none"\n')
+    home = str(tmp_path / "home")
+    done = dflashd(
+        "start",
+        "-c",
+        str(config),
+        "--home",
+        home,
+        "--",
+        sys.executable,
+        "-c",
+        "print(1)",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done
+    assert "run 1 ended: completed (exit_code_0)" in done.stderr and "died" not in done.stderr
+    stopped = dflashd("stop", "-t", "5", "--home", home, cwd=tmp_path)
+    assert stopped.returncode in (0, 3), stopped  # stopped, or already gone after completing
+    for command in ("start", "stop", "restart"):
+        text = dflashd(command, "--help", cwd=tmp_path).stdout
+        assert ("-c, --config" in text) or ("-t, --timeout" in text), (command, text)

@@ -26,8 +26,9 @@ home_option = click.option(
 
 
 def config_option(help_text: str) -> Callable[[Any], Any]:
-    """``--config FILE`` (a TOML file; a directory is refused)."""
+    """``-c/--config FILE`` (a TOML file; a directory is refused)."""
     return click.option(
+        "-c",
         "--config",
         "config_path",
         type=click.Path(dir_okay=False, path_type=Path),
@@ -37,10 +38,11 @@ def config_option(help_text: str) -> Callable[[Any], Any]:
 
 
 def timeout_option(help_text: str) -> Callable[[Any], Any]:
-    """``--timeout S``: finite seconds, at most the config's bound on durations."""
+    """``-t/--timeout S``: finite seconds, at most the config's bound on durations."""
     from dflashd.supervisor.bounds import MAX_SECONDS
 
     return click.option(
+        "-t",
         "--timeout",
         "timeout_s",
         type=click.FloatRange(min=0, max=MAX_SECONDS),

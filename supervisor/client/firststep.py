@@ -109,8 +109,9 @@ def _report_early_exit(
         if fields.get("exit_code") is not None
         else str(fields.get("signal"))
     )
+    ended = "ended" if fields.get("verdict") == Verdict.COMPLETED else "died"
     click.echo(
-        f"dflashd: run {run_no} died: {fields.get('verdict')} ({fields.get('reason')}), {how} "
+        f"dflashd: run {run_no} {ended}: {fields.get('verdict')} ({fields.get('reason')}), {how} "
         f"after {fields.get('duration_s')}s",
         err=True,
     )
