@@ -59,10 +59,8 @@ def world_share(run: Run, now: float) -> Share | None:
         finding = (WAITING, now - watch.elsewhere_since, watch.last_finding or "")
     elif watch.last_kind in (Finding.WORKING, Finding.GPU_WAIT):
         finding = (WORKING, 0.0, watch.last_finding or "")
-    nodes = elastic.group_world_size
-    if nodes is None and elastic.job.nnodes.split(":")[-1].isdigit():
-        nodes = int(elastic.job.nnodes.split(":")[-1])
     job = elastic.job
+    nodes = elastic.group_world_size if elastic.group_world_size is not None else job.max_nodes
     return share_of(job.rdzv_endpoint, job.rdzv_id, node_rank(run), nodes, finding)
 
 

@@ -374,7 +374,11 @@ def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -
             return NewRound(verdict, now + ROUND_GAP_S, alert=due and not quiet)
         if verdict.finding in (Finding.WORKING, Finding.UNKNOWN):
             return NewRound(verdict, now + ROUND_GAP_S)
-        next_at = samples[-1].at + SAMPLE_GAP_S
-        if now < next_at:
-            return Wait(next_at)
+    return next_sample(samples, now)
+
+
+def next_sample(samples: list[Sample], now: float) -> Wait | TakeSample:
+    """A round goes on: the next sample ``SAMPLE_GAP_S`` after the last one (now, if none)."""
+    if samples and now < samples[-1].at + SAMPLE_GAP_S:
+        return Wait(samples[-1].at + SAMPLE_GAP_S)
     return TakeSample()

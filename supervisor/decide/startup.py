@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from dflashd.supervisor.decide.hang import (
-    SAMPLE_GAP_S,
     Evidence,
     Finding,
     Judgement,
@@ -30,6 +29,7 @@ from dflashd.supervisor.decide.hang import (
     TakeSample,
     Wait,
     judge,
+    next_sample,
 )
 
 STARTUP_LOOK_S: Final = 30.0  # no first step this long after the launch: the start-up is sampled
@@ -88,7 +88,4 @@ def startup_decide(
             return NewRound(verdict, now + STARTUP_ROUND_GAP_S)
         if verdict.finding in (Finding.WORKING, Finding.UNKNOWN):
             return NewRound(verdict, now + STARTUP_ROUND_GAP_S)
-        next_at = samples[-1].at + SAMPLE_GAP_S
-        if now < next_at:
-            return Wait(next_at)
-    return TakeSample()
+    return next_sample(samples, now)

@@ -37,6 +37,12 @@ class TorchrunJob:
     max_restarts: int | None = None
 
     @property
+    def max_nodes(self) -> int | None:
+        """The most nodes that may take part (``--nnodes=2``: 2, ``1:4``: 4; None: unreadable)."""
+        top = self.nnodes.split(":")[-1]
+        return int(top) if top.isdigit() else None
+
+    @property
     def many_nodes(self) -> bool:
         """More than one node may take part (``--nnodes=2`` or ``1:4``)."""
         return self.nnodes.split(":")[-1] not in ("", "1")
