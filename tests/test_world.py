@@ -23,7 +23,8 @@ from dflashd.supervisor.decide.world import (
     world_stuck,
     world_summary,
 )
-from dflashd.supervisor.host.rdzvstore import share_and_hear, store_address
+from dflashd.supervisor.host.rdzvstore import share_and_hear
+from dflashd.trainer.storepeer import store_address
 
 
 def waiting(node: int, waited: float = 70.0, age: float = 5.0) -> NodeReport:

@@ -1,0 +1,76 @@
+"""The torch side of sharing a node's hang finding through the job's rendezvous store.
+
+``torchrun --rdzv-backend c10d --rdzv-endpoint HOST:PORT`` runs a c10d ``TCPStore`` at the
+endpoint; every node of the job reaches it already.  dflashd's daemon never imports torch: it
+runs this file as a script under the job's own Python (a worker's interpreter, which has torch;
+``supervisor/host/rdzvstore.py``), which writes this node's finding under
+``<key space>/node/<group rank>`` and prints every node's back as one JSON line.  As a script
+it must not import dflashd (the job's environment may not have it): the standard library and
+``torch.distributed.TCPStore`` only, and torch only inside :func:`_helper`.
+
+    python storepeer.py '{"endpoint": "10.0.0.1:29400", "key_space": ..., ...}'
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+STORE_TIMEOUT_S = 10.0
+C10D_DEFAULT_PORT = 29400  # torchrun's c10d rendezvous port when the endpoint names none
+
+
+def store_address(endpoint: str) -> tuple[str, int] | None:
+    """``host:port`` (``[v6]:port``, or a bare host: c10d's default port), else None."""
+    endpoint = endpoint.strip()
+    if not endpoint:
+        return None
+    host, _, port = endpoint.rpartition(":")
+    if not host or "]" in port or (host.count(":") and not host.startswith("[")):
+        host, port = endpoint, str(C10D_DEFAULT_PORT)
+    host = host.strip("[]")
+    if not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        return None
+    return host, int(port)
+
+
+def _helper(request: dict[str, Any]) -> dict[str, Any]:
+    """In the job's Python: one write and one read of the store."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    address = store_address(str(request["endpoint"]))
+    if address is None:
+        return {"error": f"no store address in {request['endpoint']!r}"}
+    store = TCPStore(
+        address[0],
+        address[1],
+        is_master=False,
+        timeout=timedelta(seconds=STORE_TIMEOUT_S),
+        wait_for_workers=False,
+    )
+    space, nodes = str(request["key_space"]), int(request["nodes"])
+    now = time.time()
+    if request.get("state"):
+        mine = {k: request[k] for k in ("node", "state", "waited_s", "why")}
+        store.set(f"{space}/node/{int(request['node'])}", json.dumps({**mine, "at": now}))
+    reports = []
+    for node in range(nodes):
+        key = f"{space}/node/{node}"
+        if not store.check([key]):
+            continue
+        found = json.loads(store.get(key))
+        found["age_s"] = max(0.0, now - float(found.pop("at", now)))
+        reports.append(found)
+    return {"reports": reports}
+
+
+if __name__ == "__main__":
+    try:
+        result = _helper(json.loads(sys.argv[1]))
+    except Exception as exc:  # the daemon gets one line, whatever went wrong
+        result = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    print(json.dumps(result))
