@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 
-EXIT_INTERRUPTED = 130  # as dflashd.supervisor.exitcodes, not imported yet here
+EXIT_INTERRUPTED = 130  # as dflashd.supervisor.model.exitcodes, not imported yet here
 
 
 def interrupted_while_loading(signum: int, frame: object) -> None:

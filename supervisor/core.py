@@ -1,167 +1,183 @@
-"""The daemon's core: the one owner of its state and the one applier of effects.
+"""The daemon's core: the holder of its state and the one executor of effects.
 
-:class:`DaemonCore` holds the loop's state (:class:`~dflashd.supervisor.lifecycle.LoopState`),
-its deadlines (:class:`~dflashd.supervisor.timers.Timers`), the counters kept between runs
-(:class:`~dflashd.supervisor.ledger.Ledger`) and the current run.  Every other room reads
-them; only this module writes them (``tests/test_house.py`` checks it).  Rooms that decide
-return effects (:mod:`effects`): a run's end (:func:`~dflashd.supervisor.decide.ending.conclude`,
-pure), a resumed run, a deferred launch, a stop, the GPU release check and samples,
-recovery at start-up, the live run's deadlines; :meth:`DaemonCore.apply` carries them out,
-in order, in one ``match``.
+:class:`DaemonCore` keeps the daemon's state (a :class:`~dflashd.supervisor.model.step.DaemonState`
+value) and the current run.  Everything the loop hears goes through :meth:`DaemonCore.step`:
+the model's :func:`~dflashd.supervisor.model.step.step` gives the next state (replaced here,
+never changed) and the effects, which :meth:`DaemonCore.execute` carries out, in order, in one
+``match``: the only place in the daemon that writes a record, alerts, writes the history row,
+signals a dead run's processes, launches, stops a run or writes the status.  An effect with an
+answer (a launch, a look for the dead run's release) hands it back as the next input.
 
-The death walk reads reap -> conclude -> apply: the run's facts are gathered
-(:mod:`reaped`), :meth:`DaemonCore.conclude` decides (pure) and applies.
+The death walk: the loop reaps (:mod:`runs` gathers the facts) -> ``step(ChildExited)``
+(:func:`~dflashd.supervisor.model.ending.conclude`, pure) -> the effects here -> the restart
+deadline -> ``step(DeadlineDue)`` -> a look for the release -> ``step(ReleaseLooked)`` -> the
+launch -> ``step(Launched)``: three modules of the daemon (``daemon``, ``core``, ``runs``).
 """
 
 from __future__ import annotations
 
-import random
 import signal
 import traceback
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.config import Config
-from dflashd.supervisor.decide.effects import (
-    Account,
+from dflashd.supervisor.host.clock import Clock
+from dflashd.supervisor.model.deadlines import Deadline, Deadlines
+from dflashd.supervisor.model.effects import (
     Book,
-    Deadline,
     Effect,
-    EnterState,
-    ExitDaemon,
     KillHolders,
+    Launch,
+    LookForRelease,
+    NotifySystemd,
+    Publish,
     RecordHistory,
-    RestartIn,
     RunLaunched,
     SendAlert,
-    SetTimer,
     SettleProcesses,
-    StopAsked,
+    StopRun,
+    StopTimedOut,
     WriteRecord,
 )
-from dflashd.supervisor.decide.ending import RunFacts, conclude
-from dflashd.supervisor.endedruns import EndedRuns
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.exitcodes import EXIT_FATAL
-from dflashd.supervisor.ledger import Ledger
-from dflashd.supervisor.lifecycle import LoopState, State
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.exitcodes import EXIT_FATAL
+from dflashd.supervisor.model.inputs import DeadlineDue, Decided, Input, StatusChanged
+from dflashd.supervisor.model.ledger import Ledger
+from dflashd.supervisor.model.lifecycle import LoopState, State
+from dflashd.supervisor.model.step import DaemonState, step
 from dflashd.supervisor.speak.recorder import Recorder
-from dflashd.supervisor.timers import Timers
-from dflashd.supervisor.watch.gpuwatch import GpuWatch
+from dflashd.supervisor.watch.run import Run
+
+
+class Hands(Protocol):
+    """What the executor does through the adapters, each answering with the next input."""
+
+    def launch(self, effect: Launch) -> tuple[Run | None, Input]: ...
+
+    def after_launch(self, run: Run | None, answer: Input) -> None: ...
+
+    def look_for_release(self, run: Run | None, now: float) -> Input: ...
+
+    def stop_run(self, run: Run, timeout_s: float) -> None: ...
+
+    def stop_timed_out(self, run: Run | None) -> None: ...
+
+    def settle(self, run: Run, *, kill_now: bool) -> None: ...
+
+    def notify_systemd(self, text: str) -> None: ...
+
+    def publish(self) -> object: ...
+
+    def gpus_seen(self) -> list[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Executed:
+    """What :meth:`DaemonCore.step` did: the effects carried out (tests read them)."""
+
+    effects: tuple[Effect, ...]
 
 
 class DaemonCore:
-    """The daemon's state, written here only, and the one applier of what the rooms decide."""
+    """The daemon's state (replaced by the model's ``step`` only) and the one executor."""
 
-    def __init__(
-        self,
-        config: Config,
-        clock: Clock,
-        reporter: Recorder,
-        ended_runs: EndedRuns,
-        gpu: GpuWatch,
-        publish: Callable[[], object],
+    def __init__(self, state: DaemonState, clock: Clock, reporter: Recorder, hands: Hands) -> None:
+        self.state, self.clock, self.reporter, self.hands = state, clock, reporter, hands
+        self.run: Run | None = None  # the current (or last) run: the shell's handles
+
+    @property
+    def loop(self) -> LoopState:
+        """The loop's state."""
+        return self.state.loop
+
+    @property
+    def deadlines(self) -> Deadlines:
+        """The deadline table."""
+        return self.state.deadlines
+
+    @property
+    def ledger(self) -> Ledger:
+        """The counters kept between runs."""
+        return self.state.ledger
+
+    # -- the one way in ----------------------------------------------------------------------
+
+    def step(self, run: Run | None, heard: Input, *, run_no: int | None = None) -> Executed:
+        """Hand ``heard`` to the model, keep the next state, carry out the effects (for
+        ``run``; ``run_no``: a run with no handles, one a dead daemon lost)."""
+        self.state, effects = step(self.state, heard, self.clock.monotonic())
+        self.execute(run, effects, run_no=run_no)
+        return Executed(effects)
+
+    def apply(
+        self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
     ) -> None:
-        self.config, self.clock, self.reporter = config, clock, reporter
-        self.ended_runs, self.gpu, self.publish = ended_runs, gpu, publish
-        self.loop = LoopState()
-        self.timers = Timers()
-        self.ledger = Ledger()
-        self.run: Run | None = None  # the current (or last) run
-        self._rng = random.Random()
-
-    # -- the status throttle, the deadlines --------------------------------------------
+        """Effects an adapter decided, through the model (``publish``: then write the status)."""
+        tail: tuple[Effect, ...] = (Publish(),) if publish else ()
+        self.step(run, Decided((*effects, *tail)))
 
     def changed(self) -> None:
         """Something status shows changed: state.json is written within the throttle."""
-        self.timers.state_dirty = True
+        self.step(self.run, StatusChanged())
 
-    def published(self, now: float) -> None:
-        """The status was just written."""
-        self.timers.state_dirty, self.timers.last_state_write = False, now
-
-    def take_due(self, deadline: Deadline, now: float) -> bool:
-        """True (and the deadline cleared) when ``deadline`` is set and has come."""
-        at = getattr(self.timers, deadline.value)
-        if at is None or now < at:
+    def due(self, deadline: Deadline) -> bool:
+        """``deadline`` has come: handed to the model (which clears it); False: not due."""
+        if not self.state.deadlines.is_due(deadline, self.clock.monotonic()):
             return False
-        setattr(self.timers, deadline.value, None)
+        self.step(self.run, DeadlineDue(deadline))
         return True
 
-    # -- conclude and apply --------------------------------------------------------------
+    # -- the executor -----------------------------------------------------------------------
 
-    def conclude(self, run: Run | None, facts: RunFacts) -> None:
-        """Decide the run's end (pure) and carry it out."""
-        outcome = conclude(
-            facts,
-            history=self.ledger.history,
-            policy=self.config.restart,
-            alerts_on=self.config.alerts.on,
-            jitter=self._rng.random(),
-            incident=self.ledger.incident,
-        )
-        self.apply(run, outcome.effects, run_no=facts.run_no, publish=run is not None)
-
-    def apply(
-        self,
-        run: Run | None,
-        effects: Sequence[Effect],
-        /,
-        *,
-        run_no: int | None = None,
-        publish: bool = False,
+    def execute(
+        self, run: Run | None, effects: Sequence[Effect], *, run_no: int | None = None
     ) -> None:
-        """Carry out ``effects`` in order; ``publish``: then write the status once (a lost
-        run concluded at start-up leaves state.json to the first launch, which reads it)."""
+        """Carry out ``effects`` in order: the only code in the daemon that acts."""
         number = run_no if run_no is not None else (run.run_no if run is not None else 0)
         for effect in effects:
-            self._apply_one(run, number, effect)
-        if publish:
-            self.publish()
+            self._execute_one(run, number, effect)
 
-    def _apply_one(self, run: Run | None, number: int, effect: Effect) -> None:
-        timers, ledger = self.timers, self.ledger
+    def _execute_one(self, run: Run | None, number: int, effect: Effect) -> None:
+        hands = self.hands
         match effect:
             case WriteRecord(event, fields, level, wait, record_run):
                 at = number if record_run is None else record_run
                 self.reporter.record(at, event, log_level=level, wait_s=wait, **fields)
-            case RecordHistory():
-                self.reporter.record_history(effect.write)
-            case Book():
-                ledger.take(effect)
-            case Account(cost, died_mono, relaunch):
-                ledger.goodput.ended(cost, died_mono, relaunch=relaunch)
-            case RunLaunched(started_mono):
-                self.run = run  # the current run from now on (launched, or failed to spawn)
-                ledger.goodput.launched(started_mono)
-            case StopAsked(at):
-                self.loop.stop_requested = True
-                ledger.goodput.stopping(at)
-                timers.restart_at = timers.release_check_at = None
+            case RecordHistory(run_no, ended_at, row):
+                self.reporter.record_history(lambda db: db.ended(run_no, ended_at=ended_at, **row))
             case SendAlert(kind, reason, fields):
                 step = run.progress.step if run is not None else None
-                self.reporter.alert(number, step, kind, reason, fields, list(self.gpu.last))
+                self.reporter.alert(number, step, kind, reason, fields, hands.gpus_seen())
                 if run is not None:
                     run.alerted.add(kind)
             case SettleProcesses(kill_now):
                 if run is not None:
-                    self.ended_runs.settle(run, kill_now=kill_now)
+                    hands.settle(run, kill_now=kill_now)
             case KillHolders(pids):
                 custody = run.custody if run is not None else None
                 if custody is not None:  # each a holder proven to belong to the dead run
                     for pid in pids:
                         custody.signal_pid(pid, signal.SIGKILL)
-            case EnterState(state):
-                self.loop.enter(state)
-            case RestartIn(delay_s):
-                timers.restart_at = self.clock.monotonic() + delay_s
-            case SetTimer(deadline, at):
-                setattr(timers, deadline.value, at)
-            case ExitDaemon(code):
-                self.loop.end_with(code)
-                timers.stop_deadline = None
+            case RunLaunched():
+                self.run = run  # the current run from now on (launched, or failed to spawn)
+            case Launch():
+                launched, answer = hands.launch(effect)
+                self.step(launched, answer)
+                hands.after_launch(launched, answer)
+            case LookForRelease():
+                self.step(run, hands.look_for_release(run, self.clock.monotonic()))
+            case StopRun(timeout_s):
+                if run is not None:
+                    hands.stop_run(run, timeout_s)
+            case StopTimedOut():
+                hands.stop_timed_out(run)
+            case Publish():
+                hands.publish()
+            case NotifySystemd(text):
+                hands.notify_systemd(text)
+            case _:  # a change to the state reaches here only through a bug in fold
+                raise TypeError(f"not an effect the executor carries out: {effect!r}")
 
     def daemon_failed(self, run: Run | None, exc: BaseException) -> None:
         """The last-resort guard: the daemon itself failed; say so, and end as fatal."""
@@ -169,6 +185,6 @@ class DaemonCore:
         run_no = run.run_no if run is not None else 0
         fields: dict[str, Any] = {"reason": "daemon_error", "error": repr(exc), "traceback": text}
         self.reporter.record(run_no, Event.FATAL, log_level="error", **fields)
-        self.loop.state = State.FATAL  # past the table: the daemon itself failed
-        self.loop.end_with(EXIT_FATAL)
-        self.ledger.take(Book(fatal_reason="daemon_error"))
+        loop = replace(self.state.loop, state=State.FATAL)  # past the table: the daemon failed
+        ledger = self.state.ledger.took(Book(fatal_reason="daemon_error"))
+        self.state = replace(self.state, loop=loop.ended_with(EXIT_FATAL), ledger=ledger)

@@ -1,83 +1,70 @@
-"""The daemon: the selector loop, timers, launch, reap and shutdown (what gunicorn's arbiter keeps).
+"""The daemon's shell: the selector loop, and what woke it turned into the model's inputs.
 
-The daemon's state (loop state, timers, ledger, the current run) is owned and written by
-:mod:`core` alone, which applies the effects every room returns.  Everything else lives in
-its own room and is called through a small interface: a run after another (:mod:`runs`),
-the run (:mod:`run`), progress (:mod:`progress`), the GPU watch (:mod:`gpuwatch`), the end of
-a run (:mod:`ending`, pure), status (:mod:`snapshot`), the run's processes (:mod:`custody`,
-through the :mod:`groups` seam), recovery (:mod:`recovery`) and control (:mod:`control`).
-The :class:`Seams` put a test's clock, processes, GPUs and dumps in place of the host.  Threads
-(pipe drains, the log writer, the GPU poller, alert sinks, custody watchers) never call into
-the loop: they post a message to the inbox and poke the wake pipe.  Signal handlers do
-nothing: ``set_wakeup_fd`` carries the signal number to the same pipe.  Death is SIGCHLD
-plus ``wait4`` on the child's pid, never pipe EOF.
-Time comes from an injected :class:`Clock`, processes from an injected :class:`ProcessOps`,
-so the loop tests drive this very code with a manual clock and scripted children.
+Each wake-up (a signal, a datagram, a deadline of the table, a thread's message) becomes an
+input to :meth:`~dflashd.supervisor.core.DaemonCore.step`; the core keeps the state and
+executes the effects.  Threads never call into the loop: they post to the inbox and poke
+the wake pipe; signal handlers do nothing (``set_wakeup_fd``).  Death is SIGCHLD plus
+``wait4`` on the child's pid, never pipe EOF.  The :class:`Seams` put a test's clock,
+processes, GPUs and dumps in place of the host.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
-from dflashd.supervisor.clock import Clock, SystemClock
-from dflashd.supervisor.config import Config
+from dflashd.supervisor.carryover import carried_over
 from dflashd.supervisor.core import DaemonCore
-from dflashd.supervisor.decide.effects import Deadline, SetTimer
-from dflashd.supervisor.decide.hang import HangSampled
 from dflashd.supervisor.endedruns import EndedRuns
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.clock import SystemClock
+from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.groups import HostProcesses
-from dflashd.supervisor.host.processops import ProcessOps
-from dflashd.supervisor.host.recovery import Restored, boot_id, restore
-from dflashd.supervisor.host.runlog import unsaved_progress
+from dflashd.supervisor.host.home import Home
+from dflashd.supervisor.host.notify import NotifyMessage, SystemdNotifier
+from dflashd.supervisor.host.recovery import boot_id
 from dflashd.supervisor.host.spawn import set_child_subreaper
 from dflashd.supervisor.inbox import GpuSampled, Inbox, RunEmptied
 from dflashd.supervisor.launcher import Launcher
-from dflashd.supervisor.ledger import Ledger
-from dflashd.supervisor.lifecycle import LoopState, State
-from dflashd.supervisor.liverun import LiveRunControl
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.liverun import LiveRunControl, stacks_command
+from dflashd.supervisor.model.bounds import MAX_SECONDS
+from dflashd.supervisor.model.deadlines import Deadline, Deadlines
+from dflashd.supervisor.model.effects import SetTimer
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.hang import HangSampled
+from dflashd.supervisor.model.inputs import (
+    ChildExited,
+    Emptied,
+    Started,
+    StatusWritten,
+    StopRequested,
+)
+from dflashd.supervisor.model.ledger import Ledger
+from dflashd.supervisor.model.lifecycle import LoopState
+from dflashd.supervisor.model.stacks import StacksTaken
+from dflashd.supervisor.model.step import DaemonState, Rules
 from dflashd.supervisor.runs import FirstLaunch, LoopHooks, RunRooms, Runs
+from dflashd.supervisor.seams import Seams, StartupError
+from dflashd.supervisor.snapshot import goodput_totals, status_view
 from dflashd.supervisor.speak.control import stop_handler
 from dflashd.supervisor.speak.daemonlog import reopen_daemon_log
 from dflashd.supervisor.speak.diagnostics import get_logger
 from dflashd.supervisor.speak.doors import Doors
 from dflashd.supervisor.speak.reporter import MetricsUnavailable, Reporter
-from dflashd.supervisor.speak.snapshot import goodput_totals, status_view
 from dflashd.supervisor.speak.statusview import StatusView, one_line, read_state
-from dflashd.supervisor.timers import Timers
-from dflashd.supervisor.watch.gpuwatch import GpuSettings, GpuWatch, SamplerFactory
-from dflashd.supervisor.watch.linewatch import LineMatcher, LineTap, LineWatcher
-from dflashd.supervisor.watch.notify import NotifyMessage, SystemdNotifier
+from dflashd.supervisor.watch.gpuwatch import GpuSettings, GpuWatch
+from dflashd.supervisor.watch.linewatch import LineMatcher, LineWatcher
 from dflashd.supervisor.watch.nvml import NvmlSampler
 from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.progress import Limits
-from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper, StackDumps
-from dflashd.supervisor.watch.stacks import StacksTaken
+from dflashd.supervisor.watch.run import Run
+from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, StackDumps
 
 _WAKE: Final = b"\x00"
 log = get_logger("dflashd")
-
-
-class StartupError(Exception):
-    """Something the daemon needs before launching is unusable; nothing was launched."""
-
-
-@dataclass(frozen=True, slots=True)
-class Seams:
-    """What a test puts in place of the host (None: the real one): the clock, the processes,
-    the GPU sampler, a tap on the run's frames, the stack dumps."""
-
-    clock: Clock | None = None
-    ops: ProcessOps | None = None
-    sampler_factory: SamplerFactory | None = None
-    line_tap: LineTap | None = None
-    dumps: Dumper | None = None
 
 
 class Daemon:
@@ -100,10 +87,8 @@ class Daemon:
         self.started_wall = clock.time()
         self.inbox = Inbox()
         self._systemd = SystemdNotifier.from_environ(dict(os.environ))
-        matcher = LineMatcher(
-            config.first_step_pattern, config.step_pattern, config.builtin_formats
-        )
         c = config
+        matcher = LineMatcher(c.first_step_pattern, c.step_pattern, c.builtin_formats)
         self._limits = Limits(
             c.first_step_timeout_s, c.stall_timeout_s, c.hang_suspect_s, c.remote_wait_s
         )
@@ -112,22 +97,25 @@ class Daemon:
         self.reporter = Reporter(home, config, self._systemd, clock)
         emptied = lambda run_no: self.inbox.post(RunEmptied(run_no))  # noqa: E731
         self.ended_runs = EndedRuns(self.ops, self.reporter, emptied)
-        self.core = DaemonCore(
-            config, clock, self.reporter, self.ended_runs, self.gpu, self._publish
-        )
+        self.core: DaemonCore  # made below, once the hands it acts through are
+        apply = lambda run, effects, publish=False: self.core.apply(run, effects, publish=publish)  # noqa: E731
         self.observer = RunObserver(
-            self.reporter, self.gpu, self.ops, self.core.ledger, config.alerts.on, self.core.apply
+            self.reporter, self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, apply
         )
         self.dumps = seams.dumps or StackDumps(
             home, self.reporter, self.inbox.post, clock.monotonic
         )
-        self.live = LiveRunControl(clock, self.reporter, self.observer, self._limits, self.dumps)
+        table = lambda: self.core.deadlines  # noqa: E731
+        self.live = LiveRunControl(
+            clock, self.reporter, self.observer, self._limits, self.dumps, table
+        )
         tap = seams.line_tap
         watcher = lambda run_no: LineWatcher(run_no, matcher, clock.monotonic, self.inbox.post, tap)  # noqa: E731
         launcher = Launcher(home, config, clock, self.ops, self.reporter, self.gpu, watcher)
+        r = self.reporter
         rooms = RunRooms(
             self.ops,
-            self.reporter,
+            r,
             self.gpu,
             self.observer,
             launcher,
@@ -136,7 +124,11 @@ class Daemon:
             self._systemd,
         )
         hooks = LoopHooks(self._last_words, self._publish, on_first_launch)
-        self.runs = Runs(config, clock, self.core, rooms, hooks)
+        self.runs = Runs(clock, rooms, hooks)
+        every = self._systemd.watchdog_interval_s
+        rules = Rules(config.restart, config.alerts.on, every)
+        self.core = DaemonCore(DaemonState(rules), clock, self.reporter, self.runs)
+        self.runs.current = lambda: self.core.run
         self.doors: Doors | None = None
 
     @property
@@ -145,9 +137,9 @@ class Daemon:
         return self.core.loop
 
     @property
-    def timers(self) -> Timers:
-        """The loop's deadlines (the core owns them)."""
-        return self.core.timers
+    def deadlines(self) -> Deadlines:
+        """The deadline table (the core holds it)."""
+        return self.core.deadlines
 
     @property
     def ledger(self) -> Ledger:
@@ -175,10 +167,7 @@ class Daemon:
             self.close()
         return self.loop.exit_code
 
-    @property
-    def state(self) -> State:
-        """The daemon's state (see :class:`LoopState`)."""
-        return self.loop.state
+    state = property(lambda self: self.loop.state, doc="The daemon's state (a :class:`State`).")
 
     @property
     def run(self) -> Run | None:
@@ -186,12 +175,19 @@ class Daemon:
         return self.core.run
 
     def reap(self) -> None:
-        """SIGCHLD: see :meth:`Runs.reap`."""
-        self.runs.reap()
+        """SIGCHLD: the child's death (its facts) goes to the model (:meth:`Runs.reap`)."""
+        run = self.run
+        died = self.runs.reap(run)
+        if died is not None:
+            self.core.step(run, died)
 
     def request_stop(self, timeout_s: float) -> None:
-        """``dflashd stop``, SIGTERM, SIGINT: see :meth:`Runs.request_stop`."""
-        self.runs.request_stop(timeout_s)
+        """``dflashd stop``, SIGTERM, SIGINT: SIGTERM to the run's group, SIGKILL after
+        ``timeout_s`` (the config's when out of range), then exit."""
+        if not math.isfinite(timeout_s) or not 0 <= timeout_s <= MAX_SECONDS:
+            timeout_s = self.config.restart.stop_timeout_s
+        run = self.run
+        self.core.step(run, StopRequested(timeout_s, run is not None and run.alive))
 
     def open(self) -> None:
         """Everything before the loop: history, sockets, recovery, GPUs, metrics, the first launch."""
@@ -201,15 +197,25 @@ class Daemon:
         handlers = {
             "status": lambda _: self._status_shown(),
             "stop": stop,
-            "stacks": lambda req: self.live.command(self.run, req),
+            "stacks": lambda req: stacks_command(self.dumps, self.reporter.log_path, self.run, req),
         }
         self.doors = Doors(
             self.home, self.clock, self.inbox.read_fd, handlers, self.reporter.home_dir.fd
         )
-        restored = _restore(self, read_state(self.home.state_file, self.reporter.home_dir.fd) or {})
+        previous = read_state(self.home.state_file, self.reporter.home_dir.fd) or {}
+        restored = carried_over(
+            previous,
+            reporter=self.reporter,
+            ops=self.ops,
+            clock=self.clock,
+            home=self.home,
+            boot_id=self.boot_id,
+            stop_s=self.config.restart.stop_timeout_s,
+        )
         self.core.apply(None, restored.effects)
         if restored.lost is not None:  # a run the dead daemon never saw end: concluded as any other
-            self.core.conclude(None, restored.lost)
+            lost = ChildExited(restored.lost, random.random(), publish=False)
+            self.core.step(None, lost, run_no=restored.lost.run_no)
         child_pid = lambda: self.run.pid if self.run else None  # noqa: E731
         off = self.gpu.begin(
             self.config.gpus_enabled, self._sampler_factory, child_pid, self.inbox.post_gpu
@@ -221,7 +227,7 @@ class Daemon:
             raise StartupError(str(exc)) from None
         if self._systemd.watchdog_interval_s:
             self.core.apply(None, (SetTimer(Deadline.WATCHDOG, self.clock.monotonic()),))
-        self.runs.launch()
+        self.core.step(None, Started())
         if self.gpu.poller is not None:
             self.gpu.poller.start()  # after the launch: the first poll already sees the child
 
@@ -234,7 +240,9 @@ class Daemon:
         for message in self.inbox.messages():
             now = self.clock.monotonic()
             if isinstance(message, RunEmptied):
-                self.runs.emptied(message.run_no, now)
+                run = self.run
+                current, alive = (run.run_no, run.alive) if run is not None else (None, False)
+                self.core.step(run, Emptied(message.run_no, current, alive))
             elif isinstance(message, StacksTaken):
                 self.live.taken(self.run, message)
             elif isinstance(message, HangSampled):
@@ -272,7 +280,12 @@ class Daemon:
     def next_timeout(self) -> float | None:
         """How long the selector may sleep: None when nothing is due (no periodic wake-ups)."""
         expiry = self.doors.next_expiry() if self.doors is not None else None
-        return self.timers.next_timeout(self.run, self._limits, self.clock.monotonic(), expiry)
+        run = self.run
+        stall = step_due = None
+        if run is not None and run.alive:
+            step_due = run.watcher.due() if run.watcher is not None else None  # a pending step
+            stall = None if run.ended_by_us else run.progress.stall_deadline(self._limits)
+        return self.deadlines.next_timeout(self.clock.monotonic(), expiry, step_due, stall)
 
     def _on_wake(self) -> None:
         for signum in self.inbox.signals():
@@ -300,18 +313,14 @@ class Daemon:
         now = self.clock.monotonic()
         run = self.run
         core = self.core
-        if core.take_due(Deadline.WATCHDOG, now):
-            self._systemd.notify("WATCHDOG=1")
-            every = self._systemd.watchdog_interval_s or 1.0
-            core.apply(run, (SetTimer(Deadline.WATCHDOG, now + every),))
+        core.due(Deadline.WATCHDOG)
         watcher = run.watcher if run is not None and run.alive else None
         if watcher is not None and watcher.flush_if_due(now):
             self._process_inbox()  # a step printed, then quiet: counted now
-        self.live.check(run, now, stop_due=core.take_due(Deadline.STOP, now))
-        for due in (Deadline.RESTART, Deadline.RELEASE_CHECK):
-            if core.take_due(due, now):
-                self.runs.relaunch_when_released(now)
-        if core.timers.state_write_due(now):
+        self.live.check(run, now)
+        for deadline in (Deadline.STOP, Deadline.RESTART, Deadline.RELEASE_CHECK):
+            core.due(deadline)
+        if core.deadlines.state_write_due(now):
             self._publish()
 
     # -- control and status ---------------------------------------------------------------
@@ -328,7 +337,7 @@ class Daemon:
 
     def _publish(self, view: StatusView | None = None, *, shown: bool = False) -> str:
         """state.json, metrics and systemd's STATUS= from one snapshot; returns its one line."""
-        self.core.published(self.clock.monotonic())
+        self.core.step(self.run, StatusWritten())
         view = view or self.status()  # built once per publish
         summary = one_line(view)
         self.reporter.publish(view, summary)
@@ -350,51 +359,34 @@ class Daemon:
         Never raises: each step that fails (out of descriptors, a full disk) is logged and
         the next one still runs, so the log is always flushed and closed.
         """
-        run = self.run
-        own = isinstance(self.ops, HostProcesses)
         self.runs.fd_reserve.release()  # the last steps may need descriptors the job's end did not free
-        steps: list[tuple[str, Callable[[], object]]] = [
-            ("alerts", self.reporter.alerts.close),  # first: an alert going out is not swept
-            ("sweep", lambda: self.ended_runs.sweep(run, own_descendants=own)),
-            ("drains", lambda: [d.wait_eof(2.0) for d in (run.drains if run is not None else ())]),
-            ("gpu", self.gpu.stop),
-            (
-                "daemon_exit",
-                lambda: self.reporter.record(
-                    run.run_no if run else 0, Event.DAEMON_EXIT, state=self.state.value
-                ),
-            ),
-            # a refused start leaves status as it was: no phantom "starting" state
-            ("state", lambda: self._publish() if self._opened else None),
-            ("goodput", lambda: self._save_goodput(ended=True) if self._opened else None),
-            ("reporter", self.reporter.close),
-            ("doors", lambda: self.doors.close() if self.doors is not None else None),
-            ("inbox", self.inbox.close),
-            ("cgroups", self.ops.close),
-        ]
-        for name, step in steps:
+        for name, step in _closing_steps(self):
             try:
                 step()
             except Exception as exc:
                 log.error("close_step_failed", step=name, error=repr(exc))
 
 
-def _restore(daemon: Daemon, previous: dict[str, Any]) -> Restored:
-    """What start-up carries over (:func:`~dflashd.supervisor.host.recovery.restore`, pure),
-    once what a dead daemon left is ended, proven ours (the host's part)."""
-    history, writer = daemon.reporter.history, daemon.reporter.writer
-    saved = history.goodput() if history is not None else None
-    now_wall, now_mono = daemon.clock.time(), daemon.clock.monotonic()
-    stop_s = daemon.config.restart.stop_timeout_s
-    leftovers = daemon.ops.recover(previous, daemon.boot_id, stop_s)
-    logged = unsaved_progress(saved, previous, daemon.home.logs)
-    return restore(
-        previous,
-        saved_goodput=saved,
-        leftovers=leftovers,
-        torn_bytes=writer.torn_bytes,
-        last_run=writer.last_run,
-        now_wall=now_wall,
-        now_mono=now_mono,
-        logged=logged,
-    )
+def _closing_steps(daemon: Daemon) -> list[tuple[str, Callable[[], object]]]:
+    """What closing does, in order, each step on its own (:meth:`Daemon.close`)."""
+    run = daemon.run
+    own = isinstance(daemon.ops, HostProcesses)
+    return [
+        ("alerts", daemon.reporter.alerts.close),  # first: an alert going out is not swept
+        ("sweep", lambda: daemon.ended_runs.sweep(run, own_descendants=own)),
+        ("drains", lambda: [d.wait_eof(2.0) for d in (run.drains if run is not None else ())]),
+        ("gpu", daemon.gpu.stop),
+        (
+            "daemon_exit",
+            lambda: daemon.reporter.record(
+                run.run_no if run else 0, Event.DAEMON_EXIT, state=daemon.state.value
+            ),
+        ),
+        # a refused start leaves status as it was: no phantom "starting" state
+        ("state", lambda: daemon._publish() if daemon._opened else None),
+        ("goodput", lambda: daemon._save_goodput(ended=True) if daemon._opened else None),
+        ("reporter", daemon.reporter.close),
+        ("doors", lambda: daemon.doors.close() if daemon.doors is not None else None),
+        ("inbox", daemon.inbox.close),
+        ("cgroups", daemon.ops.close),
+    ]

@@ -14,12 +14,12 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from dflashd.supervisor.events import Event
 from dflashd.supervisor.host.custody import end_adopted
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.proof import RunCustody
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.speak.recorder import Recorder
+from dflashd.supervisor.watch.run import Run
 
 LEFTOVER_GRACE_S: Final = 3.0  # a dead run's leftovers: between SIGTERM and SIGKILL
 # Leftovers that hold no state of the job's, so no grace: SIGKILL at once.  Inductor's compile

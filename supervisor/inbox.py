@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dflashd.supervisor.decide.hang import HangSampled
+from dflashd.supervisor.model.hang import HangSampled
+from dflashd.supervisor.model.stacks import StacksTaken
 from dflashd.supervisor.watch.linewatch import LinesSeen
 from dflashd.supervisor.watch.nvml import GpuSample
-from dflashd.supervisor.watch.stacks import StacksTaken
 
 _WAKE: Final = b"\x00"
 # Every signal whose default would end or stop the daemon silently gets a handler that does

@@ -17,11 +17,10 @@ from typing import Any, Final
 
 from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor import __version__
-from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.config import Config
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.home import Home
 from dflashd.supervisor.host.caches import clear_owned_cache, extensions_root, prepare_caches
+from dflashd.supervisor.host.clock import Clock
+from dflashd.supervisor.host.config import Config
+from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.spawn import (
     FLIGHT_FILE,
@@ -31,7 +30,7 @@ from dflashd.supervisor.host.spawn import (
     dflashd_env,
     flight_recorder_env,
 )
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.speak.diagnostics import bind_run, get_logger
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.speak.statusview import read_state
@@ -39,6 +38,7 @@ from dflashd.supervisor.watch.elastic import ElasticState, scan_frame, torchrun_
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.linewatch import LineWatcher
 from dflashd.supervisor.watch.progress import Progress
+from dflashd.supervisor.watch.run import Run
 
 log = get_logger("dflashd")
 

@@ -1,7 +1,7 @@
 """Ending a live run: the one room that decides when dflashd ends a run that has not died.
 
 Four ways, each with its deadline kept here: ``dflashd stop`` (SIGTERM to the job's group,
-SIGKILL past ``stop_timeout_s``), a proven hang (:func:`dflashd.supervisor.decide.hang.decide` says
+SIGKILL past ``stop_timeout_s``), a proven hang (:func:`dflashd.supervisor.model.hang.decide` says
 so from sampled stacks; this room applies it), a stall (the progress deadline passed and the
 evidence says stuck), and no GPU memory past its grace (the GPU watch's verdict).  Before every kill
 dflashd decides, it dumps the run's stacks with py-spy (the job keeps running meanwhile) and
@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import signal
 import statistics
+from collections.abc import Callable
 from typing import Any, Final
 
-from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.decide.effects import Deadline, SendAlert, SetTimer
-from dflashd.supervisor.decide.hang import (
+from dflashd.supervisor.host.caches import file_age, stale_build_locks
+from dflashd.supervisor.host.clock import Clock
+from dflashd.supervisor.model.deadlines import Deadline, Deadlines
+from dflashd.supervisor.model.effects import SendAlert, SetTimer
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.hang import (
     SAMPLES,
     EndHung,
     Finding,
@@ -32,17 +36,15 @@ from dflashd.supervisor.decide.hang import (
     Wait,
     decide,
 )
-from dflashd.supervisor.decide.startup import StartupStuck, startup_decide
-from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
-from dflashd.supervisor.decide.world import WAITING, WORKING, Share, share_of, world_summary
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.host.caches import file_age, stale_build_locks
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.model.stacks import StacksTaken, alert_lines
+from dflashd.supervisor.model.startup import StartupStuck, startup_decide
+from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.model.world import WAITING, WORKING, Share, share_of, world_summary
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.progress import Limits
+from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper
-from dflashd.supervisor.watch.stacks import StacksTaken, alert_lines
 
 DUMP_GRACE_S: Final = 3.0  # between SIGABRT (faulthandler's dump) and SIGKILL
 
@@ -83,9 +85,19 @@ class LiveRunControl:
         observer: RunObserver,
         limits: Limits,
         dumps: Dumper,
+        deadlines: Callable[[], Deadlines],
     ) -> None:
         self.clock, self.reporter, self.observer = clock, reporter, observer
-        self.limits, self.dumps = limits, dumps
+        self.limits, self.dumps, self.deadlines = limits, dumps, deadlines
+
+    def _kill_at(self, run: Run, at: float | None) -> None:
+        """The run's SIGKILL at ``at`` (None: not waited for), in the deadline table."""
+        self.observer.apply(run, (SetTimer(Deadline.KILL, at),))
+
+    def _hang_at(self, run: Run, at: float | None) -> None:
+        """The next hang look at ``at``, in the deadline table (a wake-up only)."""
+        if self.deadlines().hang_at != at:
+            self.observer.apply(run, (SetTimer(Deadline.HANG, at),))
 
     def stop(self, run: Run, timeout_s: float) -> None:
         """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
@@ -121,7 +133,7 @@ class LiveRunControl:
             then="SIGKILL",
             bound_s=STACKS_BOUND_S,
         )
-        run.kill_at_mono = self.clock.monotonic() + STACKS_BOUND_S  # the dump's bound
+        self._kill_at(run, self.clock.monotonic() + STACKS_BOUND_S)  # the dump's bound
 
     def _faulthandler(self, run: Run, why: str, event: Event, py_spy: str | None) -> None:
         """The fallback: faulthandler prints every thread's Python stack on SIGABRT."""
@@ -135,7 +147,7 @@ class LiveRunControl:
         # SIGCONT after it, so a stopped (SIGSTOPped) child wakes up to take it.
         custody.signal_root(signal.SIGABRT)
         custody.signal_group(signal.SIGCONT)
-        run.kill_at_mono = self.clock.monotonic() + DUMP_GRACE_S
+        self._kill_at(run, self.clock.monotonic() + DUMP_GRACE_S)
 
     def taken(self, run: Run | None, message: StacksTaken) -> None:
         """A dump finished: its record and file; a kill that waited for it goes ahead now."""
@@ -149,7 +161,7 @@ class LiveRunControl:
         if not run.alive or run.custody is None:
             return
         if message.dump.ok:
-            run.kill_at_mono = None
+            self._kill_at(run, None)
             run.custody.kill_all()
         else:  # py-spy could not read the run (a seccomp profile, say): faulthandler's dump
             self._faulthandler(run, message.dump.trigger, Event.ENDING_RUN, message.dump.error)
@@ -172,16 +184,17 @@ class LiveRunControl:
             now,
             stale_lock=bool(locks),
         )
-        run.hang_due = None
+        self._hang_at(run, None)
         match action:
             case Wait(until=until):
-                run.hang_due = until
+                self._hang_at(run, until)
             case TakeSample():
                 watch.sampling = True
                 self.dumps.sample(run)
             case NewRound(at=at):
                 watch.samples.clear()
-                watch.next_round_at = run.hang_due = at
+                watch.next_round_at = at
+                self._hang_at(run, at)
             case StartupStuck(judgement=judgement):
                 watch.samples.clear()
                 self._startup_named(run, judgement, locks, now)
@@ -230,10 +243,10 @@ class LiveRunControl:
         )
         limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
         action = decide(view, watch.evidence(), now, limits)
-        run.hang_due = None
+        self._hang_at(run, None)
         match action:
             case Wait(until=until):
-                run.hang_due = until
+                self._hang_at(run, until)
             case TakeSample():
                 if not watch.samples:
                     watch.rounds += 1
@@ -250,7 +263,7 @@ class LiveRunControl:
                     watch.gpu_wait = None
                 elif watch.gpu_wait is None or watch.gpu_wait[0] != judgement.key:
                     watch.gpu_wait = (judgement.key, now)  # the same GPU wait, from here
-                run.hang_due = at
+                self._hang_at(run, at)
                 self._waiting_elsewhere(run, judgement, now, alert)
                 if (judgement.why, world) != (watch.last_finding, watch.last_world):
                     watch.last_finding, watch.last_world = judgement.why, world
@@ -335,27 +348,12 @@ class LiveRunControl:
         )
         run.custody.kill_all()
 
-    def command(self, run: Run | None, request: dict[str, Any]) -> dict[str, Any]:
-        """``dflashd stacks``: start a dump of the live run; the client waits for its record."""
-        if run is None or not run.alive:
-            return {"ok": False, "error": "no live run to dump"}
-        if not self.dumps.available:
-            return {"ok": False, "error": self.dumps.tool()}
-        dump_id = self.dumps.start(run, "command", native=bool(request.get("native")))
-        return {
-            "ok": True,
-            "run": run.run_no,
-            "dump_id": dump_id,
-            "log": str(self.reporter.log_path),
-        }
-
-    def check(self, run: Run | None, now: float, *, stop_due: bool = False) -> None:
-        """The deadlines: the kill after a dump, a hang, a stall, a stop past its timeout
-        (``stop_due``: the core's stop deadline came, and was cleared)."""
+    def check(self, run: Run | None, now: float) -> None:
+        """The live run's deadlines: the kill after a dump, a hang, a stall."""
         live = run is not None and run.alive and run.pid is not None
         if live and run is not None:
-            if run.kill_at_mono is not None and now >= run.kill_at_mono:
-                run.kill_at_mono = None  # a dump past its bound is not waited for any longer
+            if self.deadlines().is_due(Deadline.KILL, now):
+                self._kill_at(run, None)  # a dump past its bound is not waited for any longer
                 if run.custody is not None:
                     run.custody.kill_all()
             if not run.ended_by_us:
@@ -363,11 +361,31 @@ class LiveRunControl:
             stall = None if run.ended_by_us else run.progress.stall_deadline(self.limits)
             if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
                 self.end(run, why)
-        if stop_due:
-            if not live or run is None or run.dump_before_kill is not None:
-                return
-            if self.dumps.available:
-                self._dump_then_kill(run, "stop_timeout", Event.STOP_TIMEOUT)
-            elif run.custody is not None:  # no py-spy: the stop's grace is over, no more waiting
-                self.reporter.record(run.run_no, Event.STOP_TIMEOUT, signal="SIGKILL")
-                run.custody.kill_all()
+
+    def stop_timed_out(self, run: Run | None) -> None:
+        """The stop's grace is over: the stacks (py-spy), then SIGKILL."""
+        live = run is not None and run.alive and run.pid is not None
+        if not live or run is None or run.dump_before_kill is not None:
+            return
+        if self.dumps.available:
+            self._dump_then_kill(run, "stop_timeout", Event.STOP_TIMEOUT)
+        elif run.custody is not None:  # no py-spy: the stop's grace is over, no more waiting
+            self.reporter.record(run.run_no, Event.STOP_TIMEOUT, signal="SIGKILL")
+            run.custody.kill_all()
+
+
+def stacks_command(
+    dumps: Dumper, log_path: object, run: Run | None, request: dict[str, Any]
+) -> dict[str, Any]:
+    """``dflashd stacks``: start a dump of the live run; the client waits for its record."""
+    if run is None or not run.alive:
+        return {"ok": False, "error": "no live run to dump"}
+    if not dumps.available:
+        return {"ok": False, "error": dumps.tool()}
+    dump_id = dumps.start(run, "command", native=bool(request.get("native")))
+    return {
+        "ok": True,
+        "run": run.run_no,
+        "dump_id": dump_id,
+        "log": str(log_path),
+    }

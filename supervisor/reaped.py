@@ -3,7 +3,7 @@
 The death walk reads reap -> conclude -> apply.  This is the reap side: :func:`mark_reaped`
 says the run is over (its phase, its custody no longer trusting the pid) and measures its
 CPU; :func:`reaped_facts` turns the run and its wait status into the
-:class:`~dflashd.supervisor.decide.ending.RunFacts` that :func:`~dflashd.supervisor.decide.ending.conclude`
+:class:`~dflashd.supervisor.model.ending.RunFacts` that :func:`~dflashd.supervisor.model.ending.conclude`
 decides from.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 from typing import Final
 
-from dflashd.supervisor.decide.ending import RunFacts
-from dflashd.supervisor.decide.verdicts import Observations
 from dflashd.supervisor.host.caches import stale_build_locks
 from dflashd.supervisor.host.processops import ProcessOps
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.model.ending import RunFacts
+from dflashd.supervisor.model.verdicts import Observations
+from dflashd.supervisor.watch.run import Run
 
 ELSEWHERE_RECENT_S: Final = 60.0  # a wait elsewhere seen this recently explains a death
 CPU_LIFE_SHARE: Final = 0.1  # a run that used at least this share of a CPU over its life was alive
@@ -87,10 +87,8 @@ def reaped_facts(
     died_mono: float,
     ended_at: float,
     cpu_s: float | None,
-    stopping: bool,
-    stop_at: float | None = None,
 ) -> RunFacts:
-    """Everything :func:`~dflashd.supervisor.decide.ending.conclude` needs about a reaped run."""
+    """Everything :func:`~dflashd.supervisor.model.ending.conclude` needs about a reaped run."""
     tails = {d.src: tuple(d.tail) for d in run.drains}
     duration = died_mono - run.started_mono
     obs = observations(run, status, tails.get("stderr", ()), duration, cpu_s)
@@ -108,7 +106,6 @@ def reaped_facts(
         epoch=run.progress.epoch,
         tail=tails.get("stderr") or tails.get("stdout") or (),
         already_alerted=frozenset(run.alerted),
-        stop_requested=stopping,
         stacks=run.stacks,
         flight_recorder=flight_traces(run),
         hung_after_s=run.hung_after_s,
@@ -119,7 +116,6 @@ def reaped_facts(
         ),
         times=run.times(),
         died_mono=died_mono,
-        stop_at=stop_at,
         hang_evidence=run.hang.last_finding if run.hung_after_s is not None else None,
         waited_elsewhere=waited_elsewhere(run, died_mono),
     )
@@ -146,9 +142,7 @@ def flight_traces(run: Run) -> tuple[str, ...]:
         return ()
 
 
-def spawn_failed_facts(
-    run: Run, error: str, *, ended_at: float, stopping: bool, stop_at: float | None = None
-) -> RunFacts:
+def spawn_failed_facts(run: Run, error: str, *, ended_at: float) -> RunFacts:
     """A launch whose exec failed: nothing ran."""
     return RunFacts(
         run.run_no,
@@ -156,8 +150,6 @@ def spawn_failed_facts(
         0.0,
         ended_at=ended_at,
         already_alerted=frozenset(run.alerted),
-        stop_requested=stopping,
         times=run.times(),
         died_mono=run.started_mono,
-        stop_at=stop_at,
     )

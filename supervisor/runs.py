@@ -1,50 +1,43 @@
-"""One run after another, as the loop sees it: launch, stop, reap, relaunch once released.
+"""One run after another, as the adapters see it: launch, reap, look for the dead run's release.
 
-The death walk starts here and reads reap -> conclude -> apply: :meth:`Runs.reap` takes the
-child's wait status, :meth:`Runs._child_died` counts its last words and gathers the facts
-(:mod:`reaped`), and :meth:`~dflashd.supervisor.core.DaemonCore.conclude` concludes (pure,
-:mod:`ending`) and applies.  What a launch, a deferral, a stop and a release check change is
-said as effects (:mod:`effects`) and carried out by the core, the one writer of the state.  A relaunch waits until nothing of the dead run is left
-(:mod:`endedruns`) and its GPU memory is released (:mod:`gpuwatch`).
+This is the executor's hands (:class:`~dflashd.supervisor.core.Hands`): each call does what
+an effect asks and answers with the model's next input; nothing here decides or writes the
+daemon's state.  The death walk starts here: :meth:`Runs.reap` takes the child's wait status,
+counts its last words and gathers the facts (:mod:`reaped`) into a
+:class:`~dflashd.supervisor.model.inputs.ChildExited`, which the model concludes
+(:func:`~dflashd.supervisor.model.ending.conclude`, pure).  A relaunch waits until nothing of
+the dead run is left (:mod:`endedruns`) and its GPU memory is released (:mod:`gpuwatch`).
 """
 
 from __future__ import annotations
 
-import math
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from dflashd.supervisor.bounds import MAX_SECONDS
-from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.config import Config
-from dflashd.supervisor.core import DaemonCore
-from dflashd.supervisor.decide.effects import (
-    Book,
-    Deadline,
-    Effect,
-    EnterState,
-    RunLaunched,
-    SetTimer,
-    StopAsked,
-    WriteRecord,
-)
 from dflashd.supervisor.endedruns import EndedRuns
-from dflashd.supervisor.events import Event
+from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.host.fdreserve import FdReserve
+from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
-from dflashd.supervisor.lifecycle import State
 from dflashd.supervisor.liverun import LiveRunControl
+from dflashd.supervisor.model.effects import Launch
+from dflashd.supervisor.model.inputs import (
+    ChildExited,
+    Input,
+    Launched,
+    LaunchPutOff,
+    ReleaseLooked,
+)
 from dflashd.supervisor.reaped import mark_reaped, reaped_facts, spawn_failed_facts
-from dflashd.supervisor.run import Run
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
-from dflashd.supervisor.watch.notify import SystemdNotifier
 from dflashd.supervisor.watch.observe import RunObserver
+from dflashd.supervisor.watch.run import Run
 
-LAUNCH_RETRY_S: Final = 1.0  # a launch deferred for want of descriptors is tried again after this
 # The child's last words are already in the pipes: framing them is quick, unless the log's
 # disk pushes back; the sink drops after 2 s of a stalled write, so this bound is never hit
 # by a healthy disk, and the exit record still follows every byte caught up.
@@ -55,7 +48,7 @@ FirstLaunch = Callable[[dict[str, Any]], None]
 
 @dataclass(frozen=True, slots=True)
 class RunRooms:
-    """The rooms a run's life passes through, as :class:`Runs` calls them."""
+    """The adapters a run's life passes through, as :class:`Runs` calls them."""
 
     ops: ProcessOps
     reporter: Recorder
@@ -78,136 +71,98 @@ class LoopHooks:
     on_first_launch: FirstLaunch | None = None
 
 
-def deferred_launch(
-    run_no: int, error: str, *, freed: int, clear_cache: bool, now: float
-) -> tuple[Effect, ...]:
-    """A launch deferred for want of a resource the host gives back: said, the cache
-    clearing kept for the next attempt, tried again after :data:`LAUNCH_RETRY_S`."""
-    fields = {"error": error, "retry_in_s": LAUNCH_RETRY_S, "reserve_freed": freed}
-    return (
-        WriteRecord(Event.LAUNCH_DEFERRED, fields, log_level="warning", run_no=run_no),
-        Book(clear_cache_next=clear_cache),
-        SetTimer(Deadline.RESTART, now + LAUNCH_RETRY_S),
-    )
-
-
-def stop_effects(*, alive: bool, now: float) -> tuple[Effect, ...]:
-    """``dflashd stop``: no relaunch from now on; stopping while a run lives, else stopped."""
-    stopping = (StopAsked(now), EnterState(State.STOPPING))
-    return stopping if alive else (*stopping, EnterState(State.STOPPED))
-
-
 class Runs:
-    """The current run and what the loop does to it between launches."""
+    """Launch, reap and release: the executor's hands for a run's life."""
 
-    def __init__(
-        self, config: Config, clock: Clock, core: DaemonCore, rooms: RunRooms, hooks: LoopHooks
-    ) -> None:
-        self.config, self.clock, self.core, self.rooms = config, clock, core, rooms
+    def __init__(self, clock: Clock, rooms: RunRooms, hooks: LoopHooks) -> None:
+        self.clock, self.rooms, self.hooks = clock, rooms, hooks
         self.ops, self.reporter, self.gpu = rooms.ops, rooms.reporter, rooms.gpu
         self.observer, self.launcher, self.live = rooms.observer, rooms.launcher, rooms.live
         self.ended_runs, self.systemd = rooms.ended_runs, rooms.systemd
-        self.hooks = hooks
         self._on_first_launch = hooks.on_first_launch
         self.fd_reserve = FdReserve()
-        self._deferred_run_no: int | None = None
-
-    @property
-    def run(self) -> Run | None:
-        """The current (or last) run (the core holds it)."""
-        return self.core.run
+        self._rng = random.Random()
+        self.current: Callable[[], Run | None] = lambda: None  # the core's current run
 
     # -- launch ---------------------------------------------------------------------------
 
-    def relaunch_when_released(self, now: float) -> None:
-        """Launch once nothing of the dead run lives and its GPU memory is released."""
-        if (wait := self.ended_runs.end_leftovers(self.run, now)) is not None:
-            # nothing of the dead run lives into the next
-            self.core.apply(self.run, (SetTimer(Deadline.RELEASE_CHECK, wait),))
-            return
-        check = self.gpu.release_check(self.run, self.ops, now)
-        self.core.apply(self.run, check.effects)
-        if check.ready:
-            self.launch()
-
-    def emptied(self, run_no: int, now: float) -> None:
-        """The dead run's last process is gone (a custody watcher said so): relaunch now."""
-        run = self.run
-        waiting = self.core.timers.release_check_at is not None
-        if waiting and run is not None and run.run_no == run_no and not run.alive:
-            self.core.apply(run, (SetTimer(Deadline.RELEASE_CHECK, None),))
-            self.relaunch_when_released(now)
-
-    def launch(self) -> None:
-        """The next run: ``spawn`` on disk, the fork, ``launched`` (or a deferral, or a verdict)."""
-        core = self.core
-        clear = core.ledger.clear_cache_next
-        core.apply(self.run, (EnterState(State.STARTING), Book(clear_cache_next=False)))
-        run_no, self._deferred_run_no = self._deferred_run_no, None
-        goodput, now = core.ledger.goodput, self.clock.monotonic()
+    def launch(self, effect: Launch) -> tuple[Run | None, Input]:
+        """The next run: ``spawn`` on disk, the fork; answers launched, put off or spawn failed."""
         try:
             run, error = self.launcher.launch(
-                self.run,
-                clear_cache=clear,
-                run_no=run_no,
-                best_before=goodput.best_before(core.ledger.history.best_step),
-                downtime_s=goodput.downtime_s(now),
+                self.current(),
+                clear_cache=effect.clear_cache,
+                run_no=effect.run_no,
+                best_before=effect.best_before,
+                downtime_s=effect.downtime_s,
             )
         except LaunchDeferred as deferred:
             freed = self.fd_reserve.release()  # room for the records and the next attempt
-            self._deferred_run_no = deferred.run_no
-            effects = deferred_launch(
-                deferred.run_no,
-                deferred.error,
-                freed=freed,
-                clear_cache=clear,
-                now=self.clock.monotonic(),
-            )
-            core.apply(self.run, effects)
-            return
+            put_off = LaunchPutOff(deferred.run_no, deferred.error, freed, effect.clear_cache)
+            return self.current(), put_off
         self.fd_reserve.take()
-        core.apply(run, (RunLaunched(run.started_mono),))  # the current run from now on
         if error is not None:
-            stopping, stop_at = core.loop.stop_requested, goodput.stop_at
-            ended_at = self.clock.time()
-            facts = spawn_failed_facts(
-                run, error, ended_at=ended_at, stopping=stopping, stop_at=stop_at
-            )
-            core.conclude(run, facts)
+            facts = spawn_failed_facts(run, error, ended_at=self.clock.time())
+            return run, ChildExited(facts, self._rng.random(), launched_at=run.started_mono)
+        return run, Launched(run.started_mono)
+
+    def after_launch(self, run: Run | None, answer: Input) -> None:
+        """``start``'s wait is answered, and systemd told READY once the launch is on disk."""
+        if run is None or isinstance(answer, LaunchPutOff):
+            return
+        if isinstance(answer, ChildExited):
+            error = answer.facts.obs.spawn_error
             self._first_launch({"ok": False, "run": run.run_no, "error": f"spawn failed: {error}"})
             return
-        core.apply(run, (EnterState(State.RUNNING),))
-        summary = self.hooks.publish()
         self._first_launch({"ok": True, "run": run.run_no, "pid": run.pid})
         if self.systemd.enabled:  # READY means the launch is in the log: on disk first
             self.reporter.flush(1.0)
-            self.systemd.notify(f"READY=1\nSTATUS={summary}")
+            self.systemd.notify(f"READY=1\nSTATUS={self.hooks.publish()}")
 
     def _first_launch(self, info: dict[str, Any]) -> None:
         callback, self._on_first_launch = self._on_first_launch, None
         if callback is not None:
             callback({**info, "log": str(self.reporter.log_path), "daemon_pid": os.getpid()})
 
-    # -- stop and death -------------------------------------------------------------------
+    def look_for_release(self, run: Run | None, now: float) -> Input:
+        """Is nothing of the dead run left, and its GPU memory released?"""
+        if (wait := self.ended_runs.end_leftovers(run, now)) is not None:
+            return ReleaseLooked(wait)  # nothing of the dead run lives into the next
+        check = self.gpu.release_check(run, self.ops, now)
+        return ReleaseLooked(None, check.effects, check.ready)
 
-    def request_stop(self, timeout_s: float) -> None:
-        """Stop: SIGTERM to the child's group, SIGKILL after ``timeout_s``, then exit."""
-        loop = self.core.loop
-        if loop.stop_requested or loop.done:
-            return
-        if not math.isfinite(timeout_s) or not 0 <= timeout_s <= MAX_SECONDS:
-            timeout_s = self.config.restart.stop_timeout_s
-        run = self.run
-        alive = run is not None and run.alive
-        self.core.apply(run, stop_effects(alive=alive, now=self.clock.monotonic()))
-        self.systemd.notify("STOPPING=1")
-        if run is not None and alive:
+    # -- the executor's other hands ---------------------------------------------------------
+
+    def stop_run(self, run: Run, timeout_s: float) -> None:
+        """SIGTERM to the live run (its control keeps the stop's deadline)."""
+        if run.alive:
             self.live.stop(run, timeout_s)
-        self.hooks.publish()
 
-    def reap(self) -> None:
-        """SIGCHLD: reap the child if it died, then any orphaned zombies."""
-        run = self.run
+    def stop_timed_out(self, run: Run | None) -> None:
+        """The stop's grace is over: the stacks, then SIGKILL."""
+        self.live.stop_timed_out(run)
+
+    def settle(self, run: Run, *, kill_now: bool) -> None:
+        """The dead run's processes: killed now, or left to end before the next launch."""
+        self.ended_runs.settle(run, kill_now=kill_now)
+
+    def notify_systemd(self, text: str) -> None:
+        """One sd_notify message."""
+        self.systemd.notify(text)
+
+    def publish(self) -> str:
+        """Write the status now."""
+        return self.hooks.publish()
+
+    def gpus_seen(self) -> list[dict[str, Any]]:
+        """The GPUs' last sample (an alert carries it)."""
+        return list(self.gpu.last)
+
+    # -- death ----------------------------------------------------------------------------
+
+    def reap(self, run: Run | None) -> ChildExited | None:
+        """SIGCHLD: reap the child if it died (its facts), then any orphaned zombies."""
+        died: ChildExited | None = None
         if run is not None and run.alive and run.pid is not None:
             try:
                 status = self.ops.wait_nohang(run.pid)
@@ -215,14 +170,15 @@ class Runs:
             except ChildProcessError:  # gone, status unknown: never taken for a success
                 status, unknown = None, True
             if status is not None or unknown:
-                self._child_died(run, status)
+                died = self._child_died(run, status)
         keep = self.reporter.helper_pids()
-        if self.run is not None and self.run.alive and self.run.pid is not None:
-            keep.add(self.run.pid)
+        if run is not None and run.alive and run.pid is not None:
+            keep.add(run.pid)
         self.ops.reap_orphans(keep)
+        return died
 
-    def _child_died(self, run: Run, status: int | None) -> None:
-        """The death walk: the last words counted, the facts gathered, concluded, applied."""
+    def _child_died(self, run: Run, status: int | None) -> ChildExited:
+        """The death walk: the last words counted, the facts gathered."""
         died = self.clock.monotonic()
         for drain in run.drains:  # everything it wrote is in the pipes: framed first
             drain.catch_up(CATCH_UP_S)
@@ -232,14 +188,5 @@ class Runs:
         cpu_s = mark_reaped(run, status, self.ops)
         if run.progress.unrecorded:
             self.observer.progress_record(run)  # the curve ends where the run did
-        stopping, ended_at = self.core.loop.stop_requested, self.clock.time()
-        facts = reaped_facts(
-            run,
-            status,
-            died_mono=died,
-            ended_at=ended_at,
-            cpu_s=cpu_s,
-            stopping=stopping,
-            stop_at=self.core.ledger.goodput.stop_at,
-        )
-        self.core.conclude(run, facts)
+        facts = reaped_facts(run, status, died_mono=died, ended_at=self.clock.time(), cpu_s=cpu_s)
+        return ChildExited(facts, self._rng.random())

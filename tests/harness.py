@@ -20,16 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from dflashd.logs import EventRecord, read_records
-from dflashd.supervisor.clock import ManualClock
-from dflashd.supervisor.config import parse_config
-from dflashd.supervisor.daemon import Daemon, Seams
-from dflashd.supervisor.decide.effects import WriteRecord
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.daemon import Daemon
+from dflashd.supervisor.host.clock import ManualClock
+from dflashd.supervisor.host.config import parse_config
+from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.proof import Launched
+from dflashd.supervisor.model.effects import WriteRecord
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.stacks import StacksTaken, summary
+from dflashd.supervisor.seams import Seams
 from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading
-from dflashd.supervisor.watch.stacks import StacksTaken, summary
 
 
 @dataclass

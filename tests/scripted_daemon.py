@@ -14,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find tests/
 
 from dflashd.supervisor.client.start import prepare, run_foreground
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.home import Home
 from tests.harness import ScriptedSampler
 
 

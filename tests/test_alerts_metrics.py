@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dflashd.supervisor.decide.incidents import alert_decision
-from dflashd.supervisor.decide.verdicts import DEFAULT_ALERTS, AlertKind
+from dflashd.supervisor.model.incidents import alert_decision
+from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind
 from dflashd.supervisor.speak.alerts import AlertDispatcher, AlertOutcome, summary_text
 from tests.conftest import Daemon, child
 

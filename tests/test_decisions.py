@@ -7,23 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.supervisor.config import ConfigError, load_config, parse_config
-from dflashd.supervisor.decide.policy import (
+from dflashd.supervisor.host.config import ConfigError, load_config, parse_config
+from dflashd.supervisor.host.notify import parse_notify
+from dflashd.supervisor.model.lifecycle import IllegalTransition, State, transition
+from dflashd.supervisor.model.policy import (
     Action,
     RestartConfig,
     RestartHistory,
     backoff_delay,
     decide,
 )
-from dflashd.supervisor.decide.verdicts import (
+from dflashd.supervisor.model.verdicts import (
     EndedBy,
     Observations,
     Verdict,
     classify,
     reason_from_output,
 )
-from dflashd.supervisor.lifecycle import IllegalTransition, State, transition
-from dflashd.supervisor.watch.notify import parse_notify
 
 SEGV = int(signal.SIGSEGV)
 
@@ -345,7 +345,7 @@ def test_config_defaults_and_override(tmp_path: Path) -> None:
 
 def test_alert_kinds_cover_every_verdict() -> None:
     """AlertKind repeats the verdicts (for static typing): it must never miss one."""
-    from dflashd.supervisor.decide.verdicts import AlertKind, Verdict
+    from dflashd.supervisor.model.verdicts import AlertKind, Verdict
 
     extra = {"fatal", "recovered", "waiting"}  # gave up; trains again; waits on work elsewhere
     assert {v.value for v in Verdict} | extra == {k.value for k in AlertKind}
@@ -354,7 +354,7 @@ def test_alert_kinds_cover_every_verdict() -> None:
 def test_the_same_hang_twice_is_fatal_not_a_third_try() -> None:
     """Issue 41: a hang with the same frames at the same step as the hang before stops with
     one alert (the fatal) instead of spending the restart budget on hanging again."""
-    from dflashd.supervisor.decide.policy import Action, RestartHistory, decide
+    from dflashd.supervisor.model.policy import Action, RestartHistory, decide
 
     frames = ("worker rank 1 pid 4242: acquire (threading.py:320) <- load (data.py:88)",)
 

@@ -3,7 +3,7 @@ docstring (``:mod:``, ``:class:``, ``:func:``, ``:meth:``, ``:data:``, ``:attr:`
 something that exists, and docs/design.md's table of rooms names exactly the supervisor's
 modules.
 
-A reference resolves as written (``dflashd.supervisor.decide.ending.conclude``), from the module's
+A reference resolves as written (``dflashd.supervisor.model.ending.conclude``), from the module's
 package (``ending`` in a supervisor module), or from the module's own names (what it defines
 or imports: ``Ledger.take``).
 """

@@ -9,27 +9,34 @@ from typing import Any
 
 import pytest
 
-from dflashd.supervisor.clock import ManualClock
-from dflashd.supervisor.config import parse_config
 from dflashd.supervisor.core import DaemonCore
-from dflashd.supervisor.decide.effects import (
+from dflashd.supervisor.host.clock import ManualClock
+from dflashd.supervisor.host.recovery import restore
+from dflashd.supervisor.model.deadlines import Deadline
+from dflashd.supervisor.model.effects import (
     Book,
-    Deadline,
     EnterState,
     KillHolders,
+    Launch,
     RunLaunched,
     SetTimer,
     StopAsked,
     WriteRecord,
 )
-from dflashd.supervisor.endedruns import EndedRuns
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.host.recovery import restore
-from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.run import Run
-from dflashd.supervisor.runs import LAUNCH_RETRY_S, deferred_launch, stop_effects
-from dflashd.supervisor.watch.gpuwatch import GpuSettings, GpuWatch, ReleaseCheck
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.goodput import GoodputLedger
+from dflashd.supervisor.model.inputs import (
+    Input,
+    LaunchPutOff,
+    ReleaseLooked,
+    Started,
+    StopRequested,
+)
+from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, deferred_launch, stop_effects
+from dflashd.supervisor.watch.gpuwatch import ReleaseCheck
 from dflashd.supervisor.watch.progress import Progress
+from dflashd.supervisor.watch.run import Run
 
 NOW_WALL = 1_800_000_000.0
 
@@ -148,52 +155,105 @@ def _run(run_no: int, clock: ManualClock) -> Run:
     return Run(run_no, ("job",), now, clock.time(), Progress(started_mono=now))
 
 
-def _core(tmp_path: Path) -> tuple[DaemonCore, Written, ManualClock, list[int]]:
-    clock, written, published = ManualClock(), Written(), [0]
-    config = parse_config({"gpus": "none"})
-    ended = EndedRuns(None, written)  # type: ignore[arg-type]  # settles nothing here
-    gpu = GpuWatch(GpuSettings.from_config(config))
-    publish = lambda: published.__setitem__(0, published[0] + 1)  # noqa: E731
-    core = DaemonCore(config, clock, written, ended, gpu, publish)  # type: ignore[arg-type]
-    return core, written, clock, published
+class Hands:
+    """The executor's hands, scripted: what it was asked to do, in order."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def launch(self, effect: Launch) -> tuple[Run | None, Input]:
+        self.done.append("launch")
+        return None, LaunchPutOff(1, "EMFILE", 0, effect.clear_cache)
+
+    def after_launch(self, run: Run | None, answer: Input) -> None:
+        self.done.append("after_launch")
+
+    def look_for_release(self, run: Run | None, now: float) -> Input:
+        self.done.append("look")
+        return ReleaseLooked(now + 1.0)
+
+    def stop_run(self, run: Run, timeout_s: float) -> None:
+        self.done.append(f"stop_run {timeout_s}")
+
+    def stop_timed_out(self, run: Run | None) -> None:
+        self.done.append("stop_timed_out")
+
+    def settle(self, run: Run, *, kill_now: bool) -> None:
+        self.done.append(f"settle {kill_now}")
+
+    def notify_systemd(self, text: str) -> None:
+        self.done.append(text)
+
+    def publish(self) -> object:
+        self.done.append("publish")
+        return None
+
+    def gpus_seen(self) -> list[dict[str, Any]]:
+        return []
 
 
-def test_the_core_applies_each_effect_and_alone_writes_the_state(tmp_path: Path) -> None:
-    core, written, clock, published = _core(tmp_path)
+def _core(tmp_path: Path) -> tuple[DaemonCore, Written, ManualClock, Hands]:
+    clock, written, hands = ManualClock(), Written(), Hands()
+    core = DaemonCore(DaemonState(), clock, written, hands)  # type: ignore[arg-type]
+    return core, written, clock, hands
+
+
+def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
+    tmp_path: Path,
+) -> None:
+    core, written, clock, hands = _core(tmp_path)
     run = _run(3, clock)
+    before, t = core.state, clock.monotonic()
     core.apply(
         run,
         (
             RunLaunched(run.started_mono),
             EnterState(State.RUNNING),
-            SetTimer(Deadline.STOP, 40.0),
-            SetTimer(Deadline.RELEASE_CHECK, 41.0),
+            SetTimer(Deadline.STOP, t + 40.0),
+            SetTimer(Deadline.RELEASE_CHECK, t + 41.0),
             Book(agent_restarts=1, agent_worker_failures=2),
             WriteRecord(Event.STOPPING, {"signal": "SIGTERM"}),
             WriteRecord(Event.GPU, {"gpus": []}, run_no=0),
         ),
         publish=True,
     )
+    assert before == DaemonState()  # a value: the old state is untouched, the new one kept
     assert core.run is run and core.loop.state is State.RUNNING
-    assert (core.timers.stop_deadline, core.timers.release_check_at) == (40.0, 41.0)
+    assert (core.deadlines.stop_at, core.deadlines.release_check_at) == (t + 40.0, t + 41.0)
     assert (core.ledger.agent_restarts, core.ledger.agent_worker_failures) == (1, 2)
     assert [(n, e) for n, e, _ in written.records] == [(3, Event.STOPPING), (0, Event.GPU)]
-    assert published == [1]
+    assert hands.done == ["publish"]
     core.apply(run, (Book(agent_restarts=1),))  # counters add up; no publish unless asked
-    assert core.ledger.agent_restarts == 2 and published == [1]
+    assert core.ledger.agent_restarts == 2 and hands.done == ["publish"]
     clock.advance(5.0)
-    core.apply(run, (StopAsked(clock.monotonic()), EnterState(State.STOPPING)))
+    core.step(run, StopRequested(7.0, alive=True))
     assert core.loop.stop_requested and core.loop.state.value == "stopping"
-    assert core.timers.release_check_at is None and core.ledger.goodput.stop_at is not None
-    assert core.take_due(Deadline.STOP, 39.0) is False
-    assert core.take_due(Deadline.STOP, 40.0) is True and core.timers.stop_deadline is None
+    assert core.deadlines.release_check_at is None and core.ledger.goodput.stop_at is not None
+    assert hands.done[1:] == ["STOPPING=1", "stop_run 7.0", "publish"]
+    assert core.due(Deadline.STOP) is False  # 5 s in: the grace runs until 40 s
+    clock.advance(35.0)
+    assert core.due(Deadline.STOP) is True and core.deadlines.stop_at is None
+    assert hands.done[-1] == "stop_timed_out"
 
 
 def test_the_core_counts_the_launch_gap_and_the_end_into_goodput(tmp_path: Path) -> None:
-    core, _written, clock, _published = _core(tmp_path)
-    core.ledger.goodput.gap_since = clock.monotonic()  # what restore starts with
+    core, _written, clock, _hands = _core(tmp_path)
+    core.apply(None, (Book(goodput=GoodputLedger(0.0, gap_since=clock.monotonic())),))
     clock.advance(2.0)
     run = _run(1, clock)
     core.apply(run, (RunLaunched(run.started_mono),))
     assert core.ledger.goodput.closed.downtime_s == pytest.approx(2.0)
     assert core.ledger.goodput.gap_since is None  # the run is the open stretch now
+
+
+def test_a_launch_put_off_keeps_its_number_for_the_retry(tmp_path: Path) -> None:
+    core, written, clock, hands = _core(tmp_path)
+    core.step(None, Started())
+    assert hands.done == ["launch", "after_launch"]
+    assert core.state.deferred_run_no == 1 and core.loop.state is State.STARTING
+    assert [e for _, e, _ in written.records] == [Event.LAUNCH_DEFERRED]
+    assert core.deadlines.restart_at == pytest.approx(clock.monotonic() + LAUNCH_RETRY_S)
+    clock.advance(LAUNCH_RETRY_S)
+    assert core.due(Deadline.RESTART) is True
+    assert hands.done[2:] == ["look"]  # the host is asked first: is the dead run gone?
+    assert core.deadlines.release_check_at == pytest.approx(clock.monotonic() + 1.0)

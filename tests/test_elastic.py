@@ -117,7 +117,7 @@ def test_the_node_config_example_is_a_valid_torchrun_job() -> None:
     """systemd/dflashd-node.toml.example (the README's recipe) loads and is read as a node."""
     from pathlib import Path
 
-    from dflashd.supervisor.config import load_config
+    from dflashd.supervisor.host.config import load_config
 
     example = Path(__file__).parent.parent / "systemd" / "dflashd-node.toml.example"
     config = load_config(example)
@@ -149,9 +149,9 @@ CHILD_FAILED_TAIL = [  # torchrun 2.13's summary, as it ends a run whose worker 
 
 def test_a_workers_no_restart_exit_code_is_fatal_through_torchrun() -> None:
     """torchrun exits 1; the worker's 78 (EX_CONFIG) in its summary still makes the run fatal."""
-    from dflashd.supervisor.decide.policy import Action, RestartConfig, RestartHistory, decide
-    from dflashd.supervisor.decide.verdicts import Verdict
-    from dflashd.supervisor.watch.elastic import worker_exit_code
+    from dflashd.supervisor.model.exitcodes import worker_exit_code
+    from dflashd.supervisor.model.policy import Action, RestartConfig, RestartHistory, decide
+    from dflashd.supervisor.model.verdicts import Verdict
 
     assert worker_exit_code(CHILD_FAILED_TAIL) == 78
     assert worker_exit_code(["exitcode  : 78"]) is None  # only under torchrun's Root Cause

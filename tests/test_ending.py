@@ -10,15 +10,15 @@ import signal
 
 import pytest
 
-from dflashd.supervisor.decide.effects import RecordHistory, SendAlert, SettleProcesses, WriteRecord
-from dflashd.supervisor.decide.ending import RunFacts, conclude, lost_facts
-from dflashd.supervisor.decide.incidents import passed, resumed
-from dflashd.supervisor.decide.policy import RestartConfig, RestartHistory
-from dflashd.supervisor.decide.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy, Observations
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.exitcodes import EXIT_FATAL
-from dflashd.supervisor.ledger import Book, Ledger
-from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.model.effects import RecordHistory, SendAlert, SettleProcesses, WriteRecord
+from dflashd.supervisor.model.ending import RunFacts, conclude, lost_facts
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.exitcodes import EXIT_FATAL
+from dflashd.supervisor.model.incidents import passed, resumed
+from dflashd.supervisor.model.ledger import Book, Ledger
+from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.policy import RestartConfig, RestartHistory
+from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy, Observations
 
 POLICY = RestartConfig(early_retries=3, runtime_retries=5, backoff_initial_s=10.0)
 FATAL_ONLY = (AlertKind.FATAL,)
@@ -140,14 +140,14 @@ def test_a_restart_after_a_stall_waits_for_the_recovery() -> None:
         facts, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0
     )
     ledger = Ledger()
-    ledger.take(outcome.book)
+    ledger = ledger.took(outcome.book)
     assert ledger.recovering_from == "stalled"
     assert ledger.restarts_by_verdict == {"stalled": 1} and ledger.restarts_this_daemon == 1
     effects = resumed(ledger.recovering_from, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset())
     assert [e.kind.value for e in effects if isinstance(e, SendAlert)] == ["recovered"]
     quiet = resumed(ledger.recovering_from, alerts_on=FATAL_ONLY, already_alerted=frozenset())
     assert quiet == (Book(recovered=True),)  # the book only: nothing sent
-    ledger.take(Book(recovered=True))
+    ledger = ledger.took(Book(recovered=True))
     assert ledger.recovering_from is None
     # no stall to recover from: the incident closes, nobody is told
     assert resumed(None, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset()) == (
@@ -173,7 +173,7 @@ def test_one_stuck_job_is_one_incident_one_alert_then_the_fatal() -> None:
         )
         for effect in outcome.effects:
             if isinstance(effect, Book):
-                ledger.take(effect)
+                ledger = ledger.took(effect)
         sent += [kind.value for kind, _ in outcome.alerts]
     assert sent == ["stalled", "fatal"]
     assert ledger.fatal_reason == "no_progress_past_step_3"
@@ -192,11 +192,11 @@ def test_an_incident_ends_when_a_run_passes_its_step() -> None:
             jitter=0.0,
             incident=ledger.incident,
         )
-        ledger.take(outcome.book)
+        ledger = ledger.took(outcome.book)
         assert [k.value for k, _ in outcome.alerts] == (["crashed"] if run == 1 else [])
     assert ledger.incident is not None and ledger.incident.step == 100
     assert not passed(ledger.incident, 100) and passed(ledger.incident, 101)
-    ledger.take(Book(recovered=True))
+    ledger = ledger.took(Book(recovered=True))
     facts = RunFacts(3, RUNTIME_CRASH, 10.0, ended_at=1.0, step=150)
     outcome = conclude(facts, history=ledger.history, policy=POLICY, alerts_on=on, jitter=0.0)
     assert [k.value for k, _ in outcome.alerts] == ["crashed"]  # a new incident pages again

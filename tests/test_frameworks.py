@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from dflashd.logs import EventRecord, LineRecord
-from dflashd.supervisor.decide.verdicts import reason_from_output
-from dflashd.supervisor.watch.formats import global_step, match_line
+from dflashd.supervisor.model.formats import global_step, match_line
+from dflashd.supervisor.model.verdicts import reason_from_output
 from dflashd.supervisor.watch.progress import stall_window
 from tests.conftest import Daemon, child, run_cli
 

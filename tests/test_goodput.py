@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from dflashd.supervisor.decide.goodput import (
+from dflashd.supervisor.model.goodput import (
     Cost,
     GoodputLedger,
     Recovery,
@@ -23,8 +23,8 @@ from dflashd.supervisor.decide.goodput import (
     run_cost,
     view_from_json,
 )
-from dflashd.supervisor.decide.policy import RestartConfig, RestartHistory, decide
-from dflashd.supervisor.decide.verdicts import Verdict
+from dflashd.supervisor.model.policy import RestartConfig, RestartHistory, decide
+from dflashd.supervisor.model.verdicts import Verdict
 from dflashd.supervisor.watch.progress import Progress
 
 # launch at 0, first step at 10, steps to 100: the same run under each ending
@@ -92,11 +92,13 @@ def test_run_cost_puts_every_second_in_one_bucket(
 
 def test_the_ledger_over_a_crash_a_backoff_and_a_resumed_run() -> None:
     book = GoodputLedger(first_start=1000.0, gap_since=0.0)
-    assert book.launched(0.5) == 0.5  # the daemon's own start: downtime
+    assert book.downtime_s(0.5) == 0.5  # the daemon's own start: downtime
+    book = book.launched(0.5)
     first = RunTimes(0.5, 10.0, 60.0, stepped=True)
-    book.ended(run_cost(first, 60.2, ended=True), 60.2, relaunch=True)
+    book = book.ended(run_cost(first, 60.2, ended=True), 60.2, relaunch=True)
     assert book.downtime_s(63.2) == pytest.approx(3.0)
-    assert book.launched(63.2) == pytest.approx(3.0)
+    book = book.launched(63.2)
+    assert book.closed.downtime_s == pytest.approx(3.5)
     second = RunTimes(63.2, 70.0, 90.0, best_before=500, passed_best=80.0, stepped=True)
     view = book.view(second, 95.0)  # 5 s since its last step: not settled
     assert view["lost_s"] == {
@@ -108,7 +110,7 @@ def test_the_ledger_over_a_crash_a_backoff_and_a_resumed_run() -> None:
     assert view["productive_s"] == pytest.approx(50.0 + 10.0)
     assert view["wall_s"] == pytest.approx(90.0)  # settled up to the last step
     assert view["ratio"] == pytest.approx(60.0 / 90.0, abs=1e-6)
-    book.stopping(91.0)
+    book = book.stopping(91.0)
     stopped = book.view(second, 93.0)
     assert stopped["stopped_s"] == pytest.approx(2.0)
     assert stopped["productive_s"] == pytest.approx(61.0)  # healthy up to the stop
@@ -118,8 +120,7 @@ def test_totals_only_grow_while_a_run_steps_and_dies() -> None:
     """Prometheus counters: no bucket ever goes back, through a pass and a death."""
     progress = Progress(started_mono=0.0)
     progress.best_before = 30
-    book = GoodputLedger(first_start=1.0, gap_since=0.0)
-    book.launched(0.0)
+    book = GoodputLedger(first_start=1.0, gap_since=0.0).launched(0.0)
     before = goodput_view(Cost())
     for i in range(1, 60):
         progress.on_step(float(i), step=20 + i, first=False, source="pattern")

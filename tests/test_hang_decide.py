@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dflashd.supervisor.decide.hang import (
+from dflashd.supervisor.model.hang import (
     EndHung,
     Evidence,
     Finding,
@@ -18,8 +18,8 @@ from dflashd.supervisor.decide.hang import (
     judge,
     suspect_after,
 )
-from dflashd.supervisor.decide.world import ProcessSample
-from dflashd.supervisor.watch.stacks import Frame, ProcessStacks, Role, ThreadStack
+from dflashd.supervisor.model.stacks import Frame, ProcessStacks, Role, ThreadStack
+from dflashd.supervisor.model.world import ProcessSample
 
 LOCK = Frame("acquire", "threading.py", 100)
 MAIN = Frame("train", "train.py", 42)
@@ -286,7 +286,7 @@ def test_a_wait_elsewhere_is_never_ended_and_alerted_once_after_remote_wait_s() 
 def test_a_world_every_node_of_which_waits_is_ended_and_one_that_works_is_not() -> None:
     """The store's reports ride on a round's sample (decide/world.py): every node waited
     ``remote_wait_s`` -> ended as hung with the wait named; a node at work -> no alert."""
-    from dflashd.supervisor.decide.world import WAITING, WORKING, NodeReport, WorldHeard
+    from dflashd.supervisor.model.world import WAITING, WORKING, NodeReport, WorldHeard
 
     procs = (proc(2, BARRIER, MAIN, role=REMOTE1),)
     view = HangView(50.0, (1.0,) * 10, True, True, node=1)
@@ -341,7 +341,7 @@ def test_a_gpu_that_spins_is_a_hang_and_a_gpu_eval_whose_loop_moves_is_not() -> 
     """Issue 41: the same frames *and* locals waiting on a busy GPU across rounds spanning
     GPU_SPIN_S is gpu_spin; an eval in the same frame whose loop variable changes is work,
     and with no locals read nothing is ever called a spin."""
-    from dflashd.supervisor.decide.gpuspin import GPU_SPIN_S
+    from dflashd.supervisor.model.gpuspin import GPU_SPIN_S
 
     view = HangView(50.0, (1.0,) * 10, True, True, gpu_power_share=0.2)
     limits = HangLimits(12.0)

@@ -123,16 +123,13 @@ def test_no_type_checking_cycle_breakers() -> None:
     assert guarded == []
 
 
-MAX_FLOORS = 12  # the longest chain of modules, each importing the next (issue 35)
+MAX_FLOORS = 12  # the longest chain of modules, each importing the next, from __main__ (issue 35)
+MAX_DAEMON_FLOORS = 9  # ...from the daemon's loop down (issue 42)
 MAX_CONSTRUCTOR_PARAMS = 7  # in the daemon: a handful of collaborators, no more
-# The daemon's state and the one module that writes it (docs/design.md, section 2).
+# The daemon's state: values, replaced by the model's step; only the core keeps the new one.
 STATE_OWNER = "dflashd.supervisor.core"
-STATE_HOLDERS = ("loop", "timers", "ledger", "core")  # core: its current run
-STATE_MUTATORS = {
-    "loop": {"enter", "end_with"},
-    "ledger": {"take"},
-    "goodput": {"launched", "ended", "stopping"},
-}
+STATE_HOLDERS = ("loop", "deadlines", "ledger", "goodput", "state", "core")  # core: its run
+STATE_MUTATORS: dict[str, set[str]] = {}  # none: every change returns a new value
 
 
 def longest_chain(edges: dict[str, set[str]], start: str) -> tuple[str, ...]:
@@ -148,11 +145,62 @@ def longest_chain(edges: dict[str, set[str]], start: str) -> tuple[str, ...]:
     return down(start)
 
 
-def test_the_house_has_at_most_twelve_floors() -> None:
+def test_the_house_has_at_most_twelve_floors_and_the_daemon_nine() -> None:
     edges = graph()
     chains = [longest_chain(edges, m) for m in edges if m.startswith("dflashd.supervisor")]
     deepest = max(chains, key=len)
     assert len(deepest) <= MAX_FLOORS, " -> ".join(deepest)
+    daemon = longest_chain(edges, "dflashd.supervisor.daemon")
+    assert len(daemon) <= MAX_DAEMON_FLOORS, " -> ".join(daemon)
+
+
+def layer(module: str) -> str | None:
+    """The folder (layer) a module of the supervisor sits in; None: the package itself (its
+    version) and ``__main__`` (the entry point, which only calls the client)."""
+    parts = module.split(".")
+    if parts[:2] != ["dflashd", "supervisor"] or len(parts) == 2 or parts[2] == "__main__":
+        return None
+    return parts[2] if len(parts) > 3 else "shell"
+
+
+def test_the_model_imports_only_the_standard_library_and_itself() -> None:
+    import sys
+
+    outside: list[str] = []
+    for name, path in modules().items():
+        if not name.startswith("dflashd.supervisor.model"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            found = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for imported in found:
+                ours = imported.startswith("dflashd.supervisor.model")
+                if imported.split(".")[0] not in sys.stdlib_module_names and not ours:
+                    outside.append(f"{name} -> {imported}")
+    assert len([m for m in modules() if m.startswith("dflashd.supervisor.model.")]) > 15
+    assert outside == []
+
+
+def test_no_two_folders_import_each_other() -> None:
+    """The layers: the model below the adapters (host, watch, speak, in that order), the
+    shell above them, the client on top; an import goes one way between any two folders."""
+    edges = graph()
+    pairs = {
+        (layer(m), layer(t))
+        for m, targets in edges.items()
+        for t in targets
+        if layer(m) and layer(t) and layer(m) != layer(t)
+    }
+    both = sorted(f"{a} <-> {b}" for a, b in pairs if (b, a) in pairs and str(a) < str(b))
+    assert {x for pair in pairs for x in pair} >= {
+        "model",
+        "host",
+        "watch",
+        "speak",
+        "shell",
+        "client",
+    }
+    assert both == []
 
 
 def constructor_widths() -> list[tuple[int, str]]:
@@ -224,29 +272,46 @@ def state_writes(tree: ast.AST) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def test_the_daemons_state_is_written_from_one_module() -> None:
-    """LoopState, Timers, the Ledger (and its goodput) and the current run: written by the
-    core only; every other room reads them and says what should change as effects."""
+def test_the_daemons_state_is_a_value_replaced_by_the_model() -> None:
+    """DaemonState, LoopState, the deadline table, the Ledger and its goodput are frozen: no
+    field is assigned after construction anywhere; ``step`` returns the next state, and the
+    core alone keeps it (``self.state = ...``)."""
+    import dataclasses
+
+    from dflashd.supervisor.model.deadlines import Deadlines
+    from dflashd.supervisor.model.goodput import GoodputLedger
+    from dflashd.supervisor.model.ledger import Ledger
+    from dflashd.supervisor.model.lifecycle import LoopState
+    from dflashd.supervisor.model.step import DaemonState, Rules
+
+    for value in (DaemonState(), LoopState(), Deadlines(), Ledger(), GoodputLedger(0.0), Rules()):
+        field = dataclasses.fields(value)[0].name
+        try:
+            setattr(value, field, None)
+        except dataclasses.FrozenInstanceError:
+            continue
+        raise AssertionError(f"{type(value).__name__} can be changed in place")
     writers: list[str] = []
     for name, path in modules().items():
-        if not name.startswith("dflashd.supervisor") or name == STATE_OWNER:
+        if not name.startswith("dflashd.supervisor") or ".client" in name:
             continue
         for line, what in state_writes(ast.parse(path.read_text())):
-            writers.append(f"{name}:{line}: {what}")
+            if not (name == STATE_OWNER and what in ("core.run =", "core.state =")):
+                writers.append(f"{name}:{line}: {what}")
     assert writers == []
 
 
 def test_the_state_write_finder_finds_writes() -> None:
     tree = ast.parse(
-        "self.timers.restart_at = 1\n"
-        "self.core.timers.stop_deadline, x = None, 2\n"
+        "self.deadlines.restart_at = 1\n"
+        "self.core.deadlines.stop_at, x = None, 2\n"
         "loop.stop_requested = True\n"
         "self.ledger.agent_restarts += 1\n"
-        "self.loop.enter(State.RUNNING)\n"
-        "ledger.goodput.stopping(now)\n"
-        "setattr(self.timers, name, None)\n"
+        "self.state.deadlines.hang_at = 3\n"
+        "ledger.goodput.closed = c\n"
+        "setattr(self.deadlines, name, None)\n"
         "self.core.run = run\n"
-        "print(self.timers.restart_at)\n"
+        "print(self.deadlines.restart_at)\n"
     )
     assert [line for line, _ in state_writes(tree)] == [1, 2, 3, 4, 5, 6, 7, 8]
 
@@ -256,8 +321,8 @@ def test_one_vocabulary_across_the_boundaries() -> None:
     colour in the report and every state its colour in the terminal."""
     from dflashd.supervisor.client.htmlreport import VERDICT_COLORS
     from dflashd.supervisor.client.render import STATE_COLOR
-    from dflashd.supervisor.decide.verdicts import AlertKind, Verdict
-    from dflashd.supervisor.lifecycle import State
+    from dflashd.supervisor.model.lifecycle import State
+    from dflashd.supervisor.model.verdicts import AlertKind, Verdict
 
     assert {k.value for k in AlertKind} == {v.value for v in Verdict} | {
         "fatal",
@@ -267,30 +332,6 @@ def test_one_vocabulary_across_the_boundaries() -> None:
     assert all(AlertKind[v.name].value == v.value for v in Verdict)
     assert set(Verdict) <= set(VERDICT_COLORS)
     assert set(State) == set(STATE_COLOR)
-
-
-def test_the_old_flat_names_import_the_moved_modules_and_nothing_here_uses_them() -> None:
-    """0.3's ``dflashd.supervisor.<module>`` still imports (code outside the repository),
-    as the very module in its room; the repository itself names only the rooms' paths."""
-    import importlib
-    import re
-
-    from dflashd.supervisor import MOVED_MODULES
-
-    for name, room in MOVED_MODULES.items():
-        assert (ROOT / "supervisor" / room / f"{name}.py").is_file(), name
-        moved = importlib.import_module(f"dflashd.supervisor.{room}.{name}")
-        assert importlib.import_module(f"dflashd.supervisor.{name}") is moved
-    old = re.compile(rf"\bdflashd\.supervisor\.({'|'.join(MOVED_MODULES)})\b")
-    users = [
-        str(path.relative_to(ROOT))
-        for folder in ("supervisor", "logs", "trainer", "tests", "entry")
-        for path in (ROOT / folder).rglob("*.py")
-        if path != ROOT / "supervisor" / "__init__.py"
-        and old.search(path.read_text())
-        and path != Path(__file__)
-    ]
-    assert users == []
 
 
 def run_field_writes(tree: ast.AST) -> set[str]:
@@ -313,18 +354,18 @@ def run_field_writes(tree: ast.AST) -> set[str]:
 
 
 def test_every_field_of_a_run_has_one_writer() -> None:
-    """Who may set ``run.kill_at_mono``? One module per field (besides ``run.py`` itself):
+    """Who may set ``run.ended_by``? One module per field (besides ``run.py`` itself):
     the launcher what a launch made, the live run's control its end, the observer and the
     GPU watch the evidence, ``reaped`` the reap, the core the alerts sent."""
     writers: dict[str, set[str]] = {}
     for name, path in modules().items():
-        if not name.startswith("dflashd.supervisor") or name == "dflashd.supervisor.run":
+        if not name.startswith("dflashd.supervisor") or name == "dflashd.supervisor.watch.run":
             continue
         for field_name in run_field_writes(ast.parse(path.read_text())):
             writers.setdefault(field_name, set()).add(name.rsplit(".", 1)[-1])
     shared = {f: sorted(m) for f, m in writers.items() if len(m) > 1}
     assert shared == {}
-    assert writers["kill_at_mono"] == {"liverun"} and writers["reaped"] == {"reaped"}
+    assert writers["reaped"] == {"reaped"} and "kill_at_mono" not in writers  # in the table
 
 
 def test_the_run_write_finder_finds_writes() -> None:

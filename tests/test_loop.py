@@ -13,14 +13,10 @@ from typing import Any
 
 import pytest
 
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.inbox import GpuSampled
-from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid
-from dflashd.supervisor.watch.gpuwatch import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
-from dflashd.supervisor.watch.linewatch import LinesSeen
-from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading, GpuSample
-from dflashd.supervisor.watch.stacks import (
+from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.stacks import (
     Frame,
     ProcessStacks,
     Role,
@@ -28,6 +24,10 @@ from dflashd.supervisor.watch.stacks import (
     StacksTaken,
     ThreadStack,
 )
+from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid
+from dflashd.supervisor.watch.gpuwatch import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
+from dflashd.supervisor.watch.linewatch import LinesSeen
+from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading, GpuSample
 from tests.harness import Harness
 
 

@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from dflashd.supervisor import __version__
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -58,7 +60,7 @@ def test_version_and_help_are_fast_and_torch_free() -> None:
         text=True,
         check=True,
     )
-    assert out.stdout.strip() == "dflashd, version 0.1.0"
+    assert out.stdout.strip() == f"dflashd, version {__version__}"
     probe = (
         "import sys, dflashd.supervisor.client.cli, dflashd.supervisor.daemon, dflashd.supervisor.watch.nvml; "
         "print('torch' in sys.modules)"

@@ -13,7 +13,7 @@ import pytest
 
 from dflashd.supervisor.host.procfs import read_stat
 from dflashd.supervisor.host.pyspy import find_py_spy
-from dflashd.supervisor.watch.stacks import (
+from dflashd.supervisor.model.stacks import (
     Frame,
     ProcessStacks,
     Role,

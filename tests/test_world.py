@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from dflashd.supervisor.decide.world import (
+from dflashd.supervisor.host.rdzvstore import share_and_hear
+from dflashd.supervisor.model.world import (
     FRESH_S,
     WAITING,
     WORKING,
@@ -23,7 +24,6 @@ from dflashd.supervisor.decide.world import (
     world_stuck,
     world_summary,
 )
-from dflashd.supervisor.host.rdzvstore import share_and_hear
 from dflashd.trainer.storepeer import store_address
 
 

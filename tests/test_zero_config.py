@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.supervisor.watch.formats import match_line
+from dflashd.supervisor.model.formats import match_line
 from tests.conftest import Daemon, child, daemon_argv, run_cli, write_config
 
 Start = Callable[..., Daemon]

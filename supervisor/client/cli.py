@@ -35,9 +35,9 @@ from dflashd.supervisor.client.start import (
     start_detached,
     start_interrupted,
 )
-from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
-from dflashd.supervisor.home import Home, lock_is_held, read_lock_pid
-from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.host.home import Home, lock_is_held, read_lock_pid
+from dflashd.supervisor.model.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
+from dflashd.supervisor.model.lifecycle import State
 
 # a daemon found gone in one of these states ended without recording its end
 _LIVE_STATES: Final = frozenset({State.RUNNING, State.STARTING, State.BACKOFF, State.STOPPING})

@@ -12,9 +12,9 @@ from typing import Any, Final, NoReturn
 
 import click
 
-from dflashd.supervisor.config import Config
-from dflashd.supervisor.exitcodes import EXIT_USAGE
-from dflashd.supervisor.home import Home, default_home, untrusted_home
+from dflashd.supervisor.host.config import Config
+from dflashd.supervisor.host.home import Home, default_home, untrusted_home
+from dflashd.supervisor.model.exitcodes import EXIT_USAGE
 
 home_option = click.option(
     "--home",
@@ -39,7 +39,7 @@ def config_option(help_text: str) -> Callable[[Any], Any]:
 
 def timeout_option(help_text: str) -> Callable[[Any], Any]:
     """``-t/--timeout S``: finite seconds, at most the config's bound on durations."""
-    from dflashd.supervisor.bounds import MAX_SECONDS
+    from dflashd.supervisor.model.bounds import MAX_SECONDS
 
     return click.option(
         "-t",

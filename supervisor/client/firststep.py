@@ -11,10 +11,10 @@ from typing import Any, Final
 
 import click
 
-from dflashd.supervisor.decide.verdicts import Verdict
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.exitcodes import EXIT_FATAL, EXIT_JOB_DIED
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.home import Home
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.exitcodes import EXIT_FATAL, EXIT_JOB_DIED
+from dflashd.supervisor.model.verdicts import Verdict
 from dflashd.supervisor.speak.echo import escape_controls
 
 _FATE_WAIT_S: Final = 2.0  # after an early exit record: time for the fatal/restart record

@@ -17,14 +17,14 @@ from dflashd.supervisor.client.svgaxis import LEFT as _LEFT
 from dflashd.supervisor.client.svgaxis import RIGHT as _RIGHT
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
 from dflashd.supervisor.client.svgaxis import axis_svg, x_of
-from dflashd.supervisor.decide.goodput import (
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.goodput import (
     Cost,
     RunTimes,
     cost_from_json,
     duration_text,
     run_cost,
 )
-from dflashd.supervisor.events import Event
 
 # productive first, then the causes as status names them, stopped last
 BUCKETS: Final = (

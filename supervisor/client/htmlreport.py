@@ -16,9 +16,9 @@ from dflashd.logs.records import EventRecord, Record, parse_timestamp
 from dflashd.supervisor.client.goodputhtml import GoodputData, goodput_section
 from dflashd.supervisor.client.svgaxis import LEFT, axis_svg, x_of
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
-from dflashd.supervisor.decide.verdicts import Verdict
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.verdicts import Verdict
 
 # One colour per verdict, used by the table, the timeline and the step and loss lines alike.
 VERDICT_COLORS: Final[dict[str, str]] = {

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.home import Home
 
 
 def has_run(home: Home) -> bool:

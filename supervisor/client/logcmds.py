@@ -20,8 +20,8 @@ from dflashd.supervisor.client.common import (
     resolve_home,
     resolve_run,
 )
-from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
-from dflashd.supervisor.home import lock_is_held
+from dflashd.supervisor.host.home import lock_is_held
+from dflashd.supervisor.model.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
 
 _HOME_WAIT_POLL_S: Final = 0.2
 

@@ -9,10 +9,10 @@ from typing import Any, Final, TextIO
 import click
 
 from dflashd.logs.records import EventRecord, LineRecord, Record
-from dflashd.supervisor.decide.goodput import goodput_line, view_from_json
-from dflashd.supervisor.decide.verdicts import Verdict
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.goodput import goodput_line, view_from_json
+from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.verdicts import Verdict
 from dflashd.supervisor.speak.echo import escape_controls
 
 _STYLES: Final[dict[str, dict[str, Any]]] = {

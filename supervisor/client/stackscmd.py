@@ -21,9 +21,9 @@ import orjson
 from dflashd.logs import EventRecord, RecordFilter, follow, last_records
 from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.client.common import fail, home_option, resolve_home
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.exitcodes import EXIT_NOT_RUNNING
-from dflashd.supervisor.home import Home, lock_is_held
+from dflashd.supervisor.host.home import Home, lock_is_held
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.exitcodes import EXIT_NOT_RUNNING
 from dflashd.supervisor.speak.control import ControlError, request
 from dflashd.supervisor.speak.echo import escape_controls
 from dflashd.supervisor.speak.statusview import read_state

@@ -26,14 +26,8 @@ from dflashd.supervisor.client.cmdhint import command_hint
 from dflashd.supervisor.client.common import exposed_secret, fail
 from dflashd.supervisor.client.firststep import wait_for_first_step
 from dflashd.supervisor.client.invocation import save_invocation
-from dflashd.supervisor.config import Config, ConfigError, load_config
-from dflashd.supervisor.exitcodes import (
-    EXIT_ALREADY_RUNNING,
-    EXIT_FATAL,
-    EXIT_INTERRUPTED,
-    EXIT_USAGE,
-)
-from dflashd.supervisor.home import (
+from dflashd.supervisor.host.config import Config, ConfigError, load_config
+from dflashd.supervisor.host.home import (
     AlreadyRunning,
     Home,
     HomeError,
@@ -41,6 +35,12 @@ from dflashd.supervisor.home import (
     lock_is_held,
     read_lock_pid,
     unusable_path,
+)
+from dflashd.supervisor.model.exitcodes import (
+    EXIT_ALREADY_RUNNING,
+    EXIT_FATAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
 )
 
 _READY_TIMEOUT_S: Final = 120.0
@@ -105,7 +105,8 @@ def run_foreground(
     this process holds the home's lock (a refused start records nothing).
     """
     from dflashd.logs.writer import LogWriterError
-    from dflashd.supervisor.daemon import Daemon, Seams, StartupError
+    from dflashd.supervisor.daemon import Daemon
+    from dflashd.supervisor.seams import Seams, StartupError
     from dflashd.supervisor.speak.daemonlog import DaemonLog, is_daemon_log
     from dflashd.supervisor.speak.diagnostics import configure_logging
 

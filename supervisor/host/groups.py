@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dflashd.supervisor.decide.effects import WriteRecord
 from dflashd.supervisor.host.cgroups import CgroupBase, cgroup_pids, own_cgroup
 from dflashd.supervisor.host.custody import (
     MODE_CGROUP,
@@ -27,6 +26,7 @@ from dflashd.supervisor.host.procfs import cmdline_text, read_stat
 from dflashd.supervisor.host.proof import MODE_PID, PIDFD_SUPPORTED, Launched
 from dflashd.supervisor.host.recovery import recover
 from dflashd.supervisor.host.spawn import spawn
+from dflashd.supervisor.model.effects import WriteRecord
 
 
 class HostProcesses:

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from dflashd.supervisor.decide.effects import WriteRecord
 from dflashd.supervisor.host.proof import Launched
+from dflashd.supervisor.model.effects import WriteRecord
 
 __all__ = ["Launched", "ProcessOps"]
 

@@ -23,7 +23,7 @@ import orjson
 
 from dflashd.supervisor.host.custody import end_own_child_session
 from dflashd.supervisor.host.procfs import environ_values, read_stat
-from dflashd.supervisor.watch.stacks import ProcessStacks, Role, parse_pyspy
+from dflashd.supervisor.model.stacks import ProcessStacks, Role, parse_pyspy
 
 PROCESS_BOUND_S: Final = 4.0  # one process's dump (py-spy is killed past it)
 MAX_PARALLEL: Final = 8  # 8 processes dump at once: a node's workers within the 5 s bound

@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from dflashd.supervisor.decide.effects import Book, Effect, WriteRecord
-from dflashd.supervisor.decide.ending import RunFacts, lost_facts
-from dflashd.supervisor.decide.goodput import LoggedRun, restored_ledger
-from dflashd.supervisor.events import Event
 from dflashd.supervisor.host.cgroups import CgroupBase
 from dflashd.supervisor.host.custody import end_proven, end_stale_cgroup
 from dflashd.supervisor.host.procfs import all_stats, carries_mark, create_time, process_mark
-from dflashd.supervisor.lifecycle import State
+from dflashd.supervisor.model.effects import Book, Effect, WriteRecord
+from dflashd.supervisor.model.ending import RunFacts, lost_facts
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.goodput import LoggedRun, restored_ledger
+from dflashd.supervisor.model.lifecycle import State
 
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _SAME_CREATE_TIME_S: Final = 0.05  # create times are in clock ticks (1/100 s)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dflashd.supervisor.decide.goodput import LoggedRun, cost_from_json
-from dflashd.supervisor.events import Event
 from dflashd.supervisor.host.recovery import previous_child
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.goodput import LoggedRun, cost_from_json
 
 
 def unsaved_progress(
@@ -33,7 +33,7 @@ def logged_progress(logs: Path, run_no: int, since_wall: float) -> LoggedRun | N
     as a step).  What a daemon killed with its run had not saved; None when unreadable."""
     from dflashd.logs.reader import RecordFilter, read_records
     from dflashd.logs.records import EventRecord, LineRecord, parse_timestamp, utc_timestamp
-    from dflashd.supervisor.watch.formats import match_line
+    from dflashd.supervisor.model.formats import match_line
 
     first: float | None = None
     last: float | None = None

@@ -1,6 +1,6 @@
 """Alerts: who hears about a bad run, off the daemon's main path.
 
-Whether to alert is decided elsewhere (:func:`~dflashd.supervisor.decide.incidents.alert_decision`, pure); this is delivery.  Each sink (webhook, command) has a thread of
+Whether to alert is decided elsewhere (:func:`~dflashd.supervisor.model.incidents.alert_decision`, pure); this is delivery.  Each sink (webhook, command) has a thread of
 its own, so one that hangs or fails never silences the other; each webhook attempt has an
 overall deadline and is retried with backoff; nothing a sink raises ends its thread.  A
 hung webhook or alert command never stalls death detection or pipe draining.  The webhook URL is a secret: it is never
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dflashd.logs.safejson import dumps_any
-from dflashd.supervisor.decide.verdicts import AlertKind
 from dflashd.supervisor.host.custody import end_own_child_session
+from dflashd.supervisor.model.verdicts import AlertKind
 
 COMMAND_TIMEOUT_S: Final = 30.0
 WEBHOOK_TIMEOUT_S: Final = 5.0

@@ -16,8 +16,8 @@ from typing import Any, Final
 import orjson
 
 from dflashd.logs.safejson import dumps_any
-from dflashd.supervisor.bounds import MAX_SECONDS
-from dflashd.supervisor.home import held_path
+from dflashd.supervisor.host.home import held_path
+from dflashd.supervisor.model.bounds import MAX_SECONDS
 
 _MAX_REQUEST: Final = 64 * 1024
 MAX_CLIENTS: Final = 256  # more connections at once are closed, oldest first (see client_cap)

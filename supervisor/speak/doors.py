@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.clock import Clock
+from dflashd.supervisor.host.home import Home
+from dflashd.supervisor.host.notify import NotifyMessage, NotifyServer
 from dflashd.supervisor.speak.control import ControlServer
 from dflashd.supervisor.speak.diagnostics import get_logger
-from dflashd.supervisor.watch.notify import NotifyMessage, NotifyServer
 
 log = get_logger("dflashd")
 SOCKET_CHECK_S: Final = 1.0

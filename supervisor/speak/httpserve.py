@@ -222,14 +222,3 @@ class BoundedHttpServer:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    """``"127.0.0.1:9464"``, ``":9464"`` or ``"9464"`` -> (host, port); a bare port binds loopback."""
-    host, sep, port = listen.rpartition(":")
-    if not sep:
-        host, port = "", listen
-    host = host.strip("[]") or "127.0.0.1"
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"metrics_listen: expected host:port, got {listen!r}")
-    return host, int(port)

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from dflashd.supervisor import __version__
-from dflashd.supervisor.decide.goodput import GoodputView, lost_seconds, view_from_json
-from dflashd.supervisor.decide.verdicts import AlertKind, Verdict
-from dflashd.supervisor.lifecycle import Phase, State
-from dflashd.supervisor.speak.httpserve import parse_listen
+from dflashd.supervisor.host.config import parse_listen
+from dflashd.supervisor.model.goodput import GoodputView, lost_seconds, view_from_json
+from dflashd.supervisor.model.lifecycle import Phase, State
+from dflashd.supervisor.model.verdicts import AlertKind, Verdict
 
 _MIB: Final = 1024 * 1024
 

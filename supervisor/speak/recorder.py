@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dflashd.logs.drain import FrameSink
-from dflashd.supervisor.decide.verdicts import AlertKind
-from dflashd.supervisor.events import Event
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.verdicts import AlertKind
 from dflashd.supervisor.speak.history import RunHistory
 
 

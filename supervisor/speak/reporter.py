@@ -16,18 +16,18 @@ from typing import Any, Final
 from dflashd.logs.logdir import LogDir
 from dflashd.logs.sink import LogSink
 from dflashd.logs.writer import RotatingLogWriter
-from dflashd.supervisor.clock import Clock, SystemClock
-from dflashd.supervisor.config import Config, config_to_dict
-from dflashd.supervisor.decide.goodput import Cost, cost_to_json
-from dflashd.supervisor.decide.verdicts import AlertKind
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.clock import Clock, SystemClock
+from dflashd.supervisor.host.config import Config, config_to_dict
+from dflashd.supervisor.host.home import Home
+from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.pyspy import RUNNING_DUMPS
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.goodput import Cost, cost_to_json
+from dflashd.supervisor.model.verdicts import AlertKind
 from dflashd.supervisor.speak.alerts import AlertDispatcher, AlertOutcome, alert_payload
 from dflashd.supervisor.speak.diagnostics import get_logger
 from dflashd.supervisor.speak.history import RunHistory, open_history
 from dflashd.supervisor.speak.statusview import LogStats, StatusView, write_state
-from dflashd.supervisor.watch.notify import SystemdNotifier
 
 log = get_logger("dflashd")
 GOODPUT_SAVE_EVERY_S: Final = 2.0

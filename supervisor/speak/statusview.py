@@ -7,8 +7,8 @@ STATUS= line); :func:`write_state` replaces state.json atomically (temp file + r
 corrupted file is input from outside: it must never crash ``start`` or ``status``).
 
 This module sits low in the house: it imports nothing of dflashd but the never-raising
-encoder (:mod:`dflashd.logs.safejson`) and the goodput contract (:mod:`goodput`, a leaf).  The daemon's snapshot
-(:mod:`dflashd.supervisor.speak.snapshot`) fills it in.
+encoder (:mod:`dflashd.logs.safejson`) and the goodput contract (:mod:`~dflashd.supervisor.model.goodput`, pure).  The daemon's snapshot
+(:mod:`dflashd.supervisor.snapshot`) fills it in.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, NotRequired, TypedDict
 import orjson
 
 from dflashd.logs.safejson import dumps_any
-from dflashd.supervisor.decide.goodput import GoodputView
+from dflashd.supervisor.model.goodput import GoodputView
 
 _MAX_STATE_BYTES = 4 * 1024 * 1024
 

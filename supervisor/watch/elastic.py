@@ -199,25 +199,6 @@ def parse_agent_line(line: str) -> AgentLine | None:
     return None
 
 
-_ROOT_CAUSE: Final = "Root Cause (first observed failure)"
-_EXITCODE: Final = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-
-
-def worker_exit_code(tail: Sequence[str]) -> int | None:
-    """The first failed worker's exit code, from torchrun's ``ChildFailedError`` summary.
-
-    torchrun itself exits 1 whatever its workers' codes were; this is how a worker's
-    ``no_restart_exit_codes`` code (78, EX_CONFIG) still reaches the restart policy.
-    """
-    for index, line in enumerate(tail):
-        if _ROOT_CAUSE in line:
-            for later in tail[index + 1 :]:
-                if (found := _EXITCODE.match(later)) is not None:
-                    return int(found.group(1))
-            return None
-    return None
-
-
 def scan_frame(frame: Frame) -> list[AgentLine]:
     """The agent lines of one frame: one search of the joined text, then only keyword lines."""
     if frame.text is not None:

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from dflashd.supervisor.config import Config
-from dflashd.supervisor.decide.effects import Deadline, Effect, KillHolders, SetTimer, WriteRecord
-from dflashd.supervisor.events import Event
+from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.processops import ProcessOps
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.model.deadlines import Deadline
+from dflashd.supervisor.model.effects import Effect, KillHolders, SetTimer, WriteRecord
+from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.watch.nvml import (
     ChildGpuUse,
     GpuPoller,
@@ -36,6 +36,7 @@ from dflashd.supervisor.watch.nvml import (
     join_with_tree,
     reading_to_dict,
 )
+from dflashd.supervisor.watch.run import Run
 
 RECORD_EVERY_S: Final = 60.0
 # Before a relaunch: a sample from before the death proves nothing, so one is asked for at once

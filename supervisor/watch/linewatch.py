@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from dflashd.logs.framer import Frame
-from dflashd.supervisor.bounds import bounded_int
+from dflashd.supervisor.model.bounds import bounded_int
+from dflashd.supervisor.model.formats import FormatMatcher
 from dflashd.supervisor.watch.elastic import AgentLine
-from dflashd.supervisor.watch.formats import FormatMatcher
 
 PATTERN: Final = "pattern"
 

@@ -5,30 +5,30 @@ The :class:`RunObserver` takes each piece of evidence with ``now``, updates the 
 (``first_step``, ``progress``, ``child_status``, ``gpu`` records).
 It never signals anything: when the evidence says the run must end (no GPU memory past
 the grace, a stall), it returns the reason and :mod:`liverun` ends the run.  The
-``recovered`` alert is decided by :func:`~dflashd.supervisor.decide.incidents.resumed` and carried out
+``recovered`` alert is decided by :func:`~dflashd.supervisor.model.incidents.resumed` and carried out
 by the daemon's one applier.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol
 
-from dflashd.supervisor.decide.effects import Book, Effect
-from dflashd.supervisor.decide.incidents import passed, resumed
-from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
-from dflashd.supervisor.events import Event
+from dflashd.supervisor.host.notify import NotifyMessage
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.procfs import CLK_TCK, read_stat
-from dflashd.supervisor.ledger import Incident, Ledger
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.model.effects import Book, Effect
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.incidents import passed, resumed
+from dflashd.supervisor.model.ledger import Incident, Ledger
+from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid, ElasticState
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
-from dflashd.supervisor.watch.notify import NotifyMessage
 from dflashd.supervisor.watch.nvml import GpuSample
 from dflashd.supervisor.watch.progress import GPU, Change
+from dflashd.supervisor.watch.run import Run
 
 _LAST_LINE_CHARS = 500
 
@@ -59,7 +59,7 @@ class RunObserver:
         reporter: Recorder,
         gpu: GpuWatch,
         ops: ProcessOps,
-        ledger: Ledger,
+        ledger: Callable[[], Ledger],
         alerts_on: tuple[AlertKind, ...],
         apply: Apply,
     ) -> None:
@@ -240,7 +240,7 @@ class RunObserver:
     def _maybe_recovered(self, run: Run) -> None:
         """Training passed the step of the open incident (a stall, a fatal, a crash loop):
         closed, with the ``recovered`` alert where it was a stall or a fatal."""
-        ledger = self.ledger
+        ledger = self.ledger()
         incident = ledger.incident
         if incident is None and ledger.recovering_from is not None:
             incident = Incident(ledger.recovering_from, None)  # a fatal before this daemon

@@ -29,11 +29,11 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from dflashd.supervisor.bounds import bounded_int, finite_float
-from dflashd.supervisor.decide.goodput import Recovery
-from dflashd.supervisor.decide.verdicts import EndedBy
-from dflashd.supervisor.watch.formats import global_step
-from dflashd.supervisor.watch.notify import NotifyMessage
+from dflashd.supervisor.host.notify import NotifyMessage
+from dflashd.supervisor.model.bounds import bounded_int, finite_float
+from dflashd.supervisor.model.formats import global_step
+from dflashd.supervisor.model.goodput import Recovery
+from dflashd.supervisor.model.verdicts import EndedBy
 
 PROGRESS_RECORD_EVERY_S: Final = 30.0
 _STATUS_LOSS: Final = re.compile(r"\bloss\s*[=:]?\s*([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)")

@@ -23,16 +23,7 @@ from typing import Any, Final, Protocol
 
 import orjson
 
-from dflashd.supervisor.decide.hang import HangSampled, Sample
-from dflashd.supervisor.decide.world import (
-    ProcessSample,
-    Share,
-    WorldHeard,
-    heard_from,
-    share_request,
-)
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.procfs import (
     CLK_TCK,
     environ_values,
@@ -43,9 +34,9 @@ from dflashd.supervisor.host.procfs import (
 from dflashd.supervisor.host.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
 from dflashd.supervisor.host.rdzvstore import share_and_hear
 from dflashd.supervisor.host.waits import outside_waits
-from dflashd.supervisor.run import Run
-from dflashd.supervisor.speak.recorder import Recorder
-from dflashd.supervisor.watch.stacks import (
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.hang import HangSampled, Sample
+from dflashd.supervisor.model.stacks import (
     ProcessStacks,
     Role,
     StacksDump,
@@ -53,6 +44,15 @@ from dflashd.supervisor.watch.stacks import (
     render_text,
     summary,
 )
+from dflashd.supervisor.model.world import (
+    ProcessSample,
+    Share,
+    WorldHeard,
+    heard_from,
+    share_request,
+)
+from dflashd.supervisor.speak.recorder import Recorder
+from dflashd.supervisor.watch.run import Run
 
 STACKS_BOUND_S: Final = 10.0  # before a kill: the dump, or the kill goes ahead without it
 

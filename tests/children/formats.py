@@ -1,7 +1,7 @@
 """Prints training progress the way a real trainer does, then ends as told.
 
 argv: FORMAT STEPS crash|exit0|hang
-The lines follow each trainer's real output (see dflashd.supervisor.watch.formats for sources);
+The lines follow each trainer's real output (see dflashd.supervisor.model.formats for sources);
 progress bars redraw with \\r as tqdm does.
 """
 

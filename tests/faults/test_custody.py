@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.supervisor.home import Home
 from dflashd.supervisor.host.custody import open_base
+from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.procfs import ProcStat, read_stat
 from tests.conftest import Daemon, child, run_cli
 

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from dflashd.logs import EventRecord, LineRecord, follow, read_records
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.recovery import boot_id
 from tests.conftest import Daemon, child, daemon_argv, run_cli, write_config
 from tests.faults.conftest import fill

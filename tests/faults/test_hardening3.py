@@ -30,11 +30,11 @@ from hypothesis import strategies as st
 
 from dflashd.logs import EventRecord, LineRecord, read_records
 from dflashd.logs.safejson import dumps_any
-from dflashd.supervisor.bounds import MAX_COUNT
+from dflashd.supervisor.host.notify import parse_notify
+from dflashd.supervisor.model.bounds import MAX_COUNT
+from dflashd.supervisor.model.formats import match_line
 from dflashd.supervisor.speak.alerts import post_webhook
 from dflashd.supervisor.speak.statusview import parse_state, write_state
-from dflashd.supervisor.watch.formats import match_line
-from dflashd.supervisor.watch.notify import parse_notify
 from tests.conftest import Daemon, child, run_cli, write_config
 
 Start = Callable[..., Daemon]
@@ -298,7 +298,7 @@ def test_a_failed_delivery_never_names_the_secret() -> None:
 def test_the_daemon_never_imports_what_it_must_not(tmp_path: Path) -> None:
     """Still true with the new leaves: the daemon's modules import no torch."""
     code = (
-        "import sys, dflashd.supervisor.daemon, dflashd.logs.logdir, dflashd.supervisor.bounds; "
+        "import sys, dflashd.supervisor.daemon, dflashd.logs.logdir, dflashd.supervisor.model.bounds; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

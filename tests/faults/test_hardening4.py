@@ -30,7 +30,7 @@ from dflashd.logs import EventRecord, LineRecord, RotatingLogWriter, read_record
 from dflashd.logs.compress import SQUEEZE, helper_env
 from dflashd.logs.framer import Frame
 from dflashd.logs.packed import zstd_home
-from dflashd.supervisor.home import lock_is_held
+from dflashd.supervisor.host.home import lock_is_held
 from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
 
 Start = Callable[..., Daemon]

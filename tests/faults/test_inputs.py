@@ -19,7 +19,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dflashd.supervisor.watch.formats import MAX_MATCH_CHARS, FormatMatcher, match_line
+from dflashd.supervisor.model.formats import MAX_MATCH_CHARS, FormatMatcher, match_line
 from tests.conftest import Daemon, child, run_cli, write_config
 
 KEYWORDS = [

@@ -15,7 +15,7 @@ import pytest
 from dflashd.logs import EventRecord, LineRecord, read_records
 from dflashd.logs.framer import Frame
 from dflashd.logs.writer import RotatingLogWriter
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.home import Home
 from tests.conftest import run_cli
 from tests.faults.conftest import fill
 

@@ -15,7 +15,7 @@ import json
 import random
 import time
 
-from dflashd.supervisor.watch.formats import FormatMatcher, match_line
+from dflashd.supervisor.model.formats import FormatMatcher, match_line
 
 
 def lines(size: int) -> dict[str, str]:

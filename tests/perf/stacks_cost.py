@@ -22,7 +22,7 @@ from pathlib import Path
 from _bench import daemon_argv  # noqa: F401  (sets up the import path for tests/)
 
 from dflashd.supervisor.host.pyspy import dump_processes, find_py_spy
-from dflashd.supervisor.watch.stacks import Role
+from dflashd.supervisor.model.stacks import Role
 
 TARGET = r"""
 import os, sys, threading, time

@@ -7,7 +7,7 @@ stacks tell the same story as a hang: a DeepSpeed job started while a killed bui
 rendezvous for a node that never comes; a process waits on a file lock.
 
 From :data:`STARTUP_LOOK_S` after the launch, a run with no first step is sampled like a suspect
-one (rounds of samples, :func:`~dflashd.supervisor.decide.hang.judge`).  A round whose every
+one (rounds of samples, :func:`~dflashd.supervisor.model.hang.judge`).  A round whose every
 thread waits, unmoved, is *named* (never ended: the first-step timeout keeps that word) when the
 wait is a start-up wait dflashd knows (a build lock or file lock, the rendezvous, the process
 group's set-up) or when a build lock older than the run exists: one ``waiting`` alert and
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from dflashd.supervisor.decide.hang import (
+from dflashd.supervisor.model.hang import (
     Evidence,
     Finding,
     Judgement,

@@ -9,7 +9,7 @@ the records that follow (``restart``, ``fatal``, ``done``), what becomes of the 
 processes, the loop's next state, the restart timer, the daemon's exit code.
 
 A failure of the kind already alerted, before any run passed its step, is one more of the
-same incident (:mod:`incidents`): no new alert; :func:`~dflashd.supervisor.decide.incidents.resumed`
+same incident (:mod:`incidents`): no new alert; :func:`~dflashd.supervisor.model.incidents.resumed`
 decides the other end, the ``recovered`` alert.  A run a killed daemon never saw end (``lost``) is
 concluded here too, through :func:`classify`.  No clock, no I/O: time and jitter come in.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-from dflashd.supervisor.decide.effects import (
+from dflashd.supervisor.model.effects import (
     Account,
     Book,
     Effect,
@@ -32,10 +32,13 @@ from dflashd.supervisor.decide.effects import (
     SettleProcesses,
     WriteRecord,
 )
-from dflashd.supervisor.decide.goodput import Cost, RunTimes, run_cost
-from dflashd.supervisor.decide.incidents import alert_decision, extended, repeats
-from dflashd.supervisor.decide.policy import Action, Decision, RestartConfig, RestartHistory, decide
-from dflashd.supervisor.decide.verdicts import (
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.exitcodes import EXIT_FATAL, worker_exit_code
+from dflashd.supervisor.model.goodput import Cost, RunTimes, run_cost
+from dflashd.supervisor.model.incidents import alert_decision, extended, repeats
+from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.policy import Action, Decision, RestartConfig, RestartHistory, decide
+from dflashd.supervisor.model.verdicts import (
     AlertKind,
     Classification,
     EndedBy,
@@ -44,10 +47,6 @@ from dflashd.supervisor.decide.verdicts import (
     classify,
     signal_name,
 )
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.exitcodes import EXIT_FATAL
-from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.watch.elastic import worker_exit_code
 
 EXIT_RECORD_WAIT_S: Final = 0.1  # the exit record is waited onto disk before the bookkeeping
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, TypeVar
 
-from dflashd.supervisor.bounds import bounded_int, finite_float
+from dflashd.supervisor.model.bounds import bounded_int, finite_float
 
 _LINES_TRIED: Final = 4  # keyword lines tried per frame, from the end
 _TAIL_LINES: Final = 64  # only a frame's last lines are searched: the latest step is near its end

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
@@ -53,23 +54,24 @@ def transition(current: State, target: State) -> State:
     return target
 
 
+@dataclass(frozen=True, slots=True)
 class LoopState:
-    """The daemon's state, its exit code, and whether a stop was asked: changed only by
-    :meth:`enter` (the table above) and :meth:`end_with`."""
+    """The daemon's state, its exit code, and whether a stop was asked: replaced, never
+    changed: :meth:`entered` (the table above) and :meth:`ended_with` return the next one."""
 
-    def __init__(self) -> None:
-        self.state = State.STARTING
-        self.exit_code = 0
-        self.stop_requested = False
+    state: State = State.STARTING
+    exit_code: int = 0
+    stop_requested: bool = False
 
-    def enter(self, target: State) -> None:
-        """Move to ``target`` (no-op when already there); an illegal edge raises."""
-        if target is not self.state:
-            self.state = transition(self.state, target)
+    def entered(self, target: State) -> LoopState:
+        """In ``target`` (itself when already there); an illegal edge raises."""
+        if target is self.state:
+            return self
+        return replace(self, state=transition(self.state, target))
 
-    def end_with(self, code: int) -> None:
+    def ended_with(self, code: int) -> LoopState:
         """The daemon will exit with ``code``."""
-        self.exit_code = code
+        return replace(self, exit_code=code)
 
     @property
     def done(self) -> bool:

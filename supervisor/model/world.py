@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from dflashd.supervisor.watch.stacks import ProcessStacks
+from dflashd.supervisor.model.stacks import ProcessStacks
 
 # A node's report older than this (by the reading node's clock) no longer counts: a node
 # reports once a round (15 s) while it is suspect, so two rounds missed mean it moved on.

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dflashd.logs.drain import PipeDrain
-from dflashd.supervisor.decide.goodput import RunTimes
-from dflashd.supervisor.decide.gpuspin import PowerSeen
-from dflashd.supervisor.decide.hang import Evidence, Finding, Sample
-from dflashd.supervisor.decide.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.host.proof import Launched, RunCustody
-from dflashd.supervisor.lifecycle import Phase
+from dflashd.supervisor.model.goodput import RunTimes
+from dflashd.supervisor.model.gpuspin import PowerSeen
+from dflashd.supervisor.model.hang import Evidence, Finding, Sample
+from dflashd.supervisor.model.lifecycle import Phase
+from dflashd.supervisor.model.stacks import StacksDump
+from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.watch.elastic import ElasticState
 from dflashd.supervisor.watch.nvml import ChildGpuUse
 from dflashd.supervisor.watch.progress import Progress
-from dflashd.supervisor.watch.stacks import StacksDump
 
 
 class StepWatcher(Protocol):
@@ -87,7 +87,6 @@ class Run:
     create_time: float | None = None
     drains: list[PipeDrain] = field(default_factory=list)
     ended_by: EndedBy = EndedBy.CHILD
-    kill_at_mono: float | None = None
     alerted: set[AlertKind] = field(default_factory=set)
     gpu_baseline_mib: dict[int, float] = field(default_factory=dict)
     gpu_use: ChildGpuUse | None = None
@@ -100,7 +99,6 @@ class Run:
     stacks: dict[str, Any] | None = None  # that dump: its file, the odd rank out, top frames
     flight_prefix: Path | None = None  # where its ranks' NCCL flight-recorder traces go
     hang: HangWatch = field(default_factory=HangWatch)  # samples while suspect of a hang
-    hang_due: float | None = None  # when the hang decider must look again
     hung_after_s: float | None = None  # a proven hang: last step -> the decision
     extensions_root: Path | None = None  # where torch JIT-builds extensions for this run
     gpu_seen: str = "unknown"  # the run's GPUs at the last sample: busy, idle or unknown

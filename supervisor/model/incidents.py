@@ -12,8 +12,8 @@ alert per verdict per run, a crash loop's repeated early deaths quiet); delivery
 
 from __future__ import annotations
 
-from dflashd.supervisor.decide.effects import Book, Effect, Incident, SendAlert
-from dflashd.supervisor.decide.verdicts import EARLY_DEATH_NAMES, AlertKind
+from dflashd.supervisor.model.effects import Book, Effect, Incident, SendAlert
+from dflashd.supervisor.model.verdicts import EARLY_DEATH_NAMES, AlertKind
 
 
 def alert_decision(

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
-from dflashd.supervisor.bounds import bounded_field as _key
-from dflashd.supervisor.bounds import seconds_field as _seconds
-from dflashd.supervisor.decide.verdicts import EARLY_DEATHS, UNFIXABLE_REASONS, Verdict
+from dflashd.supervisor.model.bounds import bounded_field as _key
+from dflashd.supervisor.model.bounds import seconds_field as _seconds
+from dflashd.supervisor.model.verdicts import EARLY_DEATHS, UNFIXABLE_REASONS, Verdict
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,18 @@ from typing import Any, Protocol
 
 from dflashd.logs.linecodec import CODEC
 from dflashd.supervisor import __version__
-from dflashd.supervisor.clock import Clock
-from dflashd.supervisor.config import Config
-from dflashd.supervisor.decide.goodput import Cost
-from dflashd.supervisor.home import Home
+from dflashd.supervisor.host.clock import Clock
+from dflashd.supervisor.host.config import Config
+from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.processops import ProcessOps
-from dflashd.supervisor.ledger import Ledger
-from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.run import Run
+from dflashd.supervisor.model.deadlines import Deadlines
+from dflashd.supervisor.model.goodput import Cost
+from dflashd.supervisor.model.ledger import Ledger
+from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.speak.reporter import Reporter
 from dflashd.supervisor.speak.statusview import StatusView
-from dflashd.supervisor.timers import Timers
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
+from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import Dumper
 
 
@@ -46,7 +46,7 @@ class StatusSource(Protocol):
         ...
 
     @property
-    def timers(self) -> Timers:
+    def deadlines(self) -> Deadlines:
         """The loop's deadlines."""
         ...
 
@@ -71,7 +71,7 @@ def status_view(source: StatusSource) -> StatusView:
     if run is not None and progress is not None and alive:
         ref = progress.last_progress_mono or progress.last_alive_mono or run.started_mono
         age = round(now_mono - ref, 3)
-    restart_at = source.timers.restart_at or source.timers.release_check_at
+    restart_at = source.deadlines.restart_at or source.deadlines.release_check_at
     view: StatusView = {
         "state": source.state.value,
         "phase": run.phase.value if run is not None else "launching",

@@ -20,7 +20,7 @@ counters), and ``wall_s`` is exactly the sum of the buckets.  No clock, no I/O h
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Final, TypedDict
 
 CAUSES: Final = ("startup", "detection", "downtime", "redone")
@@ -171,12 +171,12 @@ def gap_cost(since: float, until: float, *, wanted: bool) -> Cost:
     return Cost(downtime_s=span) if wanted else Cost(stopped_s=span)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class GoodputLedger:
     """The settled totals, and the stretch now open: a run, or the gap before the next one.
 
-    The daemon owns it: :meth:`launched` and :meth:`ended` close stretches, :meth:`view`
-    adds the open one up to ``now``.
+    A value: :meth:`launched`, :meth:`ended` and :meth:`stopping` return the next ledger
+    (the model's ``step`` keeps it); :meth:`view` adds the open stretch up to ``now``.
     """
 
     first_start: float  # wall clock of the home's first start
@@ -198,27 +198,26 @@ class GoodputLedger:
             return None
         return max(0.0, now - self.gap_since)
 
-    def launched(self, now: float) -> float:
-        """A run starts: the gap before it closes; returns its downtime (seconds)."""
-        gap = NOTHING
+    def launched(self, now: float) -> GoodputLedger:
+        """A run starts: the gap before it closes (:meth:`downtime_s` said how much was downtime)."""
+        closed = self.closed
         if self.gap_since is not None:
-            gap = gap_cost(self.gap_since, now, wanted=self.gap_wanted)
-            self.closed = self.closed + gap
-        self.gap_since, self.gap_wanted = None, True
-        return gap.downtime_s
+            closed = closed + gap_cost(self.gap_since, now, wanted=self.gap_wanted)
+        return replace(self, closed=closed, gap_since=None, gap_wanted=True)
 
-    def ended(self, cost: Cost, now: float, *, relaunch: bool) -> None:
+    def ended(self, cost: Cost, now: float, *, relaunch: bool) -> GoodputLedger:
         """A run ended costing ``cost``; the gap that follows is downtime if a run follows."""
-        self.closed = self.closed + cost
-        self.gap_since, self.gap_wanted = now, relaunch and self.stop_at is None
+        wanted = relaunch and self.stop_at is None
+        return replace(self, closed=self.closed + cost, gap_since=now, gap_wanted=wanted)
 
-    def stopping(self, now: float) -> None:
+    def stopping(self, now: float) -> GoodputLedger:
         """The user asked to stop: from now on, time is stopped time."""
-        if self.stop_at is None:
-            self.stop_at = now
-            if self.gap_since is not None and self.gap_wanted:
-                self.closed = self.closed + gap_cost(self.gap_since, now, wanted=True)
-                self.gap_since, self.gap_wanted = now, False
+        if self.stop_at is not None:
+            return self
+        if self.gap_since is not None and self.gap_wanted:
+            closed = self.closed + gap_cost(self.gap_since, now, wanted=True)
+            return replace(self, stop_at=now, closed=closed, gap_since=now, gap_wanted=False)
+        return replace(self, stop_at=now)
 
     def settled(self, live: RunTimes | None, now: float) -> Cost:
         """Everything settled up to ``now``: the closed stretches and the open one."""

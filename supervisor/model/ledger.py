@@ -1,19 +1,20 @@
 """The ledger: what outlives a run (restart budgets, restarts by verdict, the last exit, goodput).
 
-:func:`~dflashd.supervisor.decide.ending.conclude` reads it and says how it changes (a
-:class:`~dflashd.supervisor.decide.effects.Book` effect); :meth:`Ledger.take`, called by the one
-applier (:class:`~dflashd.supervisor.core.DaemonCore`), writes that down.  The status
-snapshot reads it.  Nothing here decides.
+:func:`~dflashd.supervisor.model.ending.conclude` reads it and says how it changes (a
+:class:`~dflashd.supervisor.model.effects.Book` effect); :meth:`Ledger.took`, called by the
+model's ``step`` (:mod:`~dflashd.supervisor.model.step`), gives the ledger after it.  The
+status snapshot reads it.  Nothing here decides.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from dflashd.supervisor.decide.effects import Book, Incident
-from dflashd.supervisor.decide.goodput import GoodputLedger
-from dflashd.supervisor.decide.policy import RestartHistory
+from dflashd.supervisor.model.effects import Book, Incident
+from dflashd.supervisor.model.goodput import GoodputLedger
+from dflashd.supervisor.model.policy import RestartHistory
 
 __all__ = ["Book", "Incident", "Ledger", "capped_exit"]
 
@@ -38,12 +39,13 @@ def capped_exit(fields: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Ledger:
-    """The counters kept between runs (and, from state.json, between daemons)."""
+    """The counters kept between runs (and, from state.json, between daemons): a value,
+    replaced by :meth:`took` (the model's ``step``)."""
 
     history: RestartHistory = field(default_factory=RestartHistory)
-    restarts_by_verdict: dict[str, int] = field(default_factory=dict)
+    restarts_by_verdict: Mapping[str, int] = field(default_factory=dict)
     restarts_this_daemon: int = 0
     last_exit: dict[str, Any] | None = None
     fatal_reason: str | None = None
@@ -54,29 +56,32 @@ class Ledger:
     agent_worker_failures: int = 0
     goodput: GoodputLedger = field(default_factory=lambda: GoodputLedger(first_start=0.0))
 
-    def take(self, book: Book) -> None:
-        """Write down one :class:`Book` effect."""
+    def took(self, book: Book) -> Ledger:
+        """The ledger after one :class:`Book` effect."""
+        changes: dict[str, Any] = {
+            "agent_restarts": self.agent_restarts + book.agent_restarts,
+            "agent_worker_failures": self.agent_worker_failures + book.agent_worker_failures,
+        }
         if book.last_exit is not None:
-            self.last_exit = capped_exit(book.last_exit)
+            changes["last_exit"] = capped_exit(book.last_exit)
         if book.history is not None:
-            self.history = book.history
+            changes["history"] = book.history
         if book.counted_verdict is not None:
-            verdict = book.counted_verdict
-            self.restarts_by_verdict[verdict] = self.restarts_by_verdict.get(verdict, 0) + 1
-            self.restarts_this_daemon += 1
+            verdict, counts = book.counted_verdict, self.restarts_by_verdict
+            changes["restarts_by_verdict"] = {**counts, verdict: counts.get(verdict, 0) + 1}
+            changes["restarts_this_daemon"] = self.restarts_this_daemon + 1
         if book.clear_cache_next is not None:
-            self.clear_cache_next = book.clear_cache_next
+            changes["clear_cache_next"] = book.clear_cache_next
         if book.fatal_reason is not None:
-            self.fatal_reason = book.fatal_reason
+            changes["fatal_reason"] = book.fatal_reason
         if book.recovering_from is not None:
-            self.recovering_from = book.recovering_from
+            changes["recovering_from"] = book.recovering_from
         if book.incident is not None:
-            self.incident = book.incident
+            changes["incident"] = book.incident
         if book.recovered:
-            self.recovering_from = self.incident = None
-        self.agent_restarts += book.agent_restarts
-        self.agent_worker_failures += book.agent_worker_failures
+            changes["recovering_from"] = changes["incident"] = None
         if book.restarts_by_verdict is not None:
-            self.restarts_by_verdict = dict(book.restarts_by_verdict)
+            changes["restarts_by_verdict"] = dict(book.restarts_by_verdict)
         if book.goodput is not None:
-            self.goodput = book.goodput
+            changes["goodput"] = book.goodput
+        return replace(self, **changes)

@@ -18,7 +18,7 @@ No false kill is the first property, speed the second: only *hung* ends a run ea
 torchrun, the workers are judged (the agent's monitor loop is not the job).
 
 :func:`decide` is the one function of (the run's view, the evidence, now, limits) that says
-what to do next; it is table-tested like :func:`dflashd.supervisor.decide.ending.conclude`.
+what to do next; it is table-tested like :func:`dflashd.supervisor.model.ending.conclude`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from dflashd.supervisor.decide.gpuspin import gpu_wait, spinning_power, spun_s
-from dflashd.supervisor.decide.world import (
+from dflashd.supervisor.model.gpuspin import gpu_wait, spinning_power, spun_s
+from dflashd.supervisor.model.stacks import Frame, StacksDump, ThreadStack
+from dflashd.supervisor.model.world import (
     ProcessSample,
     WorldHeard,
     someone_works,
@@ -39,7 +40,6 @@ from dflashd.supervisor.decide.world import (
     world_decides,
     world_stuck,
 )
-from dflashd.supervisor.watch.stacks import Frame, StacksDump, ThreadStack
 
 HANG_SUSPECT_S: Final = 12.0  # the shortest gap that makes a steady run suspect
 CADENCE_FACTOR: Final = 6.0  # ... or this many typical intervals, if longer

@@ -1,26 +1,27 @@
-"""What the daemon's decisions ask for: records, alerts, the history row, the ledger, the
-processes, the state, the timers, the exit code, as plain values (a leaf of the house).
+"""What the daemon's decisions ask for, as plain values: records, alerts, the history row,
+signals and launches, and the changes to the daemon's state (the ledger, the loop's state,
+the deadlines, the exit code).
 
-Every room that decides returns a tuple of these, in order: a run's end
-(:func:`~dflashd.supervisor.decide.ending.conclude`), a resumed run
-(:func:`~dflashd.supervisor.decide.incidents.resumed`), a launch deferred, a stop, the GPU release
+Every decision returns a tuple of these, in order: a run's end
+(:func:`~dflashd.supervisor.model.ending.conclude`), a resumed run
+(:func:`~dflashd.supervisor.model.incidents.resumed`), a launch deferred, a stop, the GPU release
 check and the GPU samples, recovery at start-up, the live run's deadlines.
-:meth:`~dflashd.supervisor.core.DaemonCore.apply` is the one applier that carries them out,
-and the only code that writes the daemon's state (``LoopState``, ``Timers``, ``Ledger``).
+:func:`~dflashd.supervisor.model.step.step` folds the changes to the state into the next
+:class:`~dflashd.supervisor.model.step.DaemonState` and hands the rest on, in order, to the
+one executor (:class:`~dflashd.supervisor.core.DaemonCore`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
-from dflashd.supervisor.decide.goodput import Cost, GoodputLedger
-from dflashd.supervisor.decide.policy import RestartHistory
-from dflashd.supervisor.decide.verdicts import AlertKind
-from dflashd.supervisor.events import Event
-from dflashd.supervisor.lifecycle import State
-from dflashd.supervisor.speak.history import RunHistory
+from dflashd.supervisor.model.deadlines import Deadline
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.goodput import Cost, GoodputLedger
+from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.policy import RestartHistory
+from dflashd.supervisor.model.verdicts import AlertKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +79,6 @@ class RecordHistory:
     ended_at: float
     row: dict[str, Any]
 
-    def write(self, db: RunHistory) -> None:
-        """Write the row (the reporter calls this, degrading on a full disk)."""
-        db.ended(self.run_no, ended_at=self.ended_at, **self.row)
-
 
 @dataclass(frozen=True, slots=True)
 class SettleProcesses:
@@ -103,15 +100,6 @@ class RestartIn:
     """The next launch, after ``delay_s``."""
 
     delay_s: float
-
-
-class Deadline(Enum):
-    """The loop's timers (:class:`~dflashd.supervisor.timers.Timers`) an effect may set."""
-
-    RESTART = "restart_at"  # the next launch (after the backoff, or a deferral)
-    RELEASE_CHECK = "release_check_at"  # look again whether the dead run is gone and released
-    STOP = "stop_deadline"  # the stop's grace is over
-    WATCHDOG = "watchdog_at"  # systemd's WATCHDOG=1
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +140,46 @@ class ExitDaemon:
 
 
 @dataclass(frozen=True, slots=True)
+class Launch:
+    """Launch the next run (the executor; its result comes back as an input)."""
+
+    clear_cache: bool  # clear the compile caches dflashd owns first (after an early death)
+    run_no: int | None  # a deferred launch's number, kept (None: the next one)
+    best_before: int | None  # the best step a new run must pass to make new progress
+    downtime_s: float | None  # the downtime this launch closes
+
+
+@dataclass(frozen=True, slots=True)
+class LookForRelease:
+    """Look whether the dead run is gone and its GPU memory released (the executor asks the
+    host; the answer comes back as :class:`~dflashd.supervisor.model.inputs.ReleaseLooked`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StopRun:
+    """``dflashd stop`` for the live run: SIGTERM to its group, SIGKILL past ``timeout_s``."""
+
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StopTimedOut:
+    """The stop's grace is over: the live run's stacks, then SIGKILL."""
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """Write the status now (state.json, metrics, systemd's STATUS=)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotifySystemd:
+    """One sd_notify message (``STOPPING=1``, ``WATCHDOG=1``)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class Account:
     """The run's cost into the goodput ledger; the gap after ``died_mono`` is downtime when
     a relaunch follows, stopped time when none does."""
@@ -175,4 +203,10 @@ Effect = (
     | RunLaunched
     | KillHolders
     | ExitDaemon
+    | Launch
+    | LookForRelease
+    | StopRun
+    | StopTimedOut
+    | Publish
+    | NotifySystemd
 )

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from dflashd.supervisor.bounds import bounded_int
-from dflashd.supervisor.home import held_path
+from dflashd.supervisor.host.home import held_path
+from dflashd.supervisor.model.bounds import bounded_int
 
 _MAX_DATAGRAM: Final = 4096
 _CREDS: Final = struct.Struct("iII")

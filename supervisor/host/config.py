@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Final, get_type_hints
 
 from dflashd.logs.limits import MIN_LINE_BYTES, MIN_MAX_BYTES
-from dflashd.supervisor.bounds import bounded_field, seconds_field
-from dflashd.supervisor.decide.policy import RestartConfig
-from dflashd.supervisor.decide.verdicts import DEFAULT_ALERTS, AlertKind
+from dflashd.supervisor.model.bounds import bounded_field, seconds_field
+from dflashd.supervisor.model.policy import RestartConfig
+from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind
 
 
 class ConfigError(ValueError):
@@ -272,8 +272,6 @@ def _validate(config: Config) -> Config:
         if key == "step_pattern" and compiled.groups < 1:
             raise ConfigError("step_pattern: needs one group that captures the step number")
     if config.metrics_listen:
-        from dflashd.supervisor.speak.httpserve import parse_listen
-
         try:
             parse_listen(config.metrics_listen)
         except ValueError as exc:
@@ -353,3 +351,14 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         else:
             out[f.name] = value
     return out
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``"127.0.0.1:9464"``, ``":9464"`` or ``"9464"`` -> (host, port); a bare port binds loopback."""
+    host, sep, port = listen.rpartition(":")
+    if not sep:
+        host, port = "", listen
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"metrics_listen: expected host:port, got {listen!r}")
+    return host, int(port)

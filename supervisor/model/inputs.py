@@ -1,0 +1,113 @@
+"""What the loop hears, as values: each is handed to :func:`~dflashd.supervisor.model.step.step`.
+
+The shell turns what woke it (a signal, a datagram, a deadline, a thread's message, the
+answer to an effect it carried out) into one of these; the model decides what follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dflashd.supervisor.model.deadlines import Deadline
+from dflashd.supervisor.model.effects import Effect
+from dflashd.supervisor.model.ending import RunFacts
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The daemon is open: the first launch."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildExited:
+    """The run's root was reaped (or failed to spawn): its facts, gathered by the shell."""
+
+    facts: RunFacts
+    jitter: float  # the backoff's jitter, in [0, 1)
+    launched_at: float | None = None  # the launch itself failed at this time: current from now on
+    publish: bool = True  # False: a run lost with a dead daemon, concluded before the first launch
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A launch succeeded: the run's root lives."""
+
+    started_mono: float
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPutOff:
+    """A launch was deferred for want of a resource the host gives back (descriptors)."""
+
+    run_no: int
+    error: str
+    freed: int  # descriptors the reserve gave back for the records and the next attempt
+    clear_cache: bool  # the cache clearing asked for this launch, kept for the next
+
+
+@dataclass(frozen=True, slots=True)
+class StopRequested:
+    """``dflashd stop``, SIGTERM, SIGINT; ``alive``: a run lives to be stopped."""
+
+    timeout_s: float
+    alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DeadlineDue:
+    """One deadline of the table came (it is cleared as it is handed in)."""
+
+    deadline: Deadline
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLooked:
+    """The answer to :class:`~dflashd.supervisor.model.effects.LookForRelease`: ``wait_until``,
+    the dead run still has processes (look again then); else ``effects`` (the GPU release
+    check's records) and ``ready``, its memory is released."""
+
+    wait_until: float | None
+    effects: tuple[Effect, ...] = ()
+    ready: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Emptied:
+    """The dead run's last process is gone (a custody watcher saw it)."""
+
+    run_no: int
+    current_run_no: int | None  # the current run's number, None: none
+    current_alive: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """Effects an adapter decided (the observer's incidents, the GPU watch, the live run's
+    control, start-up recovery): their changes to the state are folded in, the rest acted on."""
+
+    effects: tuple[Effect, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChanged:
+    """Something status shows changed: state.json is written within the throttle."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusWritten:
+    """The status was just written."""
+
+
+Input = (
+    Started
+    | ChildExited
+    | Launched
+    | LaunchPutOff
+    | StopRequested
+    | DeadlineDue
+    | ReleaseLooked
+    | Emptied
+    | Decided
+    | StatusChanged
+    | StatusWritten
+)

@@ -1,0 +1,222 @@
+"""The daemon as one reducer: ``step(state, input, now) -> (state, effects)``.
+
+:class:`DaemonState` is the whole of the daemon's state that outlives a wake-up: the loop's
+state, the deadline table, the ledger, and the rules it decides by.  It is a value: ``step``
+returns the next one, and nothing assigns to it.  The effects ``step`` returns are what must
+happen outside the model (records, alerts, signals, a launch, a status write), in order; the
+one executor (:class:`~dflashd.supervisor.core.DaemonCore`) carries them out and hands any
+answer back as the next input.  No clock, no I/O: ``now`` and the jitter come in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
+from dflashd.supervisor.model.effects import (
+    Account,
+    Book,
+    Effect,
+    EnterState,
+    ExitDaemon,
+    Launch,
+    LookForRelease,
+    NotifySystemd,
+    Publish,
+    RestartIn,
+    RunLaunched,
+    SetTimer,
+    StopAsked,
+    StopRun,
+    StopTimedOut,
+    WriteRecord,
+)
+from dflashd.supervisor.model.ending import conclude
+from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.inputs import (
+    ChildExited,
+    DeadlineDue,
+    Decided,
+    Emptied,
+    Input,
+    Launched,
+    LaunchPutOff,
+    ReleaseLooked,
+    Started,
+    StatusChanged,
+    StatusWritten,
+    StopRequested,
+)
+from dflashd.supervisor.model.ledger import Ledger
+from dflashd.supervisor.model.lifecycle import LoopState, State
+from dflashd.supervisor.model.policy import RestartConfig
+from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind
+
+LAUNCH_RETRY_S: Final = 1.0  # a launch deferred for want of descriptors is tried again after this
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What the daemon decides by (from the config; constant for its life)."""
+
+    policy: RestartConfig = field(default_factory=RestartConfig)
+    alerts_on: tuple[AlertKind, ...] = DEFAULT_ALERTS
+    watchdog_every_s: float | None = None  # systemd's WatchdogSec, halved (None: no watchdog)
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonState:
+    """The daemon's state: replaced by :func:`step`, never changed."""
+
+    rules: Rules = field(default_factory=Rules)
+    loop: LoopState = field(default_factory=LoopState)
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    ledger: Ledger = field(default_factory=Ledger)
+    deferred_run_no: int | None = None  # a deferred launch keeps its number
+
+
+Step = tuple[DaemonState, tuple[Effect, ...]]
+
+
+def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
+    """Fold the effects that change the state into it; return it and the rest, in order."""
+    loop, deadlines, ledger = state.loop, state.deadlines, state.ledger
+    out: list[Effect] = []
+    for effect in effects:
+        match effect:
+            case Book():
+                ledger = ledger.took(effect)
+            case Account(cost, died_mono, relaunch):
+                goodput = ledger.goodput.ended(cost, died_mono, relaunch=relaunch)
+                ledger = replace(ledger, goodput=goodput)
+            case RunLaunched(started_mono):
+                ledger = replace(ledger, goodput=ledger.goodput.launched(started_mono))
+                out.append(effect)  # the shell's current run from now on
+            case StopAsked(at):
+                loop = replace(loop, stop_requested=True)
+                ledger = replace(ledger, goodput=ledger.goodput.stopping(at))
+                deadlines = deadlines.set(Deadline.RESTART, None)
+                deadlines = deadlines.set(Deadline.RELEASE_CHECK, None)
+            case EnterState(target):
+                loop = loop.entered(target)
+            case RestartIn(delay_s):
+                deadlines = deadlines.set(Deadline.RESTART, now + delay_s)
+            case SetTimer(deadline, at):
+                deadlines = deadlines.set(deadline, at)
+            case ExitDaemon(code):
+                loop = loop.ended_with(code)
+                deadlines = deadlines.set(Deadline.STOP, None)
+            case _:
+                out.append(effect)
+    return replace(state, loop=loop, deadlines=deadlines, ledger=ledger), tuple(out)
+
+
+def launch_effects(state: DaemonState, now: float) -> tuple[Effect, ...]:
+    """The next run: starting, the cache clearing taken for it, the launch."""
+    ledger = state.ledger
+    goodput = ledger.goodput
+    return (
+        EnterState(State.STARTING),
+        Book(clear_cache_next=False),
+        Launch(
+            clear_cache=ledger.clear_cache_next,
+            run_no=state.deferred_run_no,
+            best_before=goodput.best_before(ledger.history.best_step),
+            downtime_s=goodput.downtime_s(now),
+        ),
+    )
+
+
+def deferred_launch(
+    run_no: int, error: str, *, freed: int, clear_cache: bool, now: float
+) -> tuple[Effect, ...]:
+    """A launch deferred for want of a resource the host gives back: said, the cache
+    clearing kept for the next attempt, tried again after :data:`LAUNCH_RETRY_S`."""
+    fields = {"error": error, "retry_in_s": LAUNCH_RETRY_S, "reserve_freed": freed}
+    return (
+        WriteRecord(Event.LAUNCH_DEFERRED, fields, log_level="warning", run_no=run_no),
+        Book(clear_cache_next=clear_cache),
+        SetTimer(Deadline.RESTART, now + LAUNCH_RETRY_S),
+    )
+
+
+def stop_effects(*, alive: bool, now: float) -> tuple[Effect, ...]:
+    """``dflashd stop``: no relaunch from now on; stopping while a run lives, else stopped."""
+    stopping = (StopAsked(now), EnterState(State.STOPPING))
+    return stopping if alive else (*stopping, EnterState(State.STOPPED))
+
+
+def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, tuple[Effect, ...]]:
+    """What ``heard`` asks for, before folding: (the state's non-effect changes, effects)."""
+    match heard:
+        case Started():
+            return state, launch_effects(state, now)
+        case Launched(started_mono):
+            return state, (RunLaunched(started_mono), EnterState(State.RUNNING), Publish())
+        case LaunchPutOff(run_no, error, freed, clear):
+            effects = deferred_launch(run_no, error, freed=freed, clear_cache=clear, now=now)
+            return replace(state, deferred_run_no=run_no), effects
+        case ChildExited(facts, jitter, launched_at, publish):
+            ledger = state.ledger
+            stopping, stop_at = state.loop.stop_requested, ledger.goodput.stop_at
+            facts = replace(facts, stop_requested=stopping, stop_at=stop_at)
+            outcome = conclude(
+                facts,
+                history=ledger.history,
+                policy=state.rules.policy,
+                alerts_on=state.rules.alerts_on,
+                jitter=jitter,
+                incident=ledger.incident,
+            )
+            cleared = tuple(SetTimer(d, None) for d in RUN_DEADLINES)
+            first = () if launched_at is None else (RunLaunched(launched_at),)
+            tail = (Publish(),) if publish else ()
+            return state, (*first, *cleared, *outcome.effects, *tail)
+        case StopRequested(timeout_s, alive):
+            if state.loop.stop_requested or state.loop.done:
+                return state, ()
+            effects = stop_effects(alive=alive, now=now)
+            live = (StopRun(timeout_s),) if alive else ()
+            return state, (*effects, NotifySystemd("STOPPING=1"), *live, Publish())
+        case DeadlineDue(deadline):
+            return state, _due(state, deadline, now)
+        case ReleaseLooked(wait_until, effects, ready):
+            if wait_until is not None:
+                return state, (SetTimer(Deadline.RELEASE_CHECK, wait_until),)
+            return state, (*effects, *(launch_effects(state, now) if ready else ()))
+        case Emptied(run_no, current, alive):
+            waiting = state.deadlines.release_check_at is not None
+            if waiting and current == run_no and not alive:
+                return state, (SetTimer(Deadline.RELEASE_CHECK, None), LookForRelease())
+            return state, ()
+        case Decided(effects):
+            return state, effects
+        case StatusChanged():
+            return replace(state, deadlines=state.deadlines.changed()), ()
+        case StatusWritten():
+            return replace(state, deadlines=state.deadlines.published(now)), ()
+
+
+def _due(state: DaemonState, deadline: Deadline, now: float) -> tuple[Effect, ...]:
+    match deadline:
+        case Deadline.WATCHDOG:
+            every = state.rules.watchdog_every_s or 1.0
+            return (NotifySystemd("WATCHDOG=1"), SetTimer(Deadline.WATCHDOG, now + every))
+        case Deadline.RESTART | Deadline.RELEASE_CHECK:
+            return (LookForRelease(),)
+        case Deadline.STOP:
+            return (StopTimedOut(),)
+        case _:  # the live run's own (kill, hang): its control reads the table
+            return ()
+
+
+def step(state: DaemonState, heard: Input, now: float) -> Step:
+    """The daemon's one reducer: the next state and what must happen outside, in order."""
+    if isinstance(heard, DeadlineDue):
+        state = replace(state, deadlines=state.deadlines.set(heard.deadline, None))
+    state, effects = decide(state, heard, now)
+    if isinstance(heard, Started | ReleaseLooked) and any(isinstance(e, Launch) for e in effects):
+        state = replace(state, deferred_run_no=None)  # the launch takes the kept number
+    return fold(state, effects, now)
