@@ -26,16 +26,20 @@ from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     Book,
+    DumpStacks,
     Effect,
     KillHolders,
+    KillRun,
     Launch,
     LookForRelease,
     NotifySystemd,
     Publish,
     RecordHistory,
     RunLaunched,
+    SampleStacks,
     SendAlert,
     SettleProcesses,
+    SignalRun,
     StopRun,
     StopTimedOut,
     WriteRecord,
@@ -48,6 +52,7 @@ from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.step import DaemonState, step
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.run import Run
+from dflashd.supervisor.watch.stackdumps import Dumper
 
 
 class Hands(Protocol):
@@ -70,6 +75,9 @@ class Hands(Protocol):
     def publish(self) -> object: ...
 
     def gpus_seen(self) -> list[dict[str, Any]]: ...
+
+    @property
+    def dumps(self) -> Dumper: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +180,21 @@ class DaemonCore:
                     hands.stop_run(run, timeout_s)
             case StopTimedOut():
                 hands.stop_timed_out(run)
+            case SignalRun(to, signum):
+                custody = run.custody if run is not None else None
+                if custody is not None and to == "group":
+                    custody.signal_group(signal.Signals(signum))
+                elif custody is not None:
+                    custody.signal_root(signal.Signals(signum))
+            case KillRun():
+                if run is not None and run.custody is not None:
+                    run.custody.kill_all()
+            case DumpStacks(trigger, dump_id, native):
+                if run is not None:
+                    hands.dumps.start(run, trigger, native=native, dump_id=dump_id)
+            case SampleStacks(share):
+                if run is not None:
+                    hands.dumps.sample(run, share)
             case Publish():
                 hands.publish()
             case NotifySystemd(text):

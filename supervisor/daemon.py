@@ -106,9 +106,7 @@ class Daemon:
             home, self.reporter, self.inbox.post, clock.monotonic
         )
         table = lambda: self.core.deadlines  # noqa: E731
-        self.live = LiveRunControl(
-            clock, self.reporter, self.observer, self._limits, self.dumps, table
-        )
+        self.live = LiveRunControl(clock, self.observer, self._limits, self.dumps, table)
         tap = seams.line_tap
         watcher = lambda run_no: LineWatcher(run_no, matcher, clock.monotonic, self.inbox.post, tap)  # noqa: E731
         launcher = Launcher(home, config, clock, self.ops, self.reporter, self.gpu, watcher)
@@ -197,7 +195,7 @@ class Daemon:
         handlers = {
             "status": lambda _: self._status_shown(),
             "stop": stop,
-            "stacks": lambda req: stacks_command(self.dumps, self.reporter.log_path, self.run, req),
+            "stacks": lambda req: stacks_command(self.live, self.reporter.log_path, self.run, req),
         }
         self.doors = Doors(
             self.home, self.clock, self.inbox.read_fd, handlers, self.reporter.home_dir.fd

@@ -21,7 +21,16 @@ from typing import Any, Final
 from dflashd.supervisor.host.caches import file_age, stale_build_locks
 from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
-from dflashd.supervisor.model.effects import SendAlert, SetTimer
+from dflashd.supervisor.model.effects import (
+    DumpStacks,
+    Effect,
+    KillRun,
+    SampleStacks,
+    SendAlert,
+    SetTimer,
+    SignalRun,
+    WriteRecord,
+)
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import (
     SAMPLES,
@@ -39,40 +48,13 @@ from dflashd.supervisor.model.hang import (
 from dflashd.supervisor.model.stacks import StacksTaken, alert_lines
 from dflashd.supervisor.model.startup import StartupStuck, startup_decide
 from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
-from dflashd.supervisor.model.world import WAITING, WORKING, Share, share_of, world_summary
-from dflashd.supervisor.speak.recorder import Recorder
+from dflashd.supervisor.model.world import world_summary
 from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.progress import Limits
-from dflashd.supervisor.watch.run import Run
+from dflashd.supervisor.watch.run import Run, node_rank, world_share
 from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper
 
 DUMP_GRACE_S: Final = 3.0  # between SIGABRT (faulthandler's dump) and SIGKILL
-
-
-def world_share(run: Run, now: float) -> Share | None:
-    """What this node shares with the others at a round's first sample (decide/world.py):
-    a node of a c10d rendezvous, its last round's finding (waiting, working, or nothing)."""
-    elastic = run.elastic
-    if elastic is None or not elastic.job.many_nodes or elastic.job.rdzv_backend != "c10d":
-        return None
-    watch = run.hang
-    finding: tuple[str, float, str] | None = None
-    if watch.last_kind is Finding.ELSEWHERE and watch.elsewhere_since is not None:
-        finding = (WAITING, now - watch.elsewhere_since, watch.last_finding or "")
-    elif watch.last_kind in (Finding.WORKING, Finding.GPU_WAIT):
-        finding = (WORKING, 0.0, watch.last_finding or "")
-    job = elastic.job
-    nodes = elastic.group_world_size if elastic.group_world_size is not None else job.max_nodes
-    return share_of(job.rdzv_endpoint, job.rdzv_id, node_rank(run), nodes, finding)
-
-
-def node_rank(run: Run) -> int | None:
-    """This node's group rank: torchrun's agent said it, or a worker's GROUP_RANK did."""
-    if run.elastic is not None and run.elastic.group_rank is not None:
-        return run.elastic.group_rank
-    dump = run.hang.last_dump
-    ranks = [p.role.group_rank for p in (dump.processes if dump is not None else ())]
-    return next((r for r in ranks if r is not None), None)
 
 
 class LiveRunControl:
@@ -81,23 +63,23 @@ class LiveRunControl:
     def __init__(
         self,
         clock: Clock,
-        reporter: Recorder,
         observer: RunObserver,
         limits: Limits,
         dumps: Dumper,
         deadlines: Callable[[], Deadlines],
     ) -> None:
-        self.clock, self.reporter, self.observer = clock, reporter, observer
+        self.clock, self.observer = clock, observer
         self.limits, self.dumps, self.deadlines = limits, dumps, deadlines
 
-    def _kill_at(self, run: Run, at: float | None) -> None:
-        """The run's SIGKILL at ``at`` (None: not waited for), in the deadline table."""
-        self.observer.apply(run, (SetTimer(Deadline.KILL, at),))
+    def _act(self, run: Run | None, *effects: Effect, publish: bool = False) -> None:
+        """What this room decided, handed to the model and the one executor: it never writes
+        a record, signals, dumps or alerts itself."""
+        self.observer.apply(run, effects, publish=publish)
 
     def _hang_at(self, run: Run, at: float | None) -> None:
         """The next hang look at ``at``, in the deadline table (a wake-up only)."""
         if self.deadlines().hang_at != at:
-            self.observer.apply(run, (SetTimer(Deadline.HANG, at),))
+            self._act(run, SetTimer(Deadline.HANG, at))
 
     def stop(self, run: Run, timeout_s: float) -> None:
         """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
@@ -106,11 +88,13 @@ class LiveRunControl:
             return
         if not run.ended_by_us:
             run.ended_by = EndedBy.STOP
-        self.reporter.record(run.run_no, Event.STOPPING, signal="SIGTERM", timeout_s=timeout_s)
-        custody.signal_group(signal.SIGTERM)
-        custody.signal_group(signal.SIGCONT)
-        stop_at = self.clock.monotonic() + timeout_s
-        self.observer.apply(run, (SetTimer(Deadline.STOP, stop_at),))
+        self._act(
+            run,
+            WriteRecord(Event.STOPPING, {"signal": "SIGTERM", "timeout_s": timeout_s}),
+            SignalRun("group", signal.SIGTERM),
+            SignalRun("group", signal.SIGCONT),  # should it be stopped
+            SetTimer(Deadline.STOP, self.clock.monotonic() + timeout_s),
+        )
 
     def end(self, run: Run, why: EndedBy) -> None:
         """dflashd ends the run (stall, first-step timeout, no GPU memory): a dump, then the kill."""
@@ -123,17 +107,14 @@ class LiveRunControl:
         if not self.dumps.available:
             self._faulthandler(run, why, event, self.dumps.tool())
             return
-        run.dump_before_kill = self.dumps.start(run, why)
-        self.reporter.record(
-            run.run_no,
-            event,
-            log_level="warning",
-            why=why,
-            dump="py-spy",
-            then="SIGKILL",
-            bound_s=STACKS_BOUND_S,
+        run.dump_before_kill = dump_id = self.dumps.next_id(run)
+        fields = {"why": why, "dump": "py-spy", "then": "SIGKILL", "bound_s": STACKS_BOUND_S}
+        self._act(
+            run,
+            DumpStacks(why, dump_id),
+            WriteRecord(event, fields, log_level="warning"),
+            SetTimer(Deadline.KILL, self.clock.monotonic() + STACKS_BOUND_S),  # the dump's bound
         )
-        self._kill_at(run, self.clock.monotonic() + STACKS_BOUND_S)  # the dump's bound
 
     def _faulthandler(self, run: Run, why: str, event: Event, py_spy: str | None) -> None:
         """The fallback: faulthandler prints every thread's Python stack on SIGABRT."""
@@ -141,29 +122,35 @@ class LiveRunControl:
         if custody is None:
             return
         fields: dict[str, Any] = {"why": why, "dump": "faulthandler", "signal": "SIGABRT"}
-        self.reporter.record(
-            run.run_no, event, log_level="warning", then="SIGKILL", py_spy=py_spy, **fields
+        fields |= {"then": "SIGKILL", "py_spy": py_spy}
+        self._act(
+            run,
+            WriteRecord(event, fields, log_level="warning"),
+            SignalRun("root", signal.SIGABRT),
+            # SIGCONT after it, so a stopped (SIGSTOPped) child wakes up to take it.
+            SignalRun("group", signal.SIGCONT),
+            SetTimer(Deadline.KILL, self.clock.monotonic() + DUMP_GRACE_S),
         )
-        # SIGCONT after it, so a stopped (SIGSTOPped) child wakes up to take it.
-        custody.signal_root(signal.SIGABRT)
-        custody.signal_group(signal.SIGCONT)
-        self._kill_at(run, self.clock.monotonic() + DUMP_GRACE_S)
 
     def taken(self, run: Run | None, message: StacksTaken) -> None:
         """A dump finished: its record and file; a kill that waited for it goes ahead now."""
-        fields = self.dumps.taken(message, self.clock.time())
+        fields, level = self.dumps.taken(message, self.clock.time())
+        said = WriteRecord(Event.STACKS, fields, log_level=level, run_no=message.run_no)
         if run is None or run.run_no != message.run_no or run.dump_before_kill != message.dump_id:
+            self._act(run, said)
             return
         run.dump_before_kill = None
         kept = ("dump_id", "path", "odd_rank_out", "odd_summary", "error")
         run.stacks = {k: fields[k] for k in kept if fields.get(k) is not None}
         run.stacks["top"] = alert_lines(fields)
         if not run.alive or run.custody is None:
-            return
-        if message.dump.ok:
-            self._kill_at(run, None)
-            run.custody.kill_all()
-        else:  # py-spy could not read the run (a seccomp profile, say): faulthandler's dump
+            self._act(run, said)
+        elif message.dump.ok:
+            self._act(run, said, SetTimer(Deadline.KILL, None), KillRun())
+        else:
+            self._act(
+                run, said
+            )  # py-spy could not read the run (a seccomp profile, say): faulthandler's dump
             self._faulthandler(run, message.dump.trigger, Event.ENDING_RUN, message.dump.error)
 
     # -- hangs: the evidence decides (hang.py), this applies ---------------------------------
@@ -190,7 +177,7 @@ class LiveRunControl:
                 self._hang_at(run, until)
             case TakeSample():
                 watch.sampling = True
-                self.dumps.sample(run)
+                self._act(run, SampleStacks())
             case NewRound(at=at):
                 watch.samples.clear()
                 watch.next_round_at = at
@@ -214,10 +201,10 @@ class LiveRunControl:
                 "build runs (dflashd never deletes it, and will not relaunch into it)"
             )
         run.hang.waiting = fields
-        self.reporter.record(
-            run.run_no, Event.HANG_CHECK, log_level="warning", finding="startup_wait", **fields
+        check = WriteRecord(
+            Event.HANG_CHECK, {"finding": "startup_wait", **fields}, log_level="warning"
         )
-        self.observer.apply(run, (SendAlert(AlertKind.WAITING, why, fields),), publish=True)
+        self._act(run, check, SendAlert(AlertKind.WAITING, why, fields), publish=True)
 
     def _hang(self, run: Run, now: float) -> None:
         progress, watch = run.progress, run.hang
@@ -248,11 +235,13 @@ class LiveRunControl:
             case Wait(until=until):
                 self._hang_at(run, until)
             case TakeSample():
+                share = None
                 if not watch.samples:
                     watch.rounds += 1
-                    self._suspect_record(run, now)
+                    share = world_share(run, now)
+                    self._act(run, self._suspect_record(run, now))
                 watch.sampling = True
-                self.dumps.sample(run, world_share(run, now) if len(watch.samples) == 0 else None)
+                self._act(run, SampleStacks(share))
             case NewRound(judgement=judgement, at=at, alert=alert):
                 heard = next((s.world for s in reversed(watch.samples) if s.world), None)
                 world = world_summary(heard)
@@ -271,7 +260,7 @@ class LiveRunControl:
                     fields |= {"why": judgement.why, "next_in_s": round(at - now, 3)}
                     if world is not None:
                         fields["world"] = world
-                    self.reporter.record(run.run_no, Event.HANG_CHECK, **fields)
+                    self._act(run, WriteRecord(Event.HANG_CHECK, fields))
             case EndHung(judgement=judgement, hung_after_s=after):
                 run.hung_after_s = after
                 watch.last_finding = judgement.why
@@ -296,20 +285,18 @@ class LiveRunControl:
             watch.elsewhere_alerted = True
             waited = round(now - watch.elsewhere_since, 3)
             fields = {"waiting": judgement.why, "frames": list(judgement.frames), "for_s": waited}
-            self.observer.apply(run, (SendAlert(AlertKind.WAITING, judgement.why, fields),))
+            self._act(run, SendAlert(AlertKind.WAITING, judgement.why, fields))
 
-    def _suspect_record(self, run: Run, now: float) -> None:
+    def _suspect_record(self, run: Run, now: float) -> WriteRecord:
         progress = run.progress
         gap = now - (progress.last_progress_mono or now)
-        self.reporter.record(
-            run.run_no,
-            Event.HANG_SUSPECT,
-            log_level="warning",
-            no_step_for_s=round(gap, 3),
-            step=progress.step,
-            typical_interval_s=round(statistics.median(progress.intervals), 3),
-            round=run.hang.rounds,
-        )
+        fields = {
+            "no_step_for_s": round(gap, 3),
+            "step": progress.step,
+            "typical_interval_s": round(statistics.median(progress.intervals), 3),
+            "round": run.hang.rounds,
+        }
+        return WriteRecord(Event.HANG_SUSPECT, fields, log_level="warning")
 
     def hang_sampled(self, run: Run | None, message: HangSampled) -> None:
         """A sample came back: kept with the run's evidence, and the decider asked at once."""
@@ -328,39 +315,36 @@ class LiveRunControl:
             return
         run.ended_by = EndedBy.HUNG
         dump = run.hang.last_dump
-        fields: dict[str, Any] = {}
+        said: tuple[Effect, ...] = ()
         if dump is not None:
             dump.trigger = "hung"
-            fields = self.dumps.taken(StacksTaken(run.run_no, "hang", dump), self.clock.time())
+            taken = StacksTaken(run.run_no, "hang", dump)
+            fields, level = self.dumps.taken(taken, self.clock.time())
+            said = (WriteRecord(Event.STACKS, fields, log_level=level),)
             kept = ("dump_id", "path", "odd_rank_out", "odd_summary", "error")
             run.stacks = {k: fields[k] for k in kept if fields.get(k) is not None}
             run.stacks["top"] = alert_lines(fields)
-        self.reporter.record(
-            run.run_no,
-            Event.ENDING_RUN,
-            log_level="warning",
-            why=EndedBy.HUNG.value,
-            evidence=judgement.why,
-            frames=list(judgement.frames),
-            hung_after_s=run.hung_after_s,
-            dump="py-spy",
-            then="SIGKILL",
-        )
-        run.custody.kill_all()
+        ending: dict[str, Any] = {"why": EndedBy.HUNG.value, "evidence": judgement.why}
+        ending |= {"frames": list(judgement.frames), "hung_after_s": run.hung_after_s}
+        ending |= {"dump": "py-spy", "then": "SIGKILL"}
+        self._act(run, *said, WriteRecord(Event.ENDING_RUN, ending, log_level="warning"), KillRun())
 
     def check(self, run: Run | None, now: float) -> None:
         """The live run's deadlines: the kill after a dump, a hang, a stall."""
         live = run is not None and run.alive and run.pid is not None
         if live and run is not None:
             if self.deadlines().is_due(Deadline.KILL, now):
-                self._kill_at(run, None)  # a dump past its bound is not waited for any longer
-                if run.custody is not None:
-                    run.custody.kill_all()
+                # a dump past its bound is not waited for any longer
+                self._act(run, SetTimer(Deadline.KILL, None), KillRun())
             if not run.ended_by_us:
                 self._hang(run, now)
             stall = None if run.ended_by_us else run.progress.stall_deadline(self.limits)
             if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
                 self.end(run, why)
+
+    def dump(self, run: Run, dump: DumpStacks) -> None:
+        """A dump asked for outside a decision (``dflashd stacks``), through the executor."""
+        self._act(run, dump)
 
     def stop_timed_out(self, run: Run | None) -> None:
         """The stop's grace is over: the stacks (py-spy), then SIGKILL."""
@@ -370,19 +354,20 @@ class LiveRunControl:
         if self.dumps.available:
             self._dump_then_kill(run, "stop_timeout", Event.STOP_TIMEOUT)
         elif run.custody is not None:  # no py-spy: the stop's grace is over, no more waiting
-            self.reporter.record(run.run_no, Event.STOP_TIMEOUT, signal="SIGKILL")
-            run.custody.kill_all()
+            self._act(run, WriteRecord(Event.STOP_TIMEOUT, {"signal": "SIGKILL"}), KillRun())
 
 
 def stacks_command(
-    dumps: Dumper, log_path: object, run: Run | None, request: dict[str, Any]
+    live: LiveRunControl, log_path: object, run: Run | None, request: dict[str, Any]
 ) -> dict[str, Any]:
     """``dflashd stacks``: start a dump of the live run; the client waits for its record."""
+    dumps = live.dumps
     if run is None or not run.alive:
         return {"ok": False, "error": "no live run to dump"}
     if not dumps.available:
         return {"ok": False, "error": dumps.tool()}
-    dump_id = dumps.start(run, "command", native=bool(request.get("native")))
+    dump_id = dumps.next_id(run)
+    live.dump(run, DumpStacks("command", dump_id, native=bool(request.get("native"))))
     return {
         "ok": True,
         "run": run.run_no,

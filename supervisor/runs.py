@@ -37,6 +37,7 @@ from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.run import Run
+from dflashd.supervisor.watch.stackdumps import Dumper
 
 # The child's last words are already in the pipes: framing them is quick, unless the log's
 # disk pushes back; the sink drops after 2 s of a stalled write, so this bound is never hit
@@ -153,6 +154,11 @@ class Runs:
     def publish(self) -> str:
         """Write the status now."""
         return self.hooks.publish()
+
+    @property
+    def dumps(self) -> Dumper:
+        """The stack dumps (py-spy, or a test's double)."""
+        return self.live.dumps
 
     def gpus_seen(self) -> list[dict[str, Any]]:
         """The GPUs' last sample (an alert carries it)."""

@@ -26,7 +26,6 @@ from dflashd.supervisor.host.config import parse_config
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.proof import Launched
 from dflashd.supervisor.model.effects import WriteRecord
-from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.stacks import StacksTaken, summary
 from dflashd.supervisor.seams import Seams
 from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
@@ -184,19 +183,23 @@ class ScriptedDumps:
     def tool(self) -> str:
         return "scripted" if self._available else "unavailable: scripted"
 
-    def start(self, run: Any, trigger: str, *, native: bool = False) -> str:
-        dump_id = f"{run.run_no}-{len(self.started) + 1}"
+    def next_id(self, run: Any) -> str:
+        return f"{run.run_no}-{len(self.started) + 1}"
+
+    def start(
+        self, run: Any, trigger: str, *, native: bool = False, dump_id: str | None = None
+    ) -> str:
+        dump_id = dump_id or self.next_id(run)
         self.started.append((run.run_no, trigger, dump_id))
         return dump_id
 
-    def sample(self, run: Any) -> None:
+    def sample(self, run: Any, share: Any = None) -> None:
         self.started.append((run.run_no, "hang_sample", ""))
 
-    def taken(self, message: StacksTaken, wall: float) -> dict[str, Any]:
+    def taken(self, message: StacksTaken, wall: float) -> tuple[dict[str, Any], str]:
         fields = {"dump_id": message.dump_id, "path": f"/scripted/{message.dump_id}.txt"}
         fields.update(summary(message.dump))
-        self.reporter.record(message.run_no, Event.STACKS, **fields)
-        return fields
+        return fields, "warning"
 
 
 class Harness:

@@ -22,6 +22,7 @@ from dflashd.supervisor.model.goodput import Cost, GoodputLedger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartHistory
 from dflashd.supervisor.model.verdicts import AlertKind
+from dflashd.supervisor.model.world import Share
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,36 @@ class StopTimedOut:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalRun:
+    """A signal to the live run through its custody: its process group, or its root only."""
+
+    to: str  # "group" or "root"
+    signum: int
+
+
+@dataclass(frozen=True, slots=True)
+class KillRun:
+    """SIGKILL to every process of the live run (its custody, nothing escapes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DumpStacks:
+    """A py-spy dump of the live run (on a thread; it comes back as an input)."""
+
+    trigger: str
+    dump_id: str
+    native: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SampleStacks:
+    """A hang sample of the live run; ``share``: this node's finding shared through the job's
+    store, and the others' heard."""
+
+    share: Share | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Publish:
     """Write the status now (state.json, metrics, systemd's STATUS=)."""
 
@@ -207,6 +238,10 @@ Effect = (
     | LookForRelease
     | StopRun
     | StopTimedOut
+    | SignalRun
+    | KillRun
+    | DumpStacks
+    | SampleStacks
     | Publish
     | NotifySystemd
 )

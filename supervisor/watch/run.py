@@ -19,6 +19,7 @@ from dflashd.supervisor.model.hang import Evidence, Finding, Sample
 from dflashd.supervisor.model.lifecycle import Phase
 from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.model.world import WAITING, WORKING, Share, share_of
 from dflashd.supervisor.watch.elastic import ElasticState
 from dflashd.supervisor.watch.nvml import ChildGpuUse
 from dflashd.supervisor.watch.progress import Progress
@@ -166,3 +167,29 @@ class Run:
             self.pids_seen.add(pid)
             return True
         return False
+
+
+def world_share(run: Run, now: float) -> Share | None:
+    """What this node shares with the others at a round's first sample (decide/world.py):
+    a node of a c10d rendezvous, its last round's finding (waiting, working, or nothing)."""
+    elastic = run.elastic
+    if elastic is None or not elastic.job.many_nodes or elastic.job.rdzv_backend != "c10d":
+        return None
+    watch = run.hang
+    finding: tuple[str, float, str] | None = None
+    if watch.last_kind is Finding.ELSEWHERE and watch.elsewhere_since is not None:
+        finding = (WAITING, now - watch.elsewhere_since, watch.last_finding or "")
+    elif watch.last_kind in (Finding.WORKING, Finding.GPU_WAIT):
+        finding = (WORKING, 0.0, watch.last_finding or "")
+    job = elastic.job
+    nodes = elastic.group_world_size if elastic.group_world_size is not None else job.max_nodes
+    return share_of(job.rdzv_endpoint, job.rdzv_id, node_rank(run), nodes, finding)
+
+
+def node_rank(run: Run) -> int | None:
+    """This node's group rank: torchrun's agent said it, or a worker's GROUP_RANK did."""
+    if run.elastic is not None and run.elastic.group_rank is not None:
+        return run.elastic.group_rank
+    dump = run.hang.last_dump
+    ranks = [p.role.group_rank for p in (dump.processes if dump is not None else ())]
+    return next((r for r in ranks if r is not None), None)

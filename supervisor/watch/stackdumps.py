@@ -34,7 +34,6 @@ from dflashd.supervisor.host.procfs import (
 from dflashd.supervisor.host.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
 from dflashd.supervisor.host.rdzvstore import share_and_hear
 from dflashd.supervisor.host.waits import outside_waits
-from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import HangSampled, Sample
 from dflashd.supervisor.model.stacks import (
     ProcessStacks,
@@ -69,12 +68,18 @@ class Dumper(Protocol):
         """What ``status`` says about the tool."""
         ...
 
-    def start(self, run: Run, trigger: str, *, native: bool = False) -> str:
+    def next_id(self, run: Run) -> str:
+        """The id the next dump of ``run`` will carry."""
+        ...
+
+    def start(
+        self, run: Run, trigger: str, *, native: bool = False, dump_id: str | None = None
+    ) -> str:
         """Start a dump of ``run``; its result comes back through the inbox."""
         ...
 
-    def taken(self, message: StacksTaken, wall: float) -> dict[str, Any]:
-        """Write a finished dump's files and record."""
+    def taken(self, message: StacksTaken, wall: float) -> tuple[dict[str, Any], str]:
+        """Write a finished dump's files; returns its ``stacks`` record's fields and level."""
         ...
 
     def sample(self, run: Run, share: Share | None = None) -> None:
@@ -130,9 +135,15 @@ class StackDumps:
             return f"{self.version} (last dump failed: {self.last_error})"
         return self.version
 
-    def start(self, run: Run, trigger: str, *, native: bool = False) -> str:
+    def next_id(self, run: Run) -> str:
+        """The id the next dump of ``run`` will carry."""
+        return f"{run.run_no}-{next(self._ids)}"
+
+    def start(
+        self, run: Run, trigger: str, *, native: bool = False, dump_id: str | None = None
+    ) -> str:
         """Dump the run's Python processes on a thread; returns the dump's id."""
-        dump_id = f"{run.run_no}-{next(self._ids)}"
+        dump_id = dump_id or self.next_id(run)
         custody = run.custody
         binary = self.binary
         method = "py-spy --native" if native else "py-spy"
@@ -186,8 +197,9 @@ class StackDumps:
 
         threading.Thread(target=work, name=f"dflashd-hang-{run.run_no}", daemon=True).start()
 
-    def taken(self, message: StacksTaken, wall: float) -> dict[str, Any]:
-        """Write the dump's files and its ``stacks`` record; returns the record's fields."""
+    def taken(self, message: StacksTaken, wall: float) -> tuple[dict[str, Any], str]:
+        """Write the dump's files; returns its ``stacks`` record's fields and log level (the
+        record is the caller's effect)."""
         dump = message.dump
         fields: dict[str, Any] = {"dump_id": message.dump_id, **summary(dump)}
         self.last_error = None if dump.ok else dump.error
@@ -209,8 +221,7 @@ class StackDumps:
                 fields["file_error"] = f"{exc.strerror or exc}"
             self.reporter.stack_dump_written()
         level = "info" if dump.trigger == "command" else "warning"
-        self.reporter.record(dump.run_no, Event.STACKS, log_level=level, **fields)
-        return fields
+        return fields, level
 
 
 def _hear_world(share: Share, processes: list[ProcessStacks]) -> WorldHeard:
