@@ -32,7 +32,7 @@ from dflashd.supervisor.launcher import Launcher
 from dflashd.supervisor.liverun import LiveRunControl, stacks_command
 from dflashd.supervisor.model.bounds import MAX_SECONDS
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
-from dflashd.supervisor.model.effects import SetTimer
+from dflashd.supervisor.model.effects import SetTimer, WriteRecord
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import HangSampled
 from dflashd.supervisor.model.inputs import (
@@ -100,7 +100,7 @@ class Daemon:
         self.core: DaemonCore  # made below, once the hands it acts through are
         apply = lambda run, effects, publish=False: self.core.apply(run, effects, publish=publish)  # noqa: E731
         self.observer = RunObserver(
-            self.reporter, self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, apply
+            self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, apply
         )
         self.dumps = seams.dumps or StackDumps(
             home, self.reporter, self.inbox.post, clock.monotonic
@@ -376,8 +376,8 @@ def _closing_steps(daemon: Daemon) -> list[tuple[str, Callable[[], object]]]:
         ("gpu", daemon.gpu.stop),
         (
             "daemon_exit",
-            lambda: daemon.reporter.record(
-                run.run_no if run else 0, Event.DAEMON_EXIT, state=daemon.state.value
+            lambda: daemon.core.execute(
+                run, (WriteRecord(Event.DAEMON_EXIT, {"state": daemon.state.value}),)
             ),
         ),
         # a refused start leaves status as it was: no phantom "starting" state

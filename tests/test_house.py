@@ -377,3 +377,67 @@ def test_the_run_write_finder_finds_writes() -> None:
         "print(run.phase)\n"
     )
     assert run_field_writes(tree) == {"ended_by", "hang_due", "gpu_xids"}
+
+
+# The executor and its hands: the only modules that act (issue 42).  ``core`` is the one
+# executor; ``runs`` its hands for a run's life, which call the launcher (the spawn record
+# must be on disk before the fork), the ended runs' room and the dumps; ``reporter``/``custody``
+# are the implementations of a record and of a signal.
+ACTORS = {
+    "dflashd.supervisor.core",
+    "dflashd.supervisor.runs",
+    "dflashd.supervisor.launcher",
+    "dflashd.supervisor.endedruns",
+    "dflashd.supervisor.speak.reporter",
+    "dflashd.supervisor.host.custody",
+    "dflashd.supervisor.watch.stackdumps",  # a native dump's own SIGCONT, in its thread
+}
+ACTS = {
+    "record",
+    "record_history",
+    "alert",
+    "signal_group",
+    "signal_root",
+    "signal_pid",
+    "kill_all",
+    "launch",
+    "start_dump",
+}
+
+
+def acts(tree: ast.AST) -> list[tuple[int, str]]:
+    """Calls that record, alert, signal, launch or dump: ``<x>.record(...)`` and the like,
+    and ``<x>.dumps.start/sample(...)``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        method, owner = node.func.attr, node.func.value
+        owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        dumps = owner_name == "dumps" and method in ("start", "sample")
+        valued = method == "record" and not node.args  # Cost.record(): a value, not an act
+        if (method in ACTS and not valued) or dumps:
+            found.append((node.lineno, f"{owner_name}.{method}()"))
+    return found
+
+
+def test_outside_the_executor_nothing_records_signals_launches_dumps_or_alerts() -> None:
+    outside: list[str] = []
+    for name, path in modules().items():
+        if not name.startswith("dflashd.supervisor") or ".client" in name or name in ACTORS:
+            continue
+        for line, what in acts(ast.parse(path.read_text())):
+            outside.append(f"{name}:{line}: {what}")
+    assert outside == []
+
+
+def test_the_act_finder_finds_acts() -> None:
+    tree = ast.parse(
+        "self.reporter.record(1, e)\n"
+        "run.custody.kill_all()\n"
+        "self.dumps.sample(run)\n"
+        "self.launcher.launch(run)\n"
+        "custody.signal_group(15)\n"
+        "progress.on_step(1)\n"
+    )
+    assert [line for line, _ in acts(tree)] == [1, 2, 3, 4, 5]

@@ -17,12 +17,11 @@ from typing import Any, Final, Protocol
 from dflashd.supervisor.host.notify import NotifyMessage
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.procfs import CLK_TCK, read_stat
-from dflashd.supervisor.model.effects import Book, Effect
+from dflashd.supervisor.model.effects import Book, Effect, WriteRecord
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.incidents import passed, resumed
 from dflashd.supervisor.model.ledger import Incident, Ledger
 from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
-from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid, ElasticState
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
@@ -56,17 +55,16 @@ class RunObserver:
 
     def __init__(
         self,
-        reporter: Recorder,
         gpu: GpuWatch,
         ops: ProcessOps,
         ledger: Callable[[], Ledger],
         alerts_on: tuple[AlertKind, ...],
         apply: Apply,
     ) -> None:
-        self.reporter, self.gpu, self.ops, self.ledger = reporter, gpu, ops, ledger
+        self.gpu, self.ops, self.ledger = gpu, ops, ledger
         self.alerts_on = alerts_on
-        # The daemon's one applier (:class:`~dflashd.supervisor.core.DaemonCore`): the
-        # ledger is read here, never written; what changes goes there as effects.
+        # The model and the one executor (:meth:`~dflashd.supervisor.core.DaemonCore.apply`):
+        # the ledger is read here, never written; what changes and what is said go as effects.
         self.apply = apply
 
     def lines(self, run: Run | None, seen: LinesSeen, now: float) -> bool:
@@ -102,6 +100,10 @@ class RunObserver:
         )
         self._progressed(run, change)
 
+    def _say(self, run: Run, *effects: Effect) -> None:
+        """What the observer decided, through the model and the one executor."""
+        self.apply(run, effects)
+
     def notify(self, run: Run | None, msg: NotifyMessage, now: float) -> bool:
         """One sd_notify datagram; ignored unless its sender belongs to the live run."""
         if run is None or not run.alive:
@@ -112,7 +114,7 @@ class RunObserver:
             self._workers_running(run, now)  # a worker speaks: the agent's rendezvous is over
         change = run.progress.on_notify(msg, now)
         if change.status is not None:
-            self.reporter.record(run.run_no, Event.CHILD_STATUS, status=change.status)
+            self._say(run, WriteRecord(Event.CHILD_STATUS, {"status": change.status}))
         self._progressed(run, change)
         return True
 
@@ -180,24 +182,17 @@ class RunObserver:
             return True
         fields: dict[str, Any] = dict(said.fields)
         if said.said is AgentSaid.WORKER_FAILED:
-            self.apply(run, (Book(agent_worker_failures=1),))
             fields["worker_failures"] = state.worker_failures
-            self.reporter.record(run.run_no, Event.WORKER_FAILED, log_level="warning", **fields)
+            failed = WriteRecord(Event.WORKER_FAILED, fields, log_level="warning")
+            self._say(run, Book(agent_worker_failures=1), failed)
         elif said.said in (AgentSaid.GROUP_RESTART, AgentSaid.MEMBERSHIP_RESTART):
-            self.apply(run, (Book(agent_restarts=1),))
             cause = "failure" if said.said is AgentSaid.GROUP_RESTART else "node_joined"
-            self.reporter.record(
-                run.run_no,
-                Event.WORKERS_RESTARTED,
-                log_level="warning",
-                by="torchrun",
-                cause=cause,
-                restarts=state.group_restarts,
-                **fields,
-            )
+            fields = {"by": "torchrun", "cause": cause, "restarts": state.group_restarts, **fields}
+            restarted = WriteRecord(Event.WORKERS_RESTARTED, fields, log_level="warning")
+            self._say(run, Book(agent_restarts=1), restarted)
         elif said.said is AgentSaid.RENDEZVOUS_TIMEOUT:
-            self.reporter.record(
-                run.run_no, Event.RENDEZVOUS, state="timeout", **state.job.fields()
+            self._say(
+                run, WriteRecord(Event.RENDEZVOUS, {"state": "timeout", **state.job.fields()})
             )
         else:
             self._rendezvous_record(run, state, fields)
@@ -216,7 +211,7 @@ class RunObserver:
         if state.rendezvous == "complete":
             fields.setdefault("group_rank", state.group_rank)
             fields.setdefault("group_world_size", state.group_world_size)
-        self.reporter.record(run.run_no, Event.RENDEZVOUS, **fields)
+        self._say(run, WriteRecord(Event.RENDEZVOUS, fields))
 
     def _progressed(self, run: Run, change: Change) -> None:
         progress = run.progress
@@ -225,14 +220,8 @@ class RunObserver:
         if change.first_step and progress.first_step_mono is not None:
             after = round(progress.first_step_mono - run.started_mono, 3)
             source = progress.first_step_source
-            self.reporter.record(
-                run.run_no,
-                Event.FIRST_STEP,
-                log_level="info",
-                after_s=after,
-                step=progress.step,
-                source=source,
-            )
+            fields = {"after_s": after, "step": progress.step, "source": source}
+            self._say(run, WriteRecord(Event.FIRST_STEP, fields, log_level="info"))
         self._maybe_recovered(run)
         if change.progress_record:
             self.progress_record(run)
@@ -261,4 +250,4 @@ class RunObserver:
         if progress.epoch is not None:
             fields["epoch"] = progress.epoch
         progress.recorded = (progress.step, progress.epoch, progress.loss)
-        self.reporter.record(run.run_no, Event.PROGRESS, **fields)
+        self._say(run, WriteRecord(Event.PROGRESS, fields))
