@@ -47,7 +47,7 @@ from dflashd.supervisor.model.hang import (
 )
 from dflashd.supervisor.model.stacks import StacksTaken, alert_lines
 from dflashd.supervisor.model.startup import StartupStuck, startup_decide
-from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.model.verdicts import EndedBy, Notice
 from dflashd.supervisor.model.world import world_summary
 from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.progress import Limits
@@ -204,7 +204,7 @@ class LiveRunControl:
         check = WriteRecord(
             Event.HANG_CHECK, {"finding": "startup_wait", **fields}, log_level="warning"
         )
-        self._act(run, check, SendAlert(AlertKind.WAITING, why, fields), publish=True)
+        self._act(run, check, SendAlert(Notice.WAITING, why, fields), publish=True)
 
     def _hang(self, run: Run, now: float) -> None:
         progress, watch = run.progress, run.hang
@@ -285,7 +285,7 @@ class LiveRunControl:
             watch.elsewhere_alerted = True
             waited = round(now - watch.elsewhere_since, 3)
             fields = {"waiting": judgement.why, "frames": list(judgement.frames), "for_s": waited}
-            self._act(run, SendAlert(AlertKind.WAITING, judgement.why, fields))
+            self._act(run, SendAlert(Notice.WAITING, judgement.why, fields))
 
     def _suspect_record(self, run: Run, now: float) -> WriteRecord:
         progress = run.progress

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dflashd.supervisor.model.incidents import alert_decision
-from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind
+from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, alert_kind
 from dflashd.supervisor.speak.alerts import AlertDispatcher, AlertOutcome, summary_text
 from tests.conftest import Daemon, child
 
@@ -86,9 +86,9 @@ def test_alert_policy(verdict: str, alerted: set[str], early_before: int, expect
     """One alert per verdict per run; a crash loop alerts on its first early death and the fatal."""
     assert (
         alert_decision(
-            AlertKind(verdict),
+            alert_kind(verdict),
             on=DEFAULT_ALERTS,
-            already_alerted=frozenset(AlertKind(a) for a in alerted),
+            already_alerted=frozenset(alert_kind(a) for a in alerted),
             early_deaths_before=early_before,
         )
         is expected

@@ -18,6 +18,7 @@ from dflashd.supervisor.model.policy import (
     decide,
 )
 from dflashd.supervisor.model.verdicts import (
+    ALERT_KINDS,
     EndedBy,
     Observations,
     Verdict,
@@ -344,11 +345,11 @@ def test_config_defaults_and_override(tmp_path: Path) -> None:
 
 
 def test_alert_kinds_cover_every_verdict() -> None:
-    """AlertKind repeats the verdicts (for static typing): it must never miss one."""
-    from dflashd.supervisor.model.verdicts import AlertKind, Verdict
+    """AlertKind is derived from the verdicts (``Verdict | Notice``): it never misses one."""
+    from dflashd.supervisor.model.verdicts import Verdict
 
     extra = {"fatal", "recovered", "waiting"}  # gave up; trains again; waits on work elsewhere
-    assert {v.value for v in Verdict} | extra == {k.value for k in AlertKind}
+    assert {v.value for v in Verdict} | extra == {k.value for k in ALERT_KINDS}
 
 
 def test_the_same_hang_twice_is_fatal_not_a_third_try() -> None:

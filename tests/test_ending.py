@@ -18,10 +18,17 @@ from dflashd.supervisor.model.incidents import passed, resumed
 from dflashd.supervisor.model.ledger import Book, Ledger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartConfig, RestartHistory
-from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy, Observations
+from dflashd.supervisor.model.verdicts import (
+    DEFAULT_ALERTS,
+    AlertKind,
+    EndedBy,
+    Notice,
+    Observations,
+    Verdict,
+)
 
 POLICY = RestartConfig(early_retries=3, runtime_retries=5, backoff_initial_s=10.0)
-FATAL_ONLY = (AlertKind.FATAL,)
+FATAL_ONLY = (Notice.FATAL,)
 IMPORT_ERROR = ("ModuleNotFoundError: No module named 'x'",)
 
 RUNTIME_CRASH = Observations(signal=signal.SIGSEGV, reached_first_step=True, output_lines=9)
@@ -74,7 +81,7 @@ SPENT = RestartHistory(early_deaths=3, consecutive_failures=3)  # the early budg
             UNFIXABLE,
             RestartHistory(),
             False,
-            (AlertKind.CRASH_BEFORE_FIRST_STEP,),
+            (Verdict.CRASH_BEFORE_FIRST_STEP,),
             State.FATAL,
             [("crash_before_first_step", "import_error")],
             ["fatal"],
@@ -181,7 +188,7 @@ def test_one_stuck_job_is_one_incident_one_alert_then_the_fatal() -> None:
 
 def test_an_incident_ends_when_a_run_passes_its_step() -> None:
     ledger = Ledger()
-    on = (*DEFAULT_ALERTS, AlertKind.CRASHED)
+    on = (*DEFAULT_ALERTS, Verdict.CRASHED)
     for run, step in ((1, 100), (2, 80)):
         facts = RunFacts(run, RUNTIME_CRASH, 10.0, ended_at=1.0, step=step)
         outcome = conclude(
@@ -207,7 +214,7 @@ def test_a_lost_run_is_classified_and_counted_like_any_other() -> None:
         lost_facts(7, 120, 50.0),
         history=RestartHistory(),
         policy=POLICY,
-        alerts_on=(*DEFAULT_ALERTS, AlertKind.LOST),
+        alerts_on=(*DEFAULT_ALERTS, Verdict.LOST),
         jitter=0.0,
     )
     assert outcome.result.verdict.value == "lost" and outcome.result.reason == "daemon_killed"
@@ -227,7 +234,7 @@ def test_a_start_up_that_died_on_a_stale_build_lock_is_not_relaunched_into_it() 
         facts, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0
     )
     assert outcome.decision is not None and outcome.decision.reason == f"stale_build_lock:{lock}"
-    assert any(isinstance(e, SendAlert) and e.kind is AlertKind.FATAL for e in outcome.effects)
+    assert any(isinstance(e, SendAlert) and e.kind is Notice.FATAL for e in outcome.effects)
     assert outcome.exit_fields["stale_build_locks"] == [lock]
     # without the lock the same death is relaunched
     again = conclude(
@@ -250,7 +257,7 @@ def test_a_crash_right_after_a_wait_elsewhere_says_so_in_one_waiting_alert() -> 
         facts, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0
     )
     sent = [e for e in outcome.effects if isinstance(e, SendAlert)]
-    assert [e.kind for e in sent] == [AlertKind.WAITING]
+    assert [e.kind for e in sent] == [Notice.WAITING]
     assert "after waiting 70s on work elsewhere" in sent[0].reason and why in sent[0].reason
     assert outcome.exit_fields["waited_elsewhere"] == {"why": why, "for_s": 70.0}
     already = RunFacts(
@@ -259,7 +266,7 @@ def test_a_crash_right_after_a_wait_elsewhere_says_so_in_one_waiting_alert() -> 
         95.0,
         ended_at=1.0,
         waited_elsewhere=(why, 70.0),
-        already_alerted=frozenset({AlertKind.WAITING}),
+        already_alerted=frozenset({Notice.WAITING}),
     )
     again = conclude(
         already, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0

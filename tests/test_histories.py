@@ -49,7 +49,7 @@ from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, Rules, step
-from dflashd.supervisor.model.verdicts import AlertKind, EndedBy, Observations
+from dflashd.supervisor.model.verdicts import EndedBy, Notice, Observations, Verdict
 
 POLICY = RestartConfig(early_retries=2, runtime_retries=5, backoff_initial_s=2.0)
 CRASH = Observations(signal=signal.SIGSEGV, reached_first_step=True, output_lines=9)
@@ -139,7 +139,7 @@ def test_a_completed_job_ends_the_daemon_and_launches_nothing() -> None:
 
 
 def test_early_deaths_past_the_budget_end_fatal_with_one_alert_each_kind() -> None:
-    state = fresh(alerts_on=(AlertKind.CRASH_BEFORE_FIRST_STEP, AlertKind.FATAL))
+    state = fresh(alerts_on=(Verdict.CRASH_BEFORE_FIRST_STEP, Notice.FATAL))
     alerts: list[str] = []
     at = 0.0
     for run_no in range(1, 5):

@@ -317,19 +317,20 @@ def test_the_state_write_finder_finds_writes() -> None:
 
 
 def test_one_vocabulary_across_the_boundaries() -> None:
-    """AlertKind is every verdict plus ``fatal``, ``recovered`` and ``waiting``; every verdict has its
-    colour in the report and every state its colour in the terminal."""
+    """An alert is about a verdict or a notice (``fatal``, ``recovered``, ``waiting``): AlertKind
+    is derived, never repeated; every verdict has its colour in the report and every state
+    its colour in the terminal."""
     from dflashd.supervisor.client.htmlreport import VERDICT_COLORS
     from dflashd.supervisor.client.render import STATE_COLOR
     from dflashd.supervisor.model.lifecycle import State
-    from dflashd.supervisor.model.verdicts import AlertKind, Verdict
+    from dflashd.supervisor.model.verdicts import ALERT_KINDS, Verdict, alert_kind
 
-    assert {k.value for k in AlertKind} == {v.value for v in Verdict} | {
+    assert {k.value for k in ALERT_KINDS} == {v.value for v in Verdict} | {
         "fatal",
         "recovered",
         "waiting",
     }
-    assert all(AlertKind[v.name].value == v.value for v in Verdict)
+    assert all(alert_kind(v.value) is v for v in Verdict)  # the very same member
     assert set(Verdict) <= set(VERDICT_COLORS)
     assert set(State) == set(STATE_COLOR)
 

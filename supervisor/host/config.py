@@ -22,7 +22,7 @@ from typing import Any, Final, get_type_hints
 from dflashd.logs.limits import MIN_LINE_BYTES, MIN_MAX_BYTES
 from dflashd.supervisor.model.bounds import bounded_field, seconds_field
 from dflashd.supervisor.model.policy import RestartConfig
-from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind
+from dflashd.supervisor.model.verdicts import ALERT_KINDS, DEFAULT_ALERTS, AlertKind, alert_kind
 
 
 class ConfigError(ValueError):
@@ -182,13 +182,13 @@ def _gpus(where: str, value: Any) -> str | tuple[int, ...]:
 
 def _alert_kinds(where: str, value: Any) -> tuple[AlertKind, ...]:
     names = _strings(where, value)
-    known = {k.value for k in AlertKind}
+    known = {k.value for k in ALERT_KINDS}
     for name in names:
         if name not in known:
             raise ConfigError(
                 f"{where}: unknown alert kind {name!r} (known: {', '.join(sorted(known))})"
             )
-    return tuple(AlertKind(n) for n in names)
+    return tuple(alert_kind(n) for n in names)
 
 
 _PARSERS: Final[dict[Any, Callable[[str, Any], Any]]] = {

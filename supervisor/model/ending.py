@@ -42,8 +42,10 @@ from dflashd.supervisor.model.verdicts import (
     AlertKind,
     Classification,
     EndedBy,
+    Notice,
     Observations,
     Verdict,
+    alert_kind,
     classify,
     signal_name,
 )
@@ -232,7 +234,7 @@ def conclude(
 
     if result.verdict is Verdict.LOST:  # concluded at a later daemon's start, which relaunches
         book = Book(last_exit=last_exit, counted_verdict=verdict)
-        lost = alert(AlertKind.LOST, result.reason, 0)
+        lost = alert(Verdict.LOST, result.reason, 0)
         return Outcome(result, None, fields, (*written, book, *lost))
 
     decision = decide(
@@ -255,7 +257,7 @@ def conclude(
         lock = facts.stale_build_locks[0]
         decision = replace(decision, action=Action.FATAL, reason=f"stale_build_lock:{lock}")
     settle = SettleProcesses(kill_now=facts.obs.ended_by is not EndedBy.CHILD)
-    verdict_alert = AlertKind(verdict)
+    verdict_alert = alert_kind(verdict)
     if facts.stop_requested:
         book = Book(last_exit=last_exit, history=decision.history, clear_cache_next=False)
         alerts = alert(verdict_alert, result.reason, history.early_deaths)
@@ -283,7 +285,7 @@ def conclude(
         )
         # One page for one event: the ``fatal`` alert carries the run's exit (code, tail);
         # the verdict's own alert goes out only where ``fatal`` is not alerted.
-        alerts = alert(AlertKind.FATAL, decision.reason, 0)
+        alerts = alert(Notice.FATAL, decision.reason, 0)
         if not alerts:
             alerts = alert(verdict_alert, result.reason, history.early_deaths)
         fatal = WriteRecord(Event.FATAL, {"reason": decision.reason, "verdict": verdict}, "error")
@@ -301,7 +303,7 @@ def conclude(
     alerts = alert(verdict_alert, result.reason, history.early_deaths)
     if not alerts and facts.waited_elsewhere is not None:
         # a crash right after a wait elsewhere: its peer was lost; the wait's one alert says so
-        alerts = alert(AlertKind.WAITING, result.reason, 0)
+        alerts = alert(Notice.WAITING, result.reason, 0)
     restart = {
         "delay_s": round(decision.delay_s, 3),
         "cache_cleared": decision.clear_cache,

@@ -13,7 +13,7 @@ alert per verdict per run, a crash loop's repeated early deaths quiet); delivery
 from __future__ import annotations
 
 from dflashd.supervisor.model.effects import Book, Effect, Incident, SendAlert
-from dflashd.supervisor.model.verdicts import EARLY_DEATH_NAMES, AlertKind
+from dflashd.supervisor.model.verdicts import EARLY_DEATH_NAMES, AlertKind, Notice
 
 
 def alert_decision(
@@ -35,7 +35,7 @@ def alert_decision(
 
 def repeats(incident: Incident | None, kind: AlertKind) -> bool:
     """A failure of the open incident's kind: one more of the same, no new alert."""
-    return incident is not None and kind is not AlertKind.FATAL and incident.kind == kind.value
+    return incident is not None and kind is not Notice.FATAL and incident.kind == kind.value
 
 
 def extended(incident: Incident | None, verdict: str, step: int | None) -> Incident:
@@ -63,8 +63,8 @@ def resumed(
     and the incident closed."""
     effects: list[Effect] = []
     if recovering_from is not None and alert_decision(
-        AlertKind.RECOVERED, on=alerts_on, already_alerted=already_alerted, early_deaths_before=0
+        Notice.RECOVERED, on=alerts_on, already_alerted=already_alerted, early_deaths_before=0
     ):
-        effects.append(SendAlert(AlertKind.RECOVERED, recovering_from, {"tail": []}))
+        effects.append(SendAlert(Notice.RECOVERED, recovering_from, {"tail": []}))
     effects.append(Book(recovered=True))
     return tuple(effects)

@@ -10,7 +10,7 @@ import re
 import signal
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, TypeAlias
 
 
 class Verdict(StrEnum):
@@ -39,35 +39,37 @@ EARLY_DEATHS: Final = frozenset(
 EARLY_DEATH_NAMES: Final = frozenset(v.value for v in EARLY_DEATHS)
 
 
-class AlertKind(StrEnum):
-    """What an alert is about: the verdicts, plus ``fatal`` (gave up) and ``recovered`` (training resumed)."""
+class Notice(StrEnum):
+    """What an alert is about besides a verdict."""
 
-    SPAWN_FAILED = "spawn_failed"
-    SILENT_DEATH = "silent_death"
-    CRASH_BEFORE_FIRST_STEP = "crash_before_first_step"
-    NO_GPU_MEMORY = "no_gpu_memory"
-    STALLED = "stalled"
-    RENDEZVOUS_TIMEOUT = "rendezvous_timeout"
-    CRASHED = "crashed"
-    COMPLETED = "completed"
-    STOPPED = "stopped"
-    LOST = "lost"
-    FATAL = "fatal"
-    RECOVERED = "recovered"
+    FATAL = "fatal"  # dflashd gave up
+    RECOVERED = "recovered"  # training resumed past the step of a stall or a fatal
     WAITING = "waiting"  # alive, waiting past remote_wait_s on work elsewhere (not ended)
+
+
+AlertKind: TypeAlias = Verdict | Notice  # what an alert is about: a verdict, or a notice
+ALERT_KINDS: Final[tuple[AlertKind, ...]] = (*Verdict, *Notice)
+
+
+def alert_kind(name: str) -> AlertKind:
+    """The alert kind called ``name`` (ValueError: there is none)."""
+    try:
+        return Verdict(name)
+    except ValueError:
+        return Notice(name)
 
 
 # Alerted by default: every early death, a stall, a give-up and a recovery.
 DEFAULT_ALERTS: Final = (
-    AlertKind.SPAWN_FAILED,
-    AlertKind.SILENT_DEATH,
-    AlertKind.CRASH_BEFORE_FIRST_STEP,
-    AlertKind.NO_GPU_MEMORY,
-    AlertKind.STALLED,
-    AlertKind.RENDEZVOUS_TIMEOUT,
-    AlertKind.FATAL,
-    AlertKind.RECOVERED,
-    AlertKind.WAITING,
+    Verdict.SPAWN_FAILED,
+    Verdict.SILENT_DEATH,
+    Verdict.CRASH_BEFORE_FIRST_STEP,
+    Verdict.NO_GPU_MEMORY,
+    Verdict.STALLED,
+    Verdict.RENDEZVOUS_TIMEOUT,
+    Notice.FATAL,
+    Notice.RECOVERED,
+    Notice.WAITING,
 )
 
 

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.host.custody import end_own_child_session
-from dflashd.supervisor.model.verdicts import AlertKind
+from dflashd.supervisor.model.verdicts import Notice
 
 COMMAND_TIMEOUT_S: Final = 30.0
 WEBHOOK_TIMEOUT_S: Final = 5.0
@@ -77,7 +77,7 @@ def alert_payload(
 def summary_text(payload: dict[str, Any]) -> str:
     """One readable paragraph (Slack's ``text``): host, run, verdict, reason, stderr tail, log."""
     verdict = payload["verdict"]
-    if verdict == AlertKind.RECOVERED:
+    if verdict == Notice.RECOVERED:
         return (
             f":white_check_mark: dflashd on {payload['host']}: training resumed in run {payload['run']}, "
             f"step {payload.get('step')} (after {payload['reason']}). Log: {payload['log']}"

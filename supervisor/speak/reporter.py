@@ -23,7 +23,7 @@ from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.pyspy import RUNNING_DUMPS
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import Cost, cost_to_json
-from dflashd.supervisor.model.verdicts import AlertKind
+from dflashd.supervisor.model.verdicts import AlertKind, Notice
 from dflashd.supervisor.speak.alerts import AlertDispatcher, AlertOutcome, alert_payload
 from dflashd.supervisor.speak.diagnostics import get_logger
 from dflashd.supervisor.speak.history import RunHistory, open_history
@@ -190,7 +190,7 @@ class Reporter:
         for key in first:  # what a person acts on first
             if fields.get(key):
                 payload[key] = fields[key]
-        if kind is AlertKind.FATAL and fields.get("verdict"):
+        if kind is Notice.FATAL and fields.get("verdict"):
             payload["run_verdict"] = fields["verdict"]  # the early death behind the fatal, say
         odd = (fields.get("stacks") or {}).get("odd_summary")
         if odd:
