@@ -22,11 +22,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from dflashd.logs import EventRecord, LineRecord, RotatingLogWriter, read_records
+from dflashd.logs import EventRecord, LineRecord, RotatingLogWriter, follow, read_records
 from dflashd.logs.compress import SQUEEZE, helper_env
 from dflashd.logs.framer import Frame
 from dflashd.logs.packed import zstd_home
@@ -380,3 +381,11 @@ def test_two_quick_ctrl_c_end_start_with_one_line_and_130(
     assert "Traceback" not in err and "Aborted" not in err
     if "nothing" in said[0]:  # interrupted before the launch: no daemon holds the home
         assert not lock_is_held(home / "dflashd.lock")
+    if "goes on" in said[0]:  # the daemon carries on: its launch first, so the stop ends it
+        deadline = time.monotonic() + 30
+        records = follow(
+            home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline
+        )
+        with closing(records):
+            launched = any(getattr(r, "event", None) == "launched" for r in records)
+        assert launched
