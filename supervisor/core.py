@@ -190,8 +190,8 @@ class DaemonCore:
                 if run is not None and run.custody is not None:
                     run.custody.kill_all()
             case DumpStacks(trigger, dump_id, native):
-                if run is not None:
-                    hands.dumps.start(run, trigger, native=native, dump_id=dump_id)
+                if run is not None and hands.dumps.available:
+                    hands.dumps.start(run, trigger, native=native, dump_id=dump_id or None)
             case SampleStacks(share):
                 if run is not None:
                     hands.dumps.sample(run, share)

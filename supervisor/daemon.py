@@ -100,7 +100,7 @@ class Daemon:
         self.core: DaemonCore  # made below, once the hands it acts through are
         apply = lambda run, effects, publish=False: self.core.apply(run, effects, publish=publish)  # noqa: E731
         self.observer = RunObserver(
-            self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, apply
+            self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, apply, config.on_diverge
         )
         self.dumps = seams.dumps or StackDumps(
             home, self.reporter, self.inbox.post, clock.monotonic
@@ -195,7 +195,9 @@ class Daemon:
         handlers = {
             "status": lambda _: self._status_shown(),
             "stop": stop,
-            "stacks": lambda req: stacks_command(self.live, self.reporter.log_path, self.run, req),
+            "stacks": lambda req: stacks_command(
+                self.dumps, self.core.apply, self.reporter.log_path, self.run, req
+            ),
         }
         self.doors = Doors(
             self.home, self.clock, self.inbox.read_fd, handlers, self.reporter.home_dir.fd

@@ -49,7 +49,8 @@ from dflashd.supervisor.model.stacks import StacksTaken, alert_lines
 from dflashd.supervisor.model.startup import StartupStuck, startup_decide
 from dflashd.supervisor.model.verdicts import EndedBy, Notice
 from dflashd.supervisor.model.world import world_summary
-from dflashd.supervisor.watch.observe import RunObserver
+from dflashd.supervisor.watch.observe import Apply, RunObserver
+from dflashd.supervisor.watch.pacewatch import straggler_effects
 from dflashd.supervisor.watch.progress import Limits
 from dflashd.supervisor.watch.run import Run, node_rank, world_share
 from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper
@@ -136,6 +137,9 @@ class LiveRunControl:
         """A dump finished: its record and file; a kill that waited for it goes ahead now."""
         fields, level = self.dumps.taken(message, self.clock.time())
         said = WriteRecord(Event.STACKS, fields, log_level=level, run_no=message.run_no)
+        if message.dump.trigger == "slow" and run is not None and run.run_no == message.run_no:
+            self._act(run, said, *straggler_effects(run, fields))  # the straggler, if any
+            return
         if run is None or run.run_no != message.run_no or run.dump_before_kill != message.dump_id:
             self._act(run, said)
             return
@@ -336,15 +340,13 @@ class LiveRunControl:
             if self.deadlines().is_due(Deadline.KILL, now):
                 # a dump past its bound is not waited for any longer
                 self._act(run, SetTimer(Deadline.KILL, None), KillRun())
+            if run.end_wanted is not None and not run.ended_by_us:
+                self.end(run, run.end_wanted)  # the observer's ask (a diverged loss)
             if not run.ended_by_us:
                 self._hang(run, now)
             stall = None if run.ended_by_us else run.progress.stall_deadline(self.limits)
             if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
                 self.end(run, why)
-
-    def dump(self, run: Run, dump: DumpStacks) -> None:
-        """A dump asked for outside a decision (``dflashd stacks``), through the executor."""
-        self._act(run, dump)
 
     def stop_timed_out(self, run: Run | None) -> None:
         """The stop's grace is over: the stacks (py-spy), then SIGKILL."""
@@ -358,16 +360,16 @@ class LiveRunControl:
 
 
 def stacks_command(
-    live: LiveRunControl, log_path: object, run: Run | None, request: dict[str, Any]
+    dumps: Dumper, act: Apply, log_path: object, run: Run | None, request: dict[str, Any]
 ) -> dict[str, Any]:
-    """``dflashd stacks``: start a dump of the live run; the client waits for its record."""
-    dumps = live.dumps
+    """``dflashd stacks``: start a dump of the live run (through the executor, ``act``); the
+    client waits for its record."""
     if run is None or not run.alive:
         return {"ok": False, "error": "no live run to dump"}
     if not dumps.available:
         return {"ok": False, "error": dumps.tool()}
     dump_id = dumps.next_id(run)
-    live.dump(run, DumpStacks("command", dump_id, native=bool(request.get("native"))))
+    act(run, (DumpStacks("command", dump_id, native=bool(request.get("native"))),))
     return {
         "ok": True,
         "run": run.run_no,

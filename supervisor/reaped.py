@@ -77,7 +77,14 @@ def observations(
         oom_kills=run.custody.oom_kills() if run.custody is not None else 0,
         lived_s=lived_s(run, duration_s, cpu_s),
         cpu_s=cpu_s or 0.0,
+        diverged=_diverged(run),
     )
+
+
+def _diverged(run: Run) -> tuple[int | None, int | None] | None:
+    """Where the run's loss diverged and its last good step (None: it did not)."""
+    watch = run.progress.losses
+    return (watch.diverged_at, watch.last_good_step) if watch.diverged else None
 
 
 def reaped_facts(

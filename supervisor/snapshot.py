@@ -8,6 +8,7 @@ contract, which sits below every room.  Nothing imports this module but the daem
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any, Protocol
 
 from dflashd.logs.linecodec import CODEC
@@ -16,8 +17,9 @@ from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.processops import ProcessOps
+from dflashd.supervisor.model.advice import AdviceInputs, advise
 from dflashd.supervisor.model.deadlines import Deadlines
-from dflashd.supervisor.model.goodput import Cost
+from dflashd.supervisor.model.goodput import Cost, duration_text
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.speak.reporter import Reporter
@@ -118,10 +120,70 @@ def status_view(source: StatusSource) -> StatusView:
             run.times() if alive and run is not None else None, now_mono
         ),
         "waiting": run.hang.waiting if alive and run is not None else None,
+        "pace": _pace(run),
+        "slow": _slow(run, now_mono, now_wall) if alive else None,
+        "diverged": run.diverged if run is not None else None,
+        "checkpoint_advice": _advice(run, ledger, now_mono),
     }
     if alive and run is not None and run.pid is not None:
         view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}
     return view
+
+
+def _pace(run: Run | None) -> dict[str, Any] | None:
+    """The run's own step time (its baseline, once learnt) and its recent one."""
+    pace = run.progress.pace if run is not None else None
+    if pace is None or pace.baseline_s is None:
+        return None
+    ratio = pace.ratio
+    recent = None if ratio is None else round(pace.baseline_s * ratio, 6)
+    return {
+        "baseline_step_s": round(pace.baseline_s, 6),
+        "recent_step_s": recent,
+        "ratio": None if ratio is None else round(ratio, 3),
+        "lost_s": round(pace.lost_s, 3),
+    }
+
+
+def _slow(run: Run | None, now_mono: float, now_wall: float) -> dict[str, Any] | None:
+    """The open slow incident, with the wall time it opened."""
+    if run is None or run.slow is None:
+        return None
+    out = {k: v for k, v in run.slow.items() if k != "since_mono"}
+    since = run.slow.get("since_mono")
+    if isinstance(since, float):
+        out["since"] = now_wall - (now_mono - since)
+    return out
+
+
+def _advice(run: Run | None, ledger: Ledger, now_mono: float) -> dict[str, Any] | None:
+    """The checkpoint interval that pays (model/advice.py), when it differs much from today's."""
+    pauses = run.progress.pace.pauses if run is not None else ()
+    alive = run is not None and run.alive
+    total = ledger.goodput.settled(run.times() if alive and run is not None else None, now_mono)
+    given = AdviceInputs(
+        failures=sum(ledger.restarts_by_verdict.values()) + ledger.agent_restarts,
+        working_s=total.total_s - total.stopped_s,
+        recovery_s=total.startup_s + total.detection_s + total.downtime_s,
+        redone_s=total.redone_s,
+        checkpoint_cost_s=statistics.median(pauses) if pauses else None,
+    )
+    advice = advise(given)
+    if advice is None or not advice.worth_saying:
+        return None
+    text = (
+        f"checkpointing every {duration_text(advice.interval_best_s)} instead of "
+        f"{duration_text(advice.interval_now_s)} would lift goodput from "
+        f"{advice.goodput_now:.0%} to {advice.goodput_best:.0%} (an estimate)"
+    )
+    inputs = {
+        "failures": given.failures,
+        "mtbf_s": round(advice.mtbf_s, 1),
+        "recovery_s_per_failure": round(advice.recovery_s, 1),
+        "redone_s_per_failure": round(given.redone_s / given.failures, 1),
+        "checkpoint_cost_s": round(advice.checkpoint_cost_s, 2),
+    }
+    return {"estimate": True, "text": text, "inputs": inputs}
 
 
 def goodput_totals(source: StatusSource) -> tuple[Cost, int | None]:

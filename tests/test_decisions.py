@@ -348,7 +348,12 @@ def test_alert_kinds_cover_every_verdict() -> None:
     """AlertKind is derived from the verdicts (``Verdict | Notice``): it never misses one."""
     from dflashd.supervisor.model.verdicts import Verdict
 
-    extra = {"fatal", "recovered", "waiting"}  # gave up; trains again; waits on work elsewhere
+    extra = {
+        "fatal",
+        "recovered",
+        "waiting",
+        "slow",
+    }  # gave up; trains again; waits elsewhere; slow
     assert {v.value for v in Verdict} | extra == {k.value for k in ALERT_KINDS}
 
 

@@ -106,6 +106,7 @@ def test_the_ledger_over_a_crash_a_backoff_and_a_resumed_run() -> None:
         "detection": pytest.approx(0.2),
         "downtime": pytest.approx(3.5),
         "redone": pytest.approx(10.0),
+        "slow": 0.0,
     }
     assert view["productive_s"] == pytest.approx(50.0 + 10.0)
     assert view["wall_s"] == pytest.approx(90.0)  # settled up to the last step

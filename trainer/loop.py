@@ -130,6 +130,9 @@ def train(s: Session) -> int:
         step += 1
         loss = sum(r.loss for r in results) / len(results)
         acc = sum(r.acc for r in results) / len(results)
+        nan_from = s.inject.crash_step if s.inject.kind == "nan_at_step" else None
+        if nan_from is not None and step >= nan_from:
+            loss = float("nan")  # --inject nan_at_step:N: the loss diverged
         if step == s.start_step + 1:
             s.notifier.send(f"READY=1\nSTEP={step}\nSTATUS=training")
             say(

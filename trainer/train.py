@@ -147,7 +147,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=Injection(),
         help="fault for tests and demos: import_error | crash_before_first_step | hang_before_cuda | "
         "crash_at_step:N[:WORKER[:RANK]] | hang_at_step:N[:WORKER[:RANK]] (under dflashd: first run only; "
-        "a hang on a GPU sits in the CUDA runtime) | dense_fallback | oom",
+        "a hang on a GPU sits in the CUDA runtime) | dense_fallback | oom | nan_at_step:N "
+        "(the loss is NaN from step N on, in every run: a divergence)",
     )
     return parser.parse_args(argv)
 
@@ -173,6 +174,8 @@ def parse_injection(text: str) -> Injection:
     attempt) only, so the relaunch can resume past it.
     """
     kind, _, rest = text.partition(":")
+    if kind == "nan_at_step" and rest.isdigit():
+        return Injection(kind, int(rest))  # every run: a divergence resumed from comes back
     if kind in ("crash_at_step", "hang_at_step") and rest:
         parts = rest.split(":")
         if len(parts) not in (1, 2, 3) or not all(p.isdigit() for p in parts):
@@ -186,7 +189,7 @@ def parse_injection(text: str) -> Injection:
     if text not in INJECTIONS:
         known = " | ".join(sorted(k for k in INJECTIONS if k))
         raise argparse.ArgumentTypeError(
-            f"unknown fault {text!r} ({known} | crash_at_step:N | hang_at_step:N)"
+            f"unknown fault {text!r} ({known} | crash_at_step:N | hang_at_step:N | nan_at_step:N)"
         )
     return Injection(text)
 

@@ -31,11 +31,12 @@ BUCKETS: Final = (
     ("productive", "productive_s", "#2e7d32"),
     ("startup", "startup_s", "#f9a825"),
     ("redone", "redone_s", "#ef6c00"),
+    ("slow", "slow_s", "#00838f"),
     ("detection", "detection_s", "#c62828"),
     ("downtime", "downtime_s", "#6a1b9a"),
     ("stopped", "stopped_s", "#bdbdbd"),
 )
-_IN_RUN: Final = ("startup_s", "redone_s", "productive_s", "detection_s", "stopped_s")
+_IN_RUN: Final = ("startup_s", "redone_s", "slow_s", "productive_s", "detection_s", "stopped_s")
 
 
 @dataclass

@@ -32,6 +32,7 @@ VERDICT_COLORS: Final[dict[str, str]] = {
     Verdict.NO_GPU_MEMORY: "#283593",
     Verdict.SPAWN_FAILED: "#000000",
     Verdict.LOST: "#8d6e63",
+    Verdict.DIVERGED: "#4e342e",
     State.RUNNING: "#1565c0",  # a run still running has no verdict yet
 }
 _OTHER_COLOR: Final = "#424242"

@@ -145,6 +145,7 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
             )
         if waiting.get("hint"):
             rows.append(("", escape_controls(str(waiting["hint"]))))
+    rows += _pace_rows(status, running, paint)
     if status.get("child_status"):
         rows.append(("child says", escape_controls(str(status["child_status"]))))
     if status.get("last_line"):
@@ -291,3 +292,33 @@ def _same(text: str) -> str:
 def _short(value: Any) -> str:
     text = str(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _pace_rows(status: dict[str, Any], running: bool, paint: Painter) -> list[tuple[str, str]]:
+    """The run's pace against its own baseline, an open slowdown, a diverged loss."""
+    rows: list[tuple[str, str]] = []
+    pace = status.get("pace")
+    if isinstance(pace, dict) and running and pace.get("baseline_step_s"):
+        line = f"{float(pace['baseline_step_s']) * 1000:.1f} ms/step baseline"
+        if pace.get("recent_step_s") is not None:
+            line += f", {float(pace['recent_step_s']) * 1000:.1f} ms/step now"
+        rows.append(("pace", line))
+    slow = status.get("slow")
+    if isinstance(slow, dict):
+        causes = "; ".join(escape_controls(str(c)) for c in slow.get("causes") or [])
+        text = f"{float(slow.get('ratio') or 0):.2f}x its own step time: {causes}"
+        straggler = slow.get("straggler")
+        if isinstance(straggler, dict) and straggler.get("where"):
+            text += f"; straggler: {escape_controls(str(straggler['where']))}"
+        rows.append(("slow", paint(text[:400], "yellow")))
+    diverged = status.get("diverged")
+    if isinstance(diverged, dict):
+        text = (
+            f"at step {diverged.get('step')} (last good step {diverged.get('last_good_step')}): "
+            f"{escape_controls(str(diverged.get('why')))}"
+        )
+        rows.append(("diverged", paint(text[:400], "red")))
+    advice = status.get("checkpoint_advice")
+    if isinstance(advice, dict) and advice.get("text"):
+        rows.append(("checkpoints", escape_controls(str(advice["text"]))[:300]))
+    return rows

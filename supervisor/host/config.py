@@ -87,6 +87,9 @@ class Config:
     # `dflashd start` waits this long for the first step (or a death): a torch import and more
     start_wait_s: float = _seconds(30.0, above=None, low=0.0)
     metrics_listen: str = ""
+    # a loss that goes NaN/infinite, or leaves its range and stays out (model/divergence.py):
+    # "alert" (one alert, the run goes on) or "stop" (the run is ended, never relaunched)
+    on_diverge: str = "alert"
     node: str = (
         ""  # this node's name in status and metrics (a node of a larger job); "": the host name
     )
@@ -271,6 +274,8 @@ def _validate(config: Config) -> Config:
             raise ConfigError(f"{key}: not a valid regex: {exc}") from None
         if key == "step_pattern" and compiled.groups < 1:
             raise ConfigError("step_pattern: needs one group that captures the step number")
+    if config.on_diverge not in ("alert", "stop"):
+        raise ConfigError(f'on_diverge: must be "alert" or "stop", got {config.on_diverge!r}')
     if config.metrics_listen:
         try:
             parse_listen(config.metrics_listen)

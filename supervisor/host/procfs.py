@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -143,6 +144,29 @@ def thread_states(pid: int) -> tuple[str, ...]:
         with contextlib.suppress(IndexError):
             out.append(raw.rsplit(b")", 1)[1].split()[0].decode())
     return tuple(out)
+
+
+def run_queue_wait_ns(pid: int) -> int:
+    """Nanoseconds ``pid``'s threads have spent runnable but waiting for a CPU (the second
+    field of /proc/PID/task/TID/schedstat, summed; 0 where the kernel keeps no schedstats)."""
+    total = 0
+    for raw in per_thread(pid, "schedstat", 128).values():
+        fields = raw.split()
+        if len(fields) >= 2 and fields[1].isdigit():
+            total += int(fields[1])
+    return total
+
+
+def owner_name(pid: int) -> str | None:
+    """The user ``pid`` runs as (its real uid's name, or the number), None when it is gone."""
+    try:
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def cmdline_text(pid: int, limit: int = 200) -> str:

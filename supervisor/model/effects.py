@@ -50,6 +50,7 @@ class Book:
     agent_worker_failures: int = 0  # ...after a worker failed (added)
     restarts_by_verdict: dict[str, int] | None = None  # carried over from state.json
     goodput: GoodputLedger | None = None  # carried over from runs.sqlite
+    diverged_at: int | None = None  # a run's loss diverged at this step (None: unchanged)
 
 
 @dataclass(frozen=True, slots=True)

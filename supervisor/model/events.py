@@ -24,6 +24,11 @@ class Event(StrEnum):
     STACKS = "stacks"  # a live dump of the run's stacks (dflashd stacks, or before a kill)
     HANG_SUSPECT = "hang_suspect"  # a steady run's step is overdue: its processes are sampled
     HANG_CHECK = "hang_check"  # a round of samples found work (or could not tell): not ended
+    PACE = "pace"  # the run's own steady step time, learnt after its warm-up (pace.py)
+    SLOW = "slow"  # the run steps 20 % or more below its own baseline, sustained (pace.py)
+    SLOW_CAUSE = "slow_cause"  # the stacks taken at a slowdown name a straggler rank
+    SLOW_OVER = "slow_over"  # back to its own pace
+    DIVERGED = "diverged"  # the loss became NaN/infinite, or left its range and stayed out
     EXIT = "exit"
     LEFTOVER_PROCESSES = "leftover_processes"
     SHUTDOWN_ENDED = "shutdown_ended"  # the daemon's exit: each process it ended, named

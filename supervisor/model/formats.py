@@ -218,9 +218,20 @@ def match_line(line: str) -> StepLine | None:
                 return None  # a number beyond any count (bounds.py): not a step line
             if fmt.zero_is_start and step == 0:
                 return None
-        loss = _number(fmt.loss_pattern, line)
+        loss = _loss(fmt.loss_pattern, line)
         return _with_epoch(StepLine(fmt.name, step, loss), found, fmt, line)
     return None
+
+
+def _loss(pattern: re.Pattern[str] | None, line: str) -> float | None:
+    """A loss: a finite number, or NaN/infinity as printed (a divergence is evidence too)."""
+    found = pattern.search(line) if pattern is not None else None
+    if found is None:
+        return None
+    text = found.group(1)
+    if text in ("nan", "inf"):
+        return float(text)
+    return finite_float(text)
 
 
 def _number(pattern: re.Pattern[str] | None, line: str) -> float | None:

@@ -7,14 +7,12 @@ Every second since the home's first start is settled into exactly one bucket:
 - ``redone``: a relaunched run repeating steps (its first step -> the step past the
   previous best), at the job's own pace;
 - ``detection``: the last progress -> the death (about 0 for a crash, the wait for a hang);
-- ``downtime``: the death -> the next launch (backoff, GPU release, ending leftovers, a
-  daemon that died with its run);
-- ``stopped``: time nobody wanted the job to run (a ``stop``, a completion, a fatal end,
-  until the next ``start``).
+- ``downtime``: the death -> the next launch (backoff, GPU release, leftovers, a dead daemon);
+- ``slow``: stepping, but slower than the run's own baseline (model/pace.py);
+- ``stopped``: a ``stop``, a completion, a fatal end, until the next ``start``.
 
-A live run's time since its last progress is not settled yet: it becomes productive when
-the next step comes, detection when the run dies.  So every total only grows (Prometheus
-counters), and ``wall_s`` is exactly the sum of the buckets.  No clock, no I/O here.
+A live run's time since its last progress is settled by what comes next (a step:
+productive; its death: detection): every total only grows, and ``wall_s`` is their sum.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, Final, TypedDict
 
-CAUSES: Final = ("startup", "detection", "downtime", "redone")
+CAUSES: Final = ("startup", "detection", "downtime", "redone", "slow")
 
 
 class LostView(TypedDict):
@@ -33,6 +31,7 @@ class LostView(TypedDict):
     detection: float
     downtime: float
     redone: float
+    slow: float
 
 
 class GoodputView(TypedDict):
@@ -54,6 +53,7 @@ class Cost:
     detection_s: float = 0.0
     downtime_s: float = 0.0
     redone_s: float = 0.0
+    slow_s: float = 0.0  # stepping, but slower than the run's own baseline (issue 43)
     stopped_s: float = 0.0
 
     def __add__(self, other: Cost) -> Cost:
@@ -96,6 +96,7 @@ class RunTimes:
     passed_best: float | None = None  # when it first reported a step beyond ``best_before``
     stepped: bool = False  # it reported step numbers (only then can steps be redone)
     recoveries: tuple[Recovery, ...] = ()  # restarts inside the run (torchrun's own)
+    slow_s: float = 0.0  # stepping time lost against the run's own baseline (model/pace.py)
 
 
 def run_cost(
@@ -132,10 +133,13 @@ def run_cost(
     if completed or stop_at is not None:
         productive += tail  # a completed run's last save, or a healthy run up to the stop
         tail = 0.0
+    productive -= inner.total_s
+    slow = min(max(0.0, times.slow_s), max(0.0, productive))  # the slowness, out of productive
     return Cost(
-        productive_s=productive - inner.total_s,
+        productive_s=productive - slow,
         startup_s=startup,
         redone_s=redone + inner.redone_s,
+        slow_s=slow,
         detection_s=tail + inner.detection_s,
         downtime_s=inner.downtime_s,
         stopped_s=stopped,
@@ -246,6 +250,7 @@ def goodput_view(total: Cost) -> GoodputView:
             "detection": round(total.detection_s, 3),
             "downtime": round(total.downtime_s, 3),
             "redone": round(total.redone_s, 3),
+            "slow": round(total.slow_s, 3),
         },
     }
 
@@ -372,12 +377,8 @@ def duration_text(seconds: float) -> str:
 def lost_seconds(view: GoodputView) -> dict[str, float]:
     """The lost seconds by cause, in :data:`CAUSES` order."""
     lost = view["lost_s"]
-    return {
-        "startup": lost["startup"],
-        "detection": lost["detection"],
-        "downtime": lost["downtime"],
-        "redone": lost["redone"],
-    }
+    seconds = (lost["startup"], lost["detection"], lost["downtime"], lost["redone"])
+    return dict(zip(CAUSES, (*seconds, lost.get("slow", 0.0)), strict=True))
 
 
 def goodput_line(view: GoodputView) -> str:
@@ -385,7 +386,8 @@ def goodput_line(view: GoodputView) -> str:
     working = view["wall_s"] - view["stopped_s"]
     ratio = view["ratio"]
     share = "—" if ratio is None else f"{ratio * 100:.1f} %"
-    lost = sorted(lost_seconds(view).items(), key=lambda kv: (-kv[1], CAUSES.index(kv[0])))
+    shown = [(c, s) for c, s in lost_seconds(view).items() if c != "slow" or s >= 1]  # when seen
+    lost = sorted(shown, key=lambda kv: (-kv[1], CAUSES.index(kv[0])))
     parts = ", ".join(f"{cause} {duration_text(s)}" for cause, s in lost)
     line = f"goodput {share} of {duration_text(working)}  (lost: {parts})"
     if view["stopped_s"] >= 1:

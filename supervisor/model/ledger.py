@@ -55,6 +55,7 @@ class Ledger:
     agent_restarts: int = 0  # torchrun restarted its workers itself (this daemon's lifetime)
     agent_worker_failures: int = 0
     goodput: GoodputLedger = field(default_factory=lambda: GoodputLedger(first_start=0.0))
+    diverged_at: int | None = None  # the step where a run's loss last diverged
 
     def took(self, book: Book) -> Ledger:
         """The ledger after one :class:`Book` effect."""
@@ -84,4 +85,6 @@ class Ledger:
             changes["restarts_by_verdict"] = dict(book.restarts_by_verdict)
         if book.goodput is not None:
             changes["goodput"] = book.goodput
+        if book.diverged_at is not None:
+            changes["diverged_at"] = book.diverged_at
         return replace(self, **changes)

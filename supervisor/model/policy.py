@@ -120,6 +120,8 @@ def decide(
     """
     if verdict in (Verdict.COMPLETED, Verdict.STOPPED):
         return Decision(Action.DONE, 0.0, False, verdict.value, history)
+    if verdict is Verdict.DIVERGED:  # a relaunch resumes from a checkpoint to diverge again
+        return Decision(Action.FATAL, 0.0, False, reason or "loss_diverged", history)
     if exit_code is not None and exit_code in policy.no_restart_exit_codes:
         return Decision(Action.FATAL, 0.0, False, f"no_restart_exit_code_{exit_code}", history)
     if worker_exit_code is not None and worker_exit_code in policy.no_restart_exit_codes:

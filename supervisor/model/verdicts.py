@@ -26,6 +26,7 @@ class Verdict(StrEnum):
     COMPLETED = "completed"
     STOPPED = "stopped"
     LOST = "lost"  # the daemon was killed while the run lived; the next daemon says so
+    DIVERGED = "diverged"  # its loss went NaN/infinite or left its range: ended on_diverge = "stop"
 
 
 EARLY_DEATHS: Final = frozenset(
@@ -45,6 +46,7 @@ class Notice(StrEnum):
     FATAL = "fatal"  # dflashd gave up
     RECOVERED = "recovered"  # training resumed past the step of a stall or a fatal
     WAITING = "waiting"  # alive, waiting past remote_wait_s on work elsewhere (not ended)
+    SLOW = "slow"  # stepping 20 % or more below its own baseline, sustained (never ended for it)
 
 
 AlertKind: TypeAlias = Verdict | Notice  # what an alert is about: a verdict, or a notice
@@ -70,6 +72,8 @@ DEFAULT_ALERTS: Final = (
     Notice.FATAL,
     Notice.RECOVERED,
     Notice.WAITING,
+    Notice.SLOW,
+    Verdict.DIVERGED,
 )
 
 
@@ -83,6 +87,7 @@ class EndedBy(StrEnum):
     NO_PROGRESS = "no_progress"
     HUNG = "hung"  # stacks unmoved in waits, sampled while suspect (hang.py)
     NO_GPU_MEMORY = "no_gpu_memory"
+    DIVERGED = "diverged"  # its loss diverged, and on_diverge = "stop" (or it did so twice)
     DAEMON_DIED = "daemon_died"  # the daemon was killed while the run lived: its end was unseen
 
 
@@ -102,6 +107,7 @@ class Observations:
     oom_kills: int = 0  # the run cgroup's memory.events oom_kill (cgroup mode, memory controller)
     lived_s: float = 0.0  # from the launch to the last sign of life (output, notify, GPU, CPU)
     cpu_s: float = 0.0  # CPU time the run's processes used (wait4, its cgroup)
+    diverged: tuple[int | None, int | None] | None = None  # its loss: (began at, last good step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +223,9 @@ def classify(obs: Observations, early_death_s: float = DEFAULT_EARLY_DEATH_S) ->
         return Classification(Verdict.LOST, "daemon_killed")
     if obs.ended_by is EndedBy.STOP:
         return Classification(Verdict.STOPPED, "stop_requested")
+    if obs.ended_by is EndedBy.DIVERGED:
+        began, good = obs.diverged or (None, None)
+        return Classification(Verdict.DIVERGED, f"loss_diverged_at_step_{began}_last_good_{good}")
     if obs.ended_by in (EndedBy.FIRST_STEP_TIMEOUT, EndedBy.NO_PROGRESS, EndedBy.HUNG):
         hardware = _hardware_xid(obs)  # a hang after a GPU fell off the bus: the XID explains it
         return Classification(Verdict.STALLED, hardware or obs.ended_by.value)

@@ -89,6 +89,12 @@ class StatusView(TypedDict):
     # what the live run waits on: work elsewhere (decide/world.py) or a start-up stuck in a
     # known wait (decide/startup.py): on, since, frames, kind; stale_build_locks and a hint
     waiting: dict[str, Any] | None
+    pace: dict[str, Any] | None  # the run's own step time and the recent one (issue 43)
+    slow: dict[str, Any] | None  # the open slow incident: how slow, since when, the causes
+    diverged: dict[str, Any] | None  # its loss diverged: at which step, the last good one
+    checkpoint_advice: (
+        dict[str, Any] | None
+    )  # the interval that pays (an estimate; model/advice.py)
     child: NotRequired[ChildIdentity]  # present while a child lives
 
 

@@ -29,6 +29,7 @@ from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.watch.nvml import (
     ChildGpuUse,
     GpuPoller,
+    GpuReading,
     GpuSample,
     GpuSampler,
     GpuUnavailable,
@@ -179,6 +180,11 @@ class GpuWatch:
         self._release_from = None
 
     # -- samples ----------------------------------------------------------------------
+
+    @property
+    def readings(self) -> tuple[GpuReading, ...]:
+        """The last sample's readings (none before the first)."""
+        return self._sample.readings if self._sample is not None else ()
 
     def on_sample(self, sample: GpuSample, run: Run | None, now: float) -> GpuUpdate:
         """Join a sample with the run; say what it means."""

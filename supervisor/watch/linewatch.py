@@ -11,6 +11,7 @@ into :class:`~dflashd.supervisor.watch.progress.Progress` (:mod:`observe`).
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -36,6 +37,9 @@ class LineProgress:
     epoch: float | None = None  # epochs done (a fraction where the line says)
     epoch_index: int | None = None  # an epoch-structured bar: ``step`` is the batch in this epoch
     batches: int | None = None  # ...of this many
+    # the earliest non-finite loss since the last post, with its step (a divergence begins
+    # there, even when later lines were posted together with it)
+    bad_loss: tuple[int | None, float] | None = None
 
 
 def _to_int(value: str) -> int | None:
@@ -75,7 +79,21 @@ class LineMatcher:
             found.epoch,
             found.epoch_index,
             found.batches,
+            self._first_bad_loss(frame),
         )
+
+    def _first_bad_loss(self, frame: Frame) -> tuple[int | None, float] | None:
+        """The first line of the frame whose loss is NaN or infinite, with its step (a frame
+        read at once may hold several steps; the divergence begins at the first)."""
+        if self._formats is None or not _mentions_nonfinite(frame):
+            return None
+        for line in frame.lines:
+            if "nan" not in line and not any(w in line for w in _INF_WORDS):
+                continue
+            found = self._formats.last_step([line])
+            if found is not None and found.loss is not None and not math.isfinite(found.loss):
+                return (found.step, found.loss)
+        return None
 
     def _match_patterns(self, lines: Sequence[str]) -> LineProgress | None:
         text = "\n".join(lines)
@@ -107,6 +125,8 @@ class LinesSeen:
 def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:
     """The newer step, keeping a loss or epoch only the older one carried (a loss line is
     followed by a bar redraw, both before the next post)."""
+    if older is not None and older.bad_loss is not None:
+        newer = replace(newer, bad_loss=older.bad_loss)  # the earliest stays
     if older is None or (newer.loss is not None and newer.epoch is not None):
         return newer
     return replace(
@@ -128,6 +148,14 @@ def _mentions(frame: Frame, word: str) -> bool:
 
 def _mentions_any(frame: Frame) -> bool:
     return _mentions(frame, "loss") or _mentions(frame, "poch")
+
+
+_INF_WORDS: Final = (" inf", "=inf", ":inf")  # not "INFO", not "info" in a word
+
+
+def _mentions_nonfinite(frame: Frame) -> bool:
+    """The frame may hold a NaN or infinite number (a cheap substring test)."""
+    return _mentions(frame, "nan") or any(_mentions(frame, w) for w in _INF_WORDS)
 
 
 LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second
@@ -208,6 +236,7 @@ class LineWatcher:
                 step
                 and (loss or not _mentions(frame, "loss"))
                 and (epoch or not _mentions(frame, "poch"))
+                and not _mentions_nonfinite(frame)  # a divergence's first line is never skipped
             ):
                 continue  # cheap: a substring test, no match
             if not step and index >= MATCH_BACK and not _mentions_any(frame):

@@ -37,6 +37,8 @@ class GpuReading:
     error: str | None = None
     xids: tuple[int, ...] = ()
     power_w: float | None = None  # the board's power draw (a spinning kernel draws little)
+    sm_clock_mhz: float | None = None  # the SM clock now (a throttled GPU runs below its own)
+    temperature_c: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,12 +145,38 @@ class NvmlSampler:
                 except nvml.NVMLError:
                     power = None  # not supported on this board
                 found = tuple(xids.get(index, ()))
+                clock, temp = self._clock_and_temperature(handle)
                 readings.append(
-                    GpuReading(index, used, total, util, procs, xids=found, power_w=power)
+                    GpuReading(
+                        index,
+                        used,
+                        total,
+                        util,
+                        procs,
+                        xids=found,
+                        power_w=power,
+                        sm_clock_mhz=clock,
+                        temperature_c=temp,
+                    )
                 )
             except nvml.NVMLError as exc:
                 readings.append(GpuReading(index, error=str(exc), xids=tuple(xids.get(index, ()))))
         return tuple(readings)
+
+    def _clock_and_temperature(self, handle: Any) -> tuple[float | None, float | None]:
+        """The SM clock (MHz) and the temperature (C); None for what the board does not say."""
+        nvml = self._nvml
+        try:
+            clock: float | None = float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        except nvml.NVMLError:
+            clock = None
+        try:
+            temp: float | None = float(
+                nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+            )
+        except nvml.NVMLError:
+            temp = None
+        return clock, temp
 
     def close(self) -> None:
         """Shut NVML down."""
@@ -262,6 +290,10 @@ def reading_to_dict(r: GpuReading, child_mib: float | None) -> dict[str, Any]:
     }
     if r.power_w is not None:
         out["power_w"] = round(r.power_w, 1)
+    if r.sm_clock_mhz is not None:
+        out["sm_clock_mhz"] = round(r.sm_clock_mhz)
+    if r.temperature_c is not None:
+        out["temperature_c"] = round(r.temperature_c)
     if r.error:
         out["error"] = r.error
     return out

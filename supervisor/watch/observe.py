@@ -26,6 +26,7 @@ from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid, ElasticState
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.watch.nvml import GpuSample
+from dflashd.supervisor.watch.pacewatch import loss_effects, pace_effects
 from dflashd.supervisor.watch.progress import GPU, Change
 from dflashd.supervisor.watch.run import Run
 
@@ -60,9 +61,10 @@ class RunObserver:
         ledger: Callable[[], Ledger],
         alerts_on: tuple[AlertKind, ...],
         apply: Apply,
+        on_diverge: str = "alert",
     ) -> None:
         self.gpu, self.ops, self.ledger = gpu, ops, ledger
-        self.alerts_on = alerts_on
+        self.alerts_on, self.on_diverge = alerts_on, on_diverge
         # The model and the one executor (:meth:`~dflashd.supervisor.core.DaemonCore.apply`):
         # the ledger is read here, never written; what changes and what is said go as effects.
         self.apply = apply
@@ -97,8 +99,9 @@ class RunObserver:
             epoch=found.epoch,
             epoch_index=found.epoch_index,
             batches=found.batches,
+            bad_loss=found.bad_loss,
         )
-        self._progressed(run, change)
+        self._progressed(run, change, now)
 
     def _say(self, run: Run, *effects: Effect) -> None:
         """What the observer decided, through the model and the one executor."""
@@ -115,7 +118,7 @@ class RunObserver:
         change = run.progress.on_notify(msg, now)
         if change.status is not None:
             self._say(run, WriteRecord(Event.CHILD_STATUS, {"status": change.status}))
-        self._progressed(run, change)
+        self._progressed(run, change, now)
         return True
 
     def gpu_sample(self, run: Run | None, sample: GpuSample, now: float) -> EndedBy | None:
@@ -128,7 +131,7 @@ class RunObserver:
         last_step = run.progress.last_progress_mono
         run.gpu_power.take(update.power_w, last_step is not None and now - last_step <= 5.0)
         if update.busy_for_s is not None and not run.progress.reached_first_step:
-            self._progressed(run, run.progress.on_step(now, step=None, first=True, source=GPU))
+            self._progressed(run, run.progress.on_step(now, step=None, first=True, source=GPU), now)
         elif update.active:
             run.progress.on_alive(now)
         return EndedBy.NO_GPU_MEMORY if update.no_gpu_memory else None
@@ -213,8 +216,14 @@ class RunObserver:
             fields.setdefault("group_world_size", state.group_world_size)
         self._say(run, WriteRecord(Event.RENDEZVOUS, fields))
 
-    def _progressed(self, run: Run, change: Change) -> None:
+    def _progressed(self, run: Run, change: Change, now: float) -> None:
         progress = run.progress
+        self._say(run, *pace_effects(run, change, self.gpu.readings, now))
+        if change.diverged:
+            before = self.ledger().diverged_at
+            said = loss_effects(run, on_diverge=self.on_diverge, diverged_before=before)
+            began = progress.losses.diverged_at
+            self._say(run, *said, *((Book(diverged_at=began),) if began is not None else ()))
         if change.first_step and run.elastic is not None:
             self._workers_running(run, progress.first_step_mono or run.started_mono)
         if change.first_step and progress.first_step_mono is not None:

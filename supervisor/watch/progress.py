@@ -24,6 +24,7 @@ The first-step and stall rule (docs/design.md, "Progress"):
 
 from __future__ import annotations
 
+import math
 import re
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -31,8 +32,10 @@ from typing import Final
 
 from dflashd.supervisor.host.notify import NotifyMessage
 from dflashd.supervisor.model.bounds import bounded_int, finite_float
+from dflashd.supervisor.model.divergence import LossWatch, watched
 from dflashd.supervisor.model.formats import global_step
 from dflashd.supervisor.model.goodput import Recovery
+from dflashd.supervisor.model.pace import STEADY, Pace, PaceChange, paced
 from dflashd.supervisor.model.verdicts import EndedBy
 
 PROGRESS_RECORD_EVERY_S: Final = 30.0
@@ -73,6 +76,8 @@ class Change:
     first_step: bool = False  # this was the run's first step
     progress_record: bool = False  # time for a rate-limited ``progress`` record
     status: str | None = None  # a new STATUS= text from the child
+    pace: PaceChange = STEADY  # the run turned slow against its own baseline, or came back
+    diverged: bool = False  # this loss made the run's loss diverge (model/divergence.py)
 
 
 NOTHING: Final = Change()
@@ -111,6 +116,8 @@ class Progress:
     recovering_past: int | None = None
     # step, epoch and loss of the last progress record (the curve's last point)
     recorded: tuple[int | None, float | None, float | None] = (None, None, None)
+    pace: Pace = field(default_factory=Pace)  # its own step-time baseline (model/pace.py)
+    losses: LossWatch = field(default_factory=LossWatch)  # its loss curve (model/divergence.py)
 
     @property
     def unrecorded(self) -> bool:
@@ -134,19 +141,31 @@ class Progress:
         epoch: float | None = None,
         epoch_index: int | None = None,
         batches: int | None = None,
+        bad_loss: tuple[int | None, float] | None = None,
     ) -> Change:
         """A step (or a first-step marker) from notify, a pattern, a format or the GPUs.
 
         sd_notify wins over all: once the child reported a step through it, other sources are
         liveness only (their numbers may count something else, a bar's batches say).
         """
+        diverged = False
+        if bad_loss is not None:  # the first NaN among the lines posted together: it began there
+            bad_step, bad = bad_loss
+            at = bad_step if bad_step is not None else step
+            self.losses, diverged = watched(self.losses, bad, at if at is not None else self.step)
+        elif loss is not None:
+            at = step if step is not None else self.step
+            self.losses, diverged = watched(self.losses, loss, at)
+        if loss is not None:
+            loss = loss if math.isfinite(loss) else None  # status, metrics and JSON: finite only
         if source != NOTIFY and self.step_source == NOTIFY:
             # the steps come from notify; a printed loss or epoch still says where training is
             self.loss = loss if loss is not None else self.loss
             self.epoch = epoch if epoch is not None else self.epoch
             self.on_alive(now)
-            return NOTHING
+            return Change(diverged=True) if diverged else NOTHING
         self.last_alive_mono = now
+        before = self.step
         if epoch_index is not None and batches and step is not None:
             # an epoch's bar counts its batches: the global step counts every epoch's
             self.full_batches = max(self.full_batches, batches)
@@ -177,11 +196,17 @@ class Progress:
             self.first_step_source = source
             became_first = True
         if self.first_step_mono is None:
-            return NOTHING
+            return Change(diverged=True) if diverged else NOTHING
         if not moved and not became_first and self.reports_steps:
-            return NOTHING  # the same epoch again, or a loss alone: alive, not progress
+            # the same epoch again, or a loss alone: alive, not progress
+            return Change(diverged=True) if diverged else NOTHING
+        pace = STEADY
         if self.last_progress_mono is not None and self.reports_steps and not resuming:
-            self.intervals.append(now - self.last_progress_mono)  # the job's own cadence
+            interval = now - self.last_progress_mono
+            self.intervals.append(interval)  # the job's own cadence
+            advanced = step - before if step is not None and before is not None else 1
+            if advanced > 0:
+                self.pace, pace = paced(self.pace, interval, advanced, now)
         self.last_progress_mono = now
         # Denser early (a short run still draws a curve), every 30 s at most later on.
         every = min(PROGRESS_RECORD_EVERY_S, max(1.0, (now - self.first_step_mono) / 20))
@@ -189,7 +214,7 @@ class Progress:
         if record:
             self.last_record_mono = now
             self.recorded = (self.step, self.epoch, self.loss)
-        return Change(first_step=became_first, progress_record=record)
+        return Change(became_first, record, pace=pace, diverged=diverged)
 
     def workers_restarting(self, now: float) -> None:
         """The launcher restarts the run's workers itself (torchrun: a worker failed, or a
@@ -250,7 +275,7 @@ class Progress:
             change = self.on_step(
                 now, step=msg.step, first=msg.ready or msg.step is not None, source=NOTIFY
             )
-            return Change(change.first_step, change.progress_record, status)
+            return replace(change, status=status)
         self.last_alive_mono = now
         return Change(status=status)
 

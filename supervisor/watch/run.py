@@ -23,6 +23,7 @@ from dflashd.supervisor.model.world import WAITING, WORKING, Share, share_of
 from dflashd.supervisor.watch.elastic import ElasticState
 from dflashd.supervisor.watch.nvml import ChildGpuUse
 from dflashd.supervisor.watch.progress import Progress
+from dflashd.supervisor.watch.slowness import PaceEvidence
 
 
 class StepWatcher(Protocol):
@@ -98,6 +99,10 @@ class Run:
     elastic: ElasticState | None = None  # the job is a torchrun agent (a node of a larger job)
     dump_before_kill: str | None = None  # the dump dflashd waits for before its kill
     stacks: dict[str, Any] | None = None  # that dump: its file, the odd rank out, top frames
+    pace_evidence: PaceEvidence = field(default_factory=PaceEvidence)  # why it runs slow
+    slow: dict[str, Any] | None = None  # the open slow incident (status), None: none open
+    diverged: dict[str, Any] | None = None  # its loss diverged: where, and why (status)
+    end_wanted: EndedBy | None = None  # the observer asks the live run's control to end it
     flight_prefix: Path | None = None  # where its ranks' NCCL flight-recorder traces go
     hang: HangWatch = field(default_factory=HangWatch)  # samples while suspect of a hang
     hung_after_s: float | None = None  # a proven hang: last step -> the decision
@@ -145,6 +150,7 @@ class Run:
             passed_best=p.passed_best_mono,
             stepped=p.step is not None,
             recoveries=tuple(p.recoveries),
+            slow_s=p.pace.lost_s,
         )
 
     def saw(self, pids: set[int]) -> None:
