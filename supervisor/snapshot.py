@@ -149,7 +149,7 @@ def _slow(run: Run | None, now_mono: float, now_wall: float) -> dict[str, Any] |
     """The open slow incident, with the wall time it opened."""
     if run is None or run.slow is None:
         return None
-    out = {k: v for k, v in run.slow.items() if k != "since_mono"}
+    out = {k: v for k, v in run.slow.items() if k not in ("since_mono", "dumps")}
     since = run.slow.get("since_mono")
     if isinstance(since, float):
         out["since"] = now_wall - (now_mono - since)

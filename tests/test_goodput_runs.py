@@ -38,7 +38,7 @@ def _ts(record: EventRecord) -> float:
 def _consistent(goodput: dict[str, Any]) -> None:
     lost = goodput["lost_s"]
     assert set(goodput) == {"ratio", "wall_s", "stopped_s", "productive_s", "lost_s"}
-    assert set(lost) == {"startup", "detection", "downtime", "redone"}
+    assert set(lost) == {"startup", "detection", "downtime", "redone", "slow"}
     parts = goodput["productive_s"] + goodput["stopped_s"] + sum(lost.values())
     assert parts == pytest.approx(goodput["wall_s"], abs=0.01)
     working = goodput["wall_s"] - goodput["stopped_s"]

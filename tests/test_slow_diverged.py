@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from dflashd.supervisor.host.pyspy import find_py_spy
 from tests.conftest import Daemon, child, run_cli
+
+CHILDREN = Path(__file__).parent / "children"
 
 Start = Callable[..., Daemon]
 pytestmark = pytest.mark.incidents  # these runs are made slow, or their loss diverge
@@ -64,6 +67,27 @@ def test_a_cpu_hog_on_the_jobs_cpu_is_named_and_the_run_recovers(
     assert status["slow"] is None and status["pace"]["baseline_step_s"] > 0
     assert status["goodput"]["lost_s"]["slow"] > 0  # the ledger's slow bucket
     print(f"slow detected {detected_s:.1f} s after the hogs started")  # the note's figure
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
+def test_a_slowed_rank_under_torchrun_is_named_the_straggler(
+    start_daemon: Start, home: Path
+) -> None:
+    """(b) Two gloo ranks under torchrun; rank 1 starts working 0.5 s more per step in its own
+    code, rank 0 waits for it in ``all_reduce``: the slow incident names rank 1."""
+    pytest.importorskip("torch")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    daemon = start_daemon(
+        [*command, str(CHILDREN / "straggler.py"), "400"], first_step_timeout_s=300
+    )
+    daemon.wait_event("pace", timeout=180)
+    slow = daemon.wait_event("slow", timeout=180)
+    cause = daemon.wait_event("slow_cause", timeout=60)
+    assert slow.fields["ratio"] >= 1.2
+    assert cause.fields["straggler_ranks"] == [1], cause.fields
+    assert "straggle" in str(cause.fields["where"])
+    status = json.loads(run_cli("status", "--home", str(home), "--json").stdout)
+    assert status["slow"]["straggler"]["straggler_ranks"] == [1]
 
 
 def test_a_steady_job_with_pauses_raises_nothing(start_daemon: Start) -> None:

@@ -86,10 +86,21 @@ def pace_effects(
     return learnt
 
 
+STRAGGLER_DUMPS: Final = 3  # one dump can catch every rank in its collective at once
+
+
 def straggler_effects(run: Run, fields: dict[str, Any]) -> tuple[Effect, ...]:
-    """The stacks taken at a slowdown: with several ranks, the odd rank out is the straggler."""
+    """The stacks taken at a slowdown: with several ranks, the odd rank out is the straggler;
+    none found among several ranks, another dump, up to :data:`STRAGGLER_DUMPS`."""
     odd = fields.get("odd_rank_out")
-    if run.slow is None or not odd:
+    if run.slow is None:
+        return ()
+    ranks = [p for p in fields.get("processes") or () if p.get("rank") is not None]
+    if not odd:
+        tries = int(run.slow.get("dumps", 1))
+        if len(ranks) >= 2 and tries < STRAGGLER_DUMPS:
+            run.slow["dumps"] = tries + 1
+            return (DumpStacks("slow", ""),)
         return ()
     said = {"straggler_ranks": odd, "where": fields.get("odd_summary")}
     run.slow["straggler"] = said

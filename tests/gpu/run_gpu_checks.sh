@@ -21,3 +21,5 @@ python3 tests/gpu/custody_gpu.py 2>&1 | tee "$OUT/custody_gpu.txt"
 python3 tests/gpu/stacks_gpu.py all 2>&1 | tee "$OUT/stacks_gpu.txt"
 python3 tests/gpu/nanogpt_restart.py 2>&1 | tee "$OUT/nanogpt_restart.txt"  # needs .bench/nanogpt (see the script)
 python3 tests/gpu/goodput_gpu.py 2>&1 | tee "$OUT/goodput_gpu_run.txt"
+python3 tests/gpu/slow_gpu.py intruder 2>&1 | tee "$OUT/slow_gpu_intruder.txt"
+python3 tests/gpu/slow_gpu.py clean 380 2>&1 | tee "$OUT/slow_gpu_clean.txt"
