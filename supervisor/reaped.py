@@ -14,6 +14,7 @@ from typing import Final
 
 from dflashd.supervisor.host.caches import stale_build_locks
 from dflashd.supervisor.host.processops import ProcessOps
+from dflashd.supervisor.model.advice import checkpoint_cost
 from dflashd.supervisor.model.ending import RunFacts
 from dflashd.supervisor.model.verdicts import Observations
 from dflashd.supervisor.watch.run import Run
@@ -125,6 +126,7 @@ def reaped_facts(
         died_mono=died_mono,
         hang_evidence=run.hang.last_finding if run.hung_after_s is not None else None,
         waited_elsewhere=waited_elsewhere(run, died_mono),
+        pause_s=checkpoint_cost(run.progress.pace.pauses),
     )
 
 

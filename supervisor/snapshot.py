@@ -8,7 +8,6 @@ contract, which sits below every room.  Nothing imports this module but the daem
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any, Protocol
 
 from dflashd.logs.linecodec import CODEC
@@ -17,9 +16,9 @@ from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.processops import ProcessOps
-from dflashd.supervisor.model.advice import AdviceInputs, advise
+from dflashd.supervisor.model.advice import AdviceInputs, checkpoint_cost, said
 from dflashd.supervisor.model.deadlines import Deadlines
-from dflashd.supervisor.model.goodput import Cost, duration_text
+from dflashd.supervisor.model.goodput import Cost
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.speak.reporter import Reporter
@@ -158,32 +157,17 @@ def _slow(run: Run | None, now_mono: float, now_wall: float) -> dict[str, Any] |
 
 def _advice(run: Run | None, ledger: Ledger, now_mono: float) -> dict[str, Any] | None:
     """The checkpoint interval that pays (model/advice.py), when it differs much from today's."""
-    pauses = run.progress.pace.pauses if run is not None else ()
     alive = run is not None and run.alive
     total = ledger.goodput.settled(run.times() if alive and run is not None else None, now_mono)
-    given = AdviceInputs(
-        failures=sum(ledger.restarts_by_verdict.values()) + ledger.agent_restarts,
-        working_s=total.total_s - total.stopped_s,
-        recovery_s=total.startup_s + total.detection_s + total.downtime_s,
-        redone_s=total.redone_s,
-        checkpoint_cost_s=statistics.median(pauses) if pauses else None,
+    return said(
+        AdviceInputs(
+            failures=sum(ledger.restarts_by_verdict.values()) + ledger.agent_restarts,
+            working_s=total.total_s - total.stopped_s,
+            recovery_s=total.startup_s + total.detection_s + total.downtime_s,
+            redone_s=total.redone_s,
+            checkpoint_cost_s=checkpoint_cost(run.progress.pace.pauses if run else ()),
+        )
     )
-    advice = advise(given)
-    if advice is None or not advice.worth_saying:
-        return None
-    text = (
-        f"checkpointing every {duration_text(advice.interval_best_s)} instead of "
-        f"{duration_text(advice.interval_now_s)} would lift goodput from "
-        f"{advice.goodput_now:.0%} to {advice.goodput_best:.0%} (an estimate)"
-    )
-    inputs = {
-        "failures": given.failures,
-        "mtbf_s": round(advice.mtbf_s, 1),
-        "recovery_s_per_failure": round(advice.recovery_s, 1),
-        "redone_s_per_failure": round(given.redone_s / given.failures, 1),
-        "checkpoint_cost_s": round(advice.checkpoint_cost_s, 2),
-    }
-    return {"estimate": True, "text": text, "inputs": inputs}
 
 
 def goodput_totals(source: StatusSource) -> tuple[Cost, int | None]:

@@ -259,3 +259,10 @@ def test_metrics_are_scraped_and_parsed(start_daemon: Start) -> None:
     assert ("fatal", "false") in alerts and ("recovered", "true") in alerts
     assert families["dflashd_up"].samples[0].value == 1  # type: ignore[attr-defined]
     assert families["dflashd_info"].samples[0].labels["version"]  # type: ignore[attr-defined]
+    # issue 44: the loss, the daemon's own process_* figures, a home label, /healthz
+    up = families["dflashd_up"].samples[0]  # type: ignore[attr-defined]
+    assert up.labels["home"] == str(daemon.home) and "node" in up.labels
+    assert "process_cpu_seconds" in families and "process_resident_memory_bytes" in families
+    assert families["dflashd_slow"].samples[0].value == 0  # type: ignore[attr-defined]
+    health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+    assert health.status == 200 and health.read().decode() == "ok running\n"

@@ -175,8 +175,15 @@ def test_crash_loop_ends_fatal_with_one_alert_per_kind(start_daemon: Start, tmp_
         "gpus",
         "log",
         "host",
+        "time",
+        "node",
+        "home",
+        "command",
     } <= sent[0].keys()
     assert all(a.fields["ok"] for a in daemon.events("alert"))
+    # who, where, when: a person paged at night, a dashboard joining many homes (issue 44)
+    assert sent[0]["home"] == str(daemon.home) and sent[0]["command"][-1].endswith("crash_early.py")
+    assert sent[0]["time"].endswith("+00:00") and sent[0]["node"]
 
 
 def test_stall_dumps_stacks_then_kills(start_daemon: Start) -> None:

@@ -193,3 +193,40 @@ def test_an_interval_near_the_best_is_not_worth_a_word() -> None:
     given = AdviceInputs(6, 6 * 18000.0, 6 * 300.0, 6 * best / 2, 40.0)
     advice = advise(given)
     assert advice is not None and not advice.worth_saying
+
+
+def test_the_report_says_the_advice_from_the_log_alone() -> None:
+    """Six crashes, each an hour after its launch, each redoing 30 min (checkpoints hourly) and
+    costing 5 min of start-up, with 40 s checkpoint pauses seen: the report's goodput section
+    says the better interval, with its inputs."""
+    from dflashd.supervisor.client.goodputhtml import GoodputData, goodput_section
+    from dflashd.supervisor.model.events import Event
+
+    data = GoodputData()
+    at = 1_800_000_000.0
+    for run in range(1, 7):
+        data.take(Event.SPAWN, run, at, {"downtime_s": 0.0})
+        cost = {"startup_s": 300.0, "redone_s": 1800.0, "productive_s": 1800.0}
+        at += 3900.0
+        exit_fields = {"verdict": "crashed", "reason": "SIGSEGV", "cost": cost}
+        data.take(Event.EXIT, run, at, {**exit_fields, "checkpoint_pause_s": 40.0})
+    page = goodput_section(data, at - 6 * 3900.0, at)
+    assert "checkpointing every" in page and "(an estimate)" in page
+    assert "checkpoint_cost_s 40.0" in page and "failures 6" in page
+
+
+def test_metrics_carry_the_loss_the_pace_and_an_open_slowdown() -> None:
+    from dflashd.supervisor.speak.metrics import _training_families
+
+    snapshot = {
+        "loss": 2.31,
+        "pace": {"baseline_step_s": 0.0164, "recent_step_s": 0.035, "ratio": 2.13},
+        "slow": {"ratio": 2.13, "causes": ["another process on GPU 0: pid 7 (user bob)"]},
+        "diverged": None,
+    }
+    families = {f.name: f for f in _training_families(snapshot)}
+    assert families["dflashd_loss"].samples[0].value == 2.31
+    steps = {s.labels["which"]: s.value for s in families["dflashd_step_seconds"].samples}
+    assert steps == {"baseline": 0.0164, "recent": 0.035}
+    assert families["dflashd_slow"].samples[0].value == 1.0
+    assert families["dflashd_diverged"].samples[0].value == 0.0

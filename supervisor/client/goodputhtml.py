@@ -17,6 +17,7 @@ from dflashd.supervisor.client.svgaxis import LEFT as _LEFT
 from dflashd.supervisor.client.svgaxis import RIGHT as _RIGHT
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
 from dflashd.supervisor.client.svgaxis import axis_svg, x_of
+from dflashd.supervisor.model.advice import AdviceInputs, checkpoint_cost, said
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import (
     Cost,
@@ -91,6 +92,7 @@ class GoodputData:
     # The daemon is alive now: the newest run without an exit record is live, counted up to
     # this wall time (as status counts it).  None: the log's own end.
     live_until: float | None = None
+    pauses: list[float] = field(default_factory=list)  # each run's checkpoint pause (exit)
 
     def take(self, event: str, run: int, at: float, fields: dict[str, Any]) -> None:
         """One supervisor record."""
@@ -121,6 +123,9 @@ class GoodputData:
             incident.ended, incident.cost = at, cost_from_json(fields.get("cost"))
             incident.verdict = str(fields.get("verdict"))
             incident.reason = str(fields.get("reason"))
+            pause = fields.get("checkpoint_pause_s")
+            if isinstance(pause, int | float) and 0 < pause < 1e7:
+                self.pauses.append(float(pause))
         elif event == Event.GOODPUT_CARRIED:
             self.absent.append((at, cost_from_json(fields)))
 
@@ -239,6 +244,7 @@ def goodput_section(data: GoodputData, lo: float, hi: float) -> str:
         cells = [
             cost.startup_s,
             cost.redone_s,
+            cost.slow_s,
             cost.detection_s,
             after if after is not None else None,
             cost.productive_s,
@@ -255,6 +261,27 @@ time from its first step and progress records, as <code>dflashd status</code> se
 <div>{_share_bar(total)}</div>
 <div>{_timeline(data, lo, hi)}</div>
 <table class='incidents'><tr><th>run</th><th>verdict</th><th>reason</th><th>startup</th>
-<th>redone</th><th>detection</th><th>downtime after</th><th>productive</th></tr>
+<th>redone</th><th>slow</th><th>detection</th><th>downtime after</th><th>productive</th></tr>
 {"".join(rows)}</table>
-"""
+{_advice(data, total)}"""
+
+
+def _advice(data: GoodputData, total: Cost) -> str:
+    """The checkpoint interval that pays, from the log's ledger (model/advice.py)."""
+    ended = [i for i in data.incidents.values() if i.ended is not None]
+    failures = [i for i in ended if i.verdict not in ("completed", "stopped")]
+    given = AdviceInputs(
+        failures=len(failures),
+        working_s=total.total_s - total.stopped_s,
+        recovery_s=total.startup_s + total.detection_s + total.downtime_s,
+        redone_s=total.redone_s,
+        checkpoint_cost_s=checkpoint_cost(data.pauses),
+    )
+    advice = said(given)
+    if advice is None:
+        return ""
+    inputs = ", ".join(f"{k} {v}" for k, v in advice["inputs"].items())
+    return (
+        f"<p class='advice'><b>{html.escape(advice['text'])}</b><br>"
+        f"<span class='note'>Young/Daly, from the ledger: {html.escape(inputs)}</span></p>\n"
+    )

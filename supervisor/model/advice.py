@@ -15,8 +15,10 @@ one, as Daly (2006) refined it for the optimum:
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 MIN_FAILURES: Final = 2  # one failure says nothing of a rate
 WORTH_RATIO: Final = 1.5  # said when the best interval differs from today's by this much...
@@ -89,3 +91,38 @@ def advise(given: AdviceInputs) -> Advice | None:
         goodput_now=goodput_at(now, cost_s=cost, mtbf_s=mtbf, recovery_s=recovery),
         goodput_best=goodput_at(best, cost_s=cost, mtbf_s=mtbf, recovery_s=recovery),
     )
+
+
+def said(given: AdviceInputs) -> dict[str, Any] | None:
+    """What status and the report say (``estimate``, ``text``, ``inputs``), or None when the
+    estimate cannot be made or the interval today is near enough the best."""
+    advice = advise(given)
+    if advice is None or not advice.worth_saying:
+        return None
+    text = (
+        f"checkpointing every {_minutes(advice.interval_best_s)} instead of "
+        f"{_minutes(advice.interval_now_s)} would lift goodput from "
+        f"{advice.goodput_now:.0%} to {advice.goodput_best:.0%} (an estimate)"
+    )
+    inputs = {
+        "failures": given.failures,
+        "mtbf_s": round(advice.mtbf_s, 1),
+        "recovery_s_per_failure": round(advice.recovery_s, 1),
+        "redone_s_per_failure": round(given.redone_s / given.failures, 1),
+        "checkpoint_cost_s": round(advice.checkpoint_cost_s, 2),
+    }
+    return {"estimate": True, "text": text, "inputs": inputs}
+
+
+def checkpoint_cost(pauses: Sequence[float]) -> float | None:
+    """A checkpoint's cost: the median of the pauses seen between steps (None: none seen)."""
+    return statistics.median(pauses) if pauses else None
+
+
+def _minutes(seconds: float) -> str:
+    """``12 min``, ``1.5 h``, ``40 s``: the words of the advice."""
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 90:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"

@@ -78,6 +78,7 @@ class RunFacts:
     # the hang rounds found it waiting on work elsewhere when it died: (the wait, for how long)
     waited_elsewhere: tuple[str, float] | None = None
     hang_evidence: str | None = None  # why a proven hang was proven (the world's wait named)
+    pause_s: float | None = None  # its pauses between steps (a checkpoint's cost; advice.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +146,8 @@ def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
         out["epoch"] = facts.epoch
     if facts.first_step_after_s is not None:
         out["first_step_after_s"] = round(facts.first_step_after_s, 3)
+    if facts.pause_s is not None:
+        out["checkpoint_pause_s"] = round(facts.pause_s, 3)
     if obs.gpu_xids:
         out["gpu_xids"] = list(obs.gpu_xids)
     if obs.spawn_error is not None:

@@ -122,6 +122,7 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
         "Stack dumps of the live run taken (dflashd stacks, and before each kill)",
         value=extra.get("stack_dumps", 0.0),
     )
+    yield from _training_families(snapshot)
     yield from _elastic_families(snapshot.get("elastic"))
     yield from _goodput_families(view_from_json(snapshot.get("goodput")))
     version = str(snapshot.get("version") or __version__)
@@ -136,11 +137,42 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
     yield GaugeMetricFamily("dflashd_up", "1 while the daemon serves its loop", value=1.0)
 
 
-def labelled_by_node(families: Iterable[Any], node: str) -> Iterator[Any]:
-    """Every series labelled ``node``: a cluster's nodes stay apart in one Prometheus."""
+def labelled_by_node(families: Iterable[Any], node: str, home: str = "") -> Iterator[Any]:
+    """Every series labelled ``node`` and ``home``: a cluster's nodes, and two homes on one
+    node, stay apart in one Prometheus."""
+    where = {"node": node, "home": home}
     for family in families:
-        family.samples = [s._replace(labels={**s.labels, "node": node}) for s in family.samples]
+        family.samples = [s._replace(labels={**s.labels, **where}) for s in family.samples]
         yield family
+
+
+def _training_families(snapshot: dict[str, Any]) -> Iterator[Any]:
+    """The job's loss, its pace against its own baseline, an open slow incident, a divergence."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    loss = snapshot.get("loss")
+    if isinstance(loss, int | float) and not isinstance(loss, bool):
+        yield GaugeMetricFamily("dflashd_loss", "The job's last logged loss", value=float(loss))
+    pace = snapshot.get("pace")
+    if isinstance(pace, dict):
+        step = GaugeMetricFamily(
+            "dflashd_step_seconds",
+            "Seconds per step: the run's own baseline, and its recent median",
+            labels=["which"],
+        )
+        for which in ("baseline", "recent"):
+            value = pace.get(f"{which}_step_s")
+            if isinstance(value, int | float):
+                step.add_metric([which], float(value))
+        yield step
+    yield GaugeMetricFamily(
+        "dflashd_slow", "1 while a slow incident is open", value=float(bool(snapshot.get("slow")))
+    )
+    yield GaugeMetricFamily(
+        "dflashd_diverged",
+        "1 once the run's loss diverged",
+        value=float(bool(snapshot.get("diverged"))),
+    )
 
 
 def _elastic_families(elastic: dict[str, Any] | None) -> Iterator[Any]:
@@ -215,23 +247,34 @@ class MetricsServer:
     def collect(self) -> Iterator[Any]:
         """prometheus-client's collector interface."""
         snapshot = self._snapshot()
-        yield from labelled_by_node(
-            metric_families(snapshot, self._extra(), time.time()), str(snapshot.get("node") or "")
-        )
+        families = metric_families(snapshot, self._extra(), time.time())
+        node, home = str(snapshot.get("node") or ""), str(snapshot.get("home") or "")
+        yield from labelled_by_node(families, node, home)
 
     def start(self) -> None:
         """Bind and serve on one daemon thread (raises OSError when the address is taken)."""
-        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+        from prometheus_client import (
+            CONTENT_TYPE_LATEST,
+            CollectorRegistry,
+            ProcessCollector,
+            generate_latest,
+        )
 
         from dflashd.supervisor.speak.httpserve import BoundedHttpServer
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
+        ProcessCollector(registry=registry)  # the daemon's own process_* (CPU, memory, fds)
 
         def page() -> tuple[bytes, str]:
             return generate_latest(registry), CONTENT_TYPE_LATEST
 
-        self._server = BoundedHttpServer(self.host, self.port, {"/metrics": page, "/": page})
+        def healthz() -> tuple[bytes, str]:
+            state = str(self._snapshot().get("state") or "starting")
+            return f"ok {state}\n".encode(), "text/plain; charset=utf-8"
+
+        pages = {"/metrics": page, "/": page, "/healthz": healthz}
+        self._server = BoundedHttpServer(self.host, self.port, pages)
         self.port = self._server.port
 
     def stop(self) -> None:

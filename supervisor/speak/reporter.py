@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -187,9 +188,15 @@ class Reporter:
             stacks=(fields.get("stacks") or {}).get("top"),
         )
         first = ("hung_after_s", "hang_evidence", "waited_elsewhere", "stale_build_locks", "error")
-        for key in first:  # what a person acts on first
-            if fields.get(key):
+        paced = ("ratio", "baseline_step_s", "recent_step_s", "causes", "last_good_step", "why")
+        for key in (*first, *paced):  # what a person acts on first
+            if fields.get(key) is not None and fields.get(key) != []:
                 payload[key] = fields[key]
+        # where and when, for a person paged at night and for a dashboard joining many homes
+        payload["time"] = datetime.fromtimestamp(self._wall(), UTC).isoformat(timespec="seconds")
+        payload["node"] = self.config.node_name
+        payload["home"] = str(self.home.root)
+        payload["command"] = list(self.config.command)
         if kind is Notice.FATAL and fields.get("verdict"):
             payload["run_verdict"] = fields["verdict"]  # the early death behind the fatal, say
         odd = (fields.get("stacks") or {}).get("odd_summary")
