@@ -83,3 +83,59 @@ def test_short_options_and_a_success_that_says_ended(tmp_path: Path) -> None:
     for command in ("start", "stop", "restart"):
         text = dflashd(command, "--help", cwd=tmp_path).stdout
         assert ("-c, --config" in text) or ("-t, --timeout" in text), (command, text)
+
+
+def test_journalctls_time_forms_are_understood() -> None:
+    """``--since '10 min ago'``, ``today``, ``yesterday``, ``04:40``: what a journalctl user types."""
+    from datetime import UTC, datetime
+
+    from dflashd.supervisor.client.common import parse_since
+
+    now = datetime(2026, 12, 2, 13, 0, 0).astimezone().timestamp()  # 13:00 local
+
+    def local(stamp: str) -> datetime:
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).astimezone()
+
+    assert local(parse_since("10 min ago", now)).strftime("%H:%M") == "12:50"
+    assert local(parse_since("2 hours ago", now)).strftime("%H:%M") == "11:00"
+    assert local(parse_since("today", now)).strftime("%d %H:%M") == "02 00:00"
+    assert local(parse_since("yesterday", now)).strftime("%d %H:%M") == "01 00:00"
+    assert local(parse_since("04:40", now)).strftime("%d %H:%M:%S") == "02 04:40:00"
+    with pytest.raises(Exception, match="journalctl"):
+        parse_since("last tuesday", now)
+
+
+def test_restart_no_wait_returns_once_the_job_is_launched_and_tail_takes_since(
+    tmp_path: Path,
+) -> None:
+    """``restart --no-wait`` as ``start --no-wait``: back at once, the job launched again;
+    ``tail --since '10 min ago'`` shows the runs."""
+    config = tmp_path / "c.toml"
+    config.write_text('gpus = "none"\n')
+    home = str(tmp_path / "home")
+    job = [sys.executable, "-c", "import time\nprint('step 1', flush=True)\ntime.sleep(600)"]
+    done = dflashd(
+        "start", "--no-wait", "-c", str(config), "--home", home, "--", *job, cwd=tmp_path
+    )
+    assert done.returncode == 0, done
+    try:
+        again = dflashd("restart", "--no-wait", "-t", "5", "--home", home, cwd=tmp_path)
+        assert again.returncode == 0, again
+        assert "run 2" in again.stderr + again.stdout, again
+        shown = dflashd("tail", "--since", "10 min ago", "--home", home, cwd=tmp_path)
+        assert shown.returncode == 0 and "spawn" in shown.stdout, shown
+    finally:
+        dflashd("stop", "-t", "5", "--home", home, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("top", "dflashd status"), ("kill", "dflashd stop")])
+def test_other_tools_habits_get_what_they_are_here(tmp_path: Path, typed: str, meant: str) -> None:
+    done = dflashd(typed, cwd=tmp_path)
+    assert done.returncode == 2 and meant in done.stderr, done
+
+
+def test_a_typo_is_never_steered_to_a_command_that_ends_the_job(tmp_path: Path) -> None:
+    for typed in ("stpo", "restrat", "top"):
+        done = dflashd(typed, cwd=tmp_path)
+        assert done.returncode == 2, done
+        assert "'stop'" not in done.stderr and "'restart'" not in done.stderr, done

@@ -6,6 +6,7 @@ Shell completion comes from click: ``eval "$(_DFLASHD_COMPLETE=bash_source dflas
 
 from __future__ import annotations
 
+import difflib
 import os
 import signal
 import sys
@@ -43,7 +44,43 @@ from dflashd.supervisor.model.lifecycle import State
 _LIVE_STATES: Final = frozenset({State.RUNNING, State.STARTING, State.BACKOFF, State.STOPPING})
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
+# What users of other tools type, and what it is here: never a guess at a command that ends the
+# job (click's own "did you mean" turned `dflashd top` into `stop`).
+HABITS: Final = {
+    "top": "dflashd status (and `watch dflashd status` to keep it on screen)",
+    "ps": "dflashd status",
+    "ls": "dflashd status --home DIR (one home per job)",
+    "list": "dflashd status --home DIR (one home per job)",
+    "log": "dflashd logs (or dflashd tail -f)",
+    "kill": "dflashd stop (SIGTERM to the job's group, then SIGKILL)",
+    "reload": "dflashd restart",
+    "show": "dflashd status",
+}
+ENDING: Final = frozenset({"stop", "restart"})  # commands a typo must never be steered to
+
+
+class Commands(click.Group):
+    """The group, with a hint for other tools' habits and no guessed ``stop`` or ``restart``."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and self.get_command(ctx, name) is None and not name.startswith("-"):
+            meant = HABITS.get(name)
+            if meant is not None:
+                raise click.UsageError(f"no command {name!r} here; you may mean: {meant}", ctx)
+            close = difflib.get_close_matches(name, self.list_commands(ctx))
+            if close and close[0] in ENDING:
+                raise click.UsageError(f"no command {name!r} (dflashd --help lists them)", ctx)
+        return super().resolve_command(ctx, args)
+
+
+@click.group(
+    cls=Commands,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    invoke_without_command=True,
+)
 @click.version_option(__version__, prog_name="dflashd")
 @click.option(
     "--home",
@@ -313,9 +350,18 @@ def _configured_stop_timeout(home: Home) -> float:
 @home_option
 @timeout_option("Seconds between SIGTERM and SIGKILL for the running job.")
 @config_option("A config to start with instead of the last start's.")
+@click.option(
+    "--no-wait",
+    is_flag=True,
+    help="Return once the job is launched again, without waiting for its first step.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def restart(
-    home: Path | None, timeout_s: float | None, config_path: Path | None, command: tuple[str, ...]
+    home: Path | None,
+    timeout_s: float | None,
+    config_path: Path | None,
+    no_wait: bool,
+    command: tuple[str, ...],
 ) -> None:
     """Stop the job and the daemon, then start again as the last `start` did (or as told here),
     in the directory it was started from.  Without a command, a record of the last start that
@@ -341,7 +387,7 @@ def restart(
     config = prepare(where, config_path, command)  # checked before anything is stopped
     if lock_is_held(where.lock):
         _stop(where, timeout_s)
-    sys.exit(start_detached(where, config, config_path, command))
+    sys.exit(start_detached(where, config, config_path, command, wait=not no_wait))
 
 
 if __name__ == "__main__":  # pragma: no cover

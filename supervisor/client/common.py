@@ -6,7 +6,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -74,20 +74,47 @@ def fail(message: str, code: int) -> NoReturn:
 
 _DURATION: Final = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# journalctl's forms: "10 min ago", "2 hours ago", "today", "yesterday", "04:40", "04:40:10"
+_AGO: Final = re.compile(
+    r"^(\d+(?:\.\d+)?)\s*(s|sec|secs|second|seconds|m|min|mins|minute|minutes|h|hr|hrs|hour|hours"
+    r"|d|day|days)\s+ago$"
+)
+_CLOCK: Final = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?$")
+
+
+def _journal_time(text: str, now: float) -> float | None:
+    """journalctl's relative and clock forms, as local time; None when ``text`` is none."""
+    lowered = text.strip().lower()
+    if (ago := _AGO.match(lowered)) is not None:
+        return now - float(ago.group(1)) * _UNIT_S[ago.group(2)[0]]
+    midnight = datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+    if lowered in ("today", "yesterday", "now"):
+        if lowered == "now":
+            return now
+        return (midnight - timedelta(days=1 if lowered == "yesterday" else 0)).timestamp()
+    if (clock := _CLOCK.match(lowered)) is not None:
+        hour, minute, second = int(clock.group(1)), int(clock.group(2)), int(clock.group(3) or 0)
+        if hour < 24 and minute < 60 and second < 60:
+            return midnight.replace(hour=hour, minute=minute, second=second).timestamp()
+    return None
 
 
 def parse_since(text: str, now: float | None = None) -> str:
     """``10m``, ``2h``, ``1d`` ago, or an ISO 8601 time -> the RFC 3339 UTC stamp records carry."""
     now = time.time() if now is None else now
     match = _DURATION.match(text.strip())
+    journal = None if match else _journal_time(text, now)
     if match:
         epoch = now - float(match.group(1)) * _UNIT_S[match.group(2)]
+    elif journal is not None:
+        epoch = journal
     else:
         try:
             parsed = datetime.fromisoformat(text.strip())
         except ValueError:
             raise click.BadParameter(
-                "expected a duration (30s, 10m, 2h, 1d) or an ISO time (2026-11-30T18:00)",
+                "expected a duration (30s, 10m, 2h, 1d), journalctl's forms ('10 min ago', "
+                "today, yesterday, 04:40) or an ISO time (2026-11-30T18:00)",
                 param_hint="--since",
             ) from None
         if parsed.tzinfo is None:

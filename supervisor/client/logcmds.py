@@ -48,8 +48,9 @@ _HOME_WAIT_POLL_S: Final = 0.2
 @click.option(
     "--since",
     default=None,
-    help="Only records since then: 30s, 10m, 2h, 1d, or an ISO time (local time unless it ends "
-    "in Z or an offset such as +02:00; tail prints times in UTC).",
+    help="Only records since then: 30s, 10m, 2h, 1d; journalctl's '10 min ago', today, "
+    "yesterday, 04:40; or an ISO time (local time unless it ends in Z or an offset such as "
+    "+02:00; tail prints times in UTC).",
 )
 @click.option(
     "--until",
