@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +140,36 @@ def test_a_typo_is_never_steered_to_a_command_that_ends_the_job(tmp_path: Path) 
         done = dflashd(typed, cwd=tmp_path)
         assert done.returncode == 2, done
         assert "'stop'" not in done.stderr and "'restart'" not in done.stderr, done
+
+
+def test_lightnings_rich_bar_wrapped_in_a_pipe_still_gives_the_loss(
+    start_daemon: Any,
+) -> None:
+    """Rich in a narrow terminal or a pipe puts ``train_loss: 0.112`` on the line after the
+    bar: the loss is read all the same (status, the progress records, the report's curve)."""
+    job = (
+        "import sys, time\n"
+        "for i in range(1, 4):\n"
+        "    bar = f'Epoch 0/9  ━━━━━━━━━━ {i}/18 0:00:17 • 0:01:02 4.47it/s v_num: 1'\n"
+        "    sys.stdout.write(bar + '\\ntrain_loss: 0.112\\n'); sys.stdout.flush()\n"
+        "    time.sleep(0.3)\n"
+        "time.sleep(600)\n"
+    )
+    daemon = start_daemon([sys.executable, "-c", job])
+    record = daemon.wait_for(
+        lambda r: getattr(r, "event", None) == "progress" and "loss" in r.fields
+    )
+    assert record.fields["loss"] == 0.112  # type: ignore[attr-defined]
+
+
+def test_the_example_config_turns_no_default_alert_off() -> None:
+    """Installing systemd/dflashd.toml.example keeps every alert on by default (recovered,
+    rendezvous_timeout, waiting, slow, diverged included)."""
+    import tomllib
+
+    from dflashd.supervisor.host.config import parse_config
+    from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS
+
+    example = Path(__file__).parent.parent / "systemd" / "dflashd.toml.example"
+    config = parse_config(tomllib.loads(example.read_text()))
+    assert set(config.alerts.on) == set(DEFAULT_ALERTS)

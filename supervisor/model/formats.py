@@ -310,6 +310,19 @@ def _tail_text(text: bytes) -> bytes:
     return text[start + 1 :]
 
 
+# Rich's bar in a narrow terminal or a pipe puts its metrics on the line after the bar.
+_WRAPPED_LOSS: Final = re.compile(r"^\s{0,8}(?:train[_/])?loss(?:_step)?[=:]" + _SP + _NUM)
+
+
+def _wrapped_loss(text: str) -> float | None:
+    """A loss on a line of its own after a Lightning bar (Rich wrapped it), the newest."""
+    for line in reversed(text.split("\n")[-_TAIL_LINES:]):
+        found = _WRAPPED_LOSS.search(line[:MAX_MATCH_CHARS])
+        if found is not None:
+            return finite_float(found.group(1))
+    return None
+
+
 class FormatMatcher:
     """Finds the last recognised step in a frame of lines."""
 
@@ -348,4 +361,9 @@ class FormatMatcher:
             loss_done = best.loss is not None or not has_loss
             if loss_done and (best.epoch is not None or not has_epoch):
                 break
+        if best is not None and best.loss is None and has_loss and best.format == "lightning":
+            wrapped = _wrapped_loss(
+                text.decode("ascii", "replace") if isinstance(text, bytes) else text
+            )
+            best = replace(best, loss=wrapped) if wrapped is not None else best
         return best
