@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,37 @@ def test_the_example_config_turns_no_default_alert_off() -> None:
     example = Path(__file__).parent.parent / "systemd" / "dflashd.toml.example"
     config = parse_config(tomllib.loads(example.read_text()))
     assert set(config.alerts.on) == set(DEFAULT_ALERTS)
+
+
+def test_one_job_per_home_a_warning_and_ls_lists_every_daemon(tmp_path: Path) -> None:
+    """A second job brought into a home with history is named, with the home to use instead;
+    ``dflashd ls`` lists the running daemon: home, state, run and command."""
+    config = tmp_path / "c.toml"
+    config.write_text('gpus = "none"\n')
+    home = tmp_path / "home"
+    (tmp_path / "train.py").write_text(
+        "import time\nprint('step 1', flush=True)\ntime.sleep(600)\n"
+    )
+    first = [sys.executable, "-c", "import time\nprint('step 1', flush=True)\ntime.sleep(600)"]
+    done = dflashd(
+        "start", "--no-wait", "-c", str(config), "--home", str(home), "--", *first, cwd=tmp_path
+    )
+    assert done.returncode == 0 and "another job" not in done.stderr, done
+    try:
+        listed = dflashd("ls", "--json", cwd=tmp_path)
+        rows = [json.loads(line) for line in listed.stdout.splitlines()]
+        mine = [r for r in rows if r["home"] == str(home)]
+        assert mine and mine[0]["running"] and mine[0]["command"].startswith(sys.executable)
+        assert str(home) in dflashd("ls", cwd=tmp_path).stdout
+    finally:
+        dflashd("stop", "-t", "5", "--home", str(home), cwd=tmp_path)
+    second = [sys.executable, "train.py"]
+    again = dflashd(
+        "start", "--no-wait", "-c", str(config), "--home", str(home), "--", *second, cwd=tmp_path
+    )
+    try:
+        assert again.returncode == 0, again
+        assert "ran another job before" in again.stderr
+        assert f"--home {tmp_path / 'dflashd-train'}" in again.stderr
+    finally:
+        dflashd("stop", "-t", "5", "--home", str(home), cwd=tmp_path)

@@ -49,8 +49,7 @@ _LIVE_STATES: Final = frozenset({State.RUNNING, State.STARTING, State.BACKOFF, S
 HABITS: Final = {
     "top": "dflashd status (and `watch dflashd status` to keep it on screen)",
     "ps": "dflashd status",
-    "ls": "dflashd status --home DIR (one home per job)",
-    "list": "dflashd status --home DIR (one home per job)",
+    "list": "dflashd ls",
     "log": "dflashd logs (or dflashd tail -f)",
     "kill": "dflashd stop (SIGTERM to the job's group, then SIGKILL)",
     "reload": "dflashd restart",
@@ -185,6 +184,8 @@ def start(
     signal.signal(signal.SIGINT, signal.default_int_handler if foreground else start_interrupted)
     where = resolve_home(home)
     config = prepare(where, config_path, tuple(command))
+    if ready_fd is None and (mixed := another_jobs_home(where, config.command)) is not None:
+        click.echo(f"dflashd: {mixed}", err=True)
     if foreground:
         if ready_fd is None and lock_is_held(where.lock):
             fail(already_running_message(where), 1)
@@ -222,6 +223,30 @@ def status(home: Path | None, as_json: bool) -> None:
     else:
         click.echo(format_status(state, running=running, paint=Painter(use_color(sys.stdout))))
     sys.exit(0 if running else EXIT_NOT_RUNNING)
+
+
+def another_jobs_home(home: Home, command: tuple[str, ...]) -> str | None:
+    """A warning when ``start`` brings a different job into a home with history: restarts,
+    goodput and the report would mix the two.  One home per job: a home named for it."""
+    from dflashd.supervisor.speak.statusview import read_state
+
+    before = (read_state(home.state_file) or {}).get("command")
+    if not isinstance(before, list) or not before or [str(c) for c in before] == list(command):
+        return None
+    name = _job_name(command)
+    shown = " ".join(str(c) for c in before)[:80]
+    return (
+        f"{home.root} ran another job before ({shown}): its restarts, goodput and report now "
+        f"count this one with it. One home per job: --home {home.root.parent / name}"
+    )
+
+
+def _job_name(command: tuple[str, ...]) -> str:
+    """A home's name for a job: its script's stem (``train.py`` -> ``dflashd-train``)."""
+    words = [w for w in command if not w.startswith("-")]
+    script = next((w for w in words[1:] if "." in Path(w).name), words[-1] if words else "job")
+    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(script).stem)
+    return f"dflashd-{stem or 'job'}"
 
 
 def _current_state(home: Home) -> tuple[dict[str, Any] | None, bool]:
@@ -344,6 +369,25 @@ def _configured_stop_timeout(home: Home) -> float:
 
     value = (read_state(home.state_file) or {}).get("stop_timeout_s")
     return float(value) if isinstance(value, int | float) else 30.0
+
+
+@main.command(name="ls")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per home.")
+def list_homes(as_json: bool) -> None:
+    """Every dflashd of this user (root: of every user): home, state, run, step, goodput and
+    command, like `pm2 ls`.  Running daemons are found from /proc; this user's default home is
+    listed too when it has a history (state*: not running, its last recorded state)."""
+    from dflashd.supervisor.client.listing import listed, table
+
+    everyone = os.geteuid() == 0
+    rows = [entry.row() for entry in listed(everyone=everyone)]
+    if as_json:
+        for row in rows:
+            click.echo(orjson.dumps(row).decode())
+    elif not rows:
+        click.echo("no dflashd here (dflashd start to begin one)")
+    else:
+        click.echo(table(rows, users=everyone))
 
 
 @main.command(context_settings={"allow_interspersed_args": False})
