@@ -33,10 +33,13 @@ class RecordFilter:
     until_ts: str | None = None  # records after it are left out (same format)
     grep: re.Pattern[str] | None = None  # searched in a line's text or an event's name and fields
     skip_blank: bool = False  # whitespace-only lines (a progress bar's clears) left out
+    skip_events: frozenset[str] = frozenset()  # supervisor records left out, by event name
 
     def keeps(self, record: Record) -> bool:
         """True when the record passes every criterion."""
         if self.skip_blank and isinstance(record, LineRecord) and not record.line.strip():
+            return False
+        if isinstance(record, EventRecord) and record.event in self.skip_events:
             return False
         if self.run is not None and record.run != self.run:
             return False

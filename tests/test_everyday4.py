@@ -208,3 +208,28 @@ def test_one_job_per_home_a_warning_and_ls_lists_every_daemon(tmp_path: Path) ->
         assert f"--home {tmp_path / 'dflashd-train'}" in again.stderr
     finally:
         dflashd("stop", "-t", "5", "--home", str(home), cwd=tmp_path)
+
+
+def test_tail_shows_the_job_and_dflashds_events_and_the_per_step_records_on_request(
+    tmp_path: Path,
+) -> None:
+    """A plain ``step N`` job: ``tail`` shows its lines and dflashd's events (spawn, launched,
+    exit), not a ``progress`` echo of each step; ``--all`` and ``--json`` show every record."""
+    config = tmp_path / "c.toml"
+    config.write_text('gpus = "none"\n')
+    home = str(tmp_path / "home")
+    job = "import time\nfor i in range(1, 30):\n    print(f'step {i} loss 2.0', flush=True)\n    time.sleep(0.1)"
+    done = dflashd(
+        "start", "-c", str(config), "--home", home, "--", sys.executable, "-c", job, cwd=tmp_path
+    )
+    assert done.returncode == 0, done
+    try:
+        shown = dflashd("tail", "-n", "200", "--home", home, cwd=tmp_path).stdout
+        assert "step 29 loss 2.0" in shown and "spawn" in shown and "exit" in shown
+        assert "progress" not in shown and "child_status" not in shown
+        every = dflashd("tail", "-n", "200", "--all", "--home", home, cwd=tmp_path).stdout
+        assert "progress" in every
+        raw = dflashd("tail", "-n", "200", "--json", "--home", home, cwd=tmp_path).stdout
+        assert '"event":"progress"' in raw
+    finally:
+        dflashd("stop", "-t", "5", "--home", home, cwd=tmp_path)

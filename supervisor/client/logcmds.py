@@ -24,6 +24,8 @@ from dflashd.supervisor.host.home import lock_is_held
 from dflashd.supervisor.model.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
 
 _HOME_WAIT_POLL_S: Final = 0.2
+# the job's own lines say its steps: dflashd's echo of each is noise in the text view
+PER_STEP_EVENTS: Final = frozenset({"progress", "child_status", "gpu"})
 
 
 @click.command()
@@ -58,9 +60,16 @@ _HOME_WAIT_POLL_S: Final = 0.2
     help="Only records up to then (the same forms as --since); not with -f.",
 )
 @click.option("--grep", "pattern", default=None, help="Only records whose text matches this regex.")
-@click.option("--json", "as_json", is_flag=True, help="Raw JSON-lines records.")
+@click.option("--json", "as_json", is_flag=True, help="Raw JSON-lines records (every one).")
 @click.option(
     "--raw", is_flag=True, help="Print the job's bytes as they are (terminal escapes included)."
+)
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also dflashd's per-step records (progress, child_status) and GPU samples, which the "
+    "text view leaves out by default.",
 )
 def tail(
     home: Path | None,
@@ -73,9 +82,11 @@ def tail(
     pattern: str | None,
     as_json: bool,
     raw: bool,
+    show_all: bool,
 ) -> None:
-    """Show the run log: child output and dflashd's own records, across rotated files
-    (``dflashd logs`` is the same command).
+    """Show the run log: the job's output and dflashd's events (spawn, exit, alerts, hang
+    checks, restarts), across rotated files (``dflashd logs`` is the same command); the
+    per-step records with --all (and always in --json).
 
     Control characters in the job's output (escape sequences that retitle or clear a
     terminal) are shown escaped, as journalctl does; --raw and --json keep the bytes.
@@ -121,6 +132,7 @@ def tail(
         # text mode leaves out whitespace-only lines (a tqdm.write clearing the bar); the log,
         # --raw and --json keep every byte
         skip_blank=not (raw or as_json),
+        skip_events=frozenset() if show_all or as_json else PER_STEP_EVENTS,
     )
     paint = Painter(use_color(sys.stdout))
     safe = not (raw or as_json)
