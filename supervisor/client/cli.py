@@ -6,7 +6,6 @@ Shell completion comes from click: ``eval "$(_DFLASHD_COMPLETE=bash_source dflas
 
 from __future__ import annotations
 
-import difflib
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ from dflashd.supervisor.client.common import (
     resolve_home,
     timeout_option,
 )
+from dflashd.supervisor.client.habits import Commands, another_jobs_home
 from dflashd.supervisor.client.invocation import InvocationUnreadable, has_run, load_invocation
 from dflashd.supervisor.client.logcmds import report, tail
 from dflashd.supervisor.client.stackscmd import stacks
@@ -42,37 +42,6 @@ from dflashd.supervisor.model.lifecycle import State
 
 # a daemon found gone in one of these states ended without recording its end
 _LIVE_STATES: Final = frozenset({State.RUNNING, State.STARTING, State.BACKOFF, State.STOPPING})
-
-
-# What users of other tools type, and what it is here: never a guess at a command that ends the
-# job (click's own "did you mean" turned `dflashd top` into `stop`).
-HABITS: Final = {
-    "top": "dflashd status (and `watch dflashd status` to keep it on screen)",
-    "ps": "dflashd status",
-    "list": "dflashd ls",
-    "log": "dflashd logs (or dflashd tail -f)",
-    "kill": "dflashd stop (SIGTERM to the job's group, then SIGKILL)",
-    "reload": "dflashd restart",
-    "show": "dflashd status",
-}
-ENDING: Final = frozenset({"stop", "restart"})  # commands a typo must never be steered to
-
-
-class Commands(click.Group):
-    """The group, with a hint for other tools' habits and no guessed ``stop`` or ``restart``."""
-
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
-        name = args[0] if args else ""
-        if name and self.get_command(ctx, name) is None and not name.startswith("-"):
-            meant = HABITS.get(name)
-            if meant is not None:
-                raise click.UsageError(f"no command {name!r} here; you may mean: {meant}", ctx)
-            close = difflib.get_close_matches(name, self.list_commands(ctx))
-            if close and close[0] in ENDING:
-                raise click.UsageError(f"no command {name!r} (dflashd --help lists them)", ctx)
-        return super().resolve_command(ctx, args)
 
 
 @click.group(
@@ -223,30 +192,6 @@ def status(home: Path | None, as_json: bool) -> None:
     else:
         click.echo(format_status(state, running=running, paint=Painter(use_color(sys.stdout))))
     sys.exit(0 if running else EXIT_NOT_RUNNING)
-
-
-def another_jobs_home(home: Home, command: tuple[str, ...]) -> str | None:
-    """A warning when ``start`` brings a different job into a home with history: restarts,
-    goodput and the report would mix the two.  One home per job: a home named for it."""
-    from dflashd.supervisor.speak.statusview import read_state
-
-    before = (read_state(home.state_file) or {}).get("command")
-    if not isinstance(before, list) or not before or [str(c) for c in before] == list(command):
-        return None
-    name = _job_name(command)
-    shown = " ".join(str(c) for c in before)[:80]
-    return (
-        f"{home.root} ran another job before ({shown}): its restarts, goodput and report now "
-        f"count this one with it. One home per job: --home {home.root.parent / name}"
-    )
-
-
-def _job_name(command: tuple[str, ...]) -> str:
-    """A home's name for a job: its script's stem (``train.py`` -> ``dflashd-train``)."""
-    words = [w for w in command if not w.startswith("-")]
-    script = next((w for w in words[1:] if "." in Path(w).name), words[-1] if words else "job")
-    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(script).stem)
-    return f"dflashd-{stem or 'job'}"
 
 
 def _current_state(home: Home) -> tuple[dict[str, Any] | None, bool]:

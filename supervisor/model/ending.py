@@ -2,9 +2,9 @@
 
 :func:`conclude` takes everything known about a dead run (:class:`RunFacts`) and the
 counters kept between runs, and returns an :class:`Outcome`: the verdict and its reason,
-and the effects, in the order the daemon carries them out (the one
-applier, :meth:`~dflashd.supervisor.core.DaemonCore.apply`; the effect types are in
-:mod:`effects`): the ``exit`` record, the runs.sqlite row, the ledger's new counters, the alerts,
+and the effects, in the order the daemon carries them out (the model's ``step`` folds the
+changes to its state, the one executor, :class:`~dflashd.supervisor.core.DaemonCore`, does
+the rest; the effect types are in :mod:`effects`): the ``exit`` record, the runs.sqlite row, the ledger's new counters, the alerts,
 the records that follow (``restart``, ``fatal``, ``done``), what becomes of the run's
 processes, the loop's next state, the restart timer, the daemon's exit code.
 

@@ -78,7 +78,7 @@ class Sample:
 
     at: float
     processes: tuple[ProcessSample, ...]
-    world: WorldHeard | None = None  # what the other nodes said (decide/world.py), if asked
+    world: WorldHeard | None = None  # what the other nodes said (model/world.py), if asked
 
 
 NATIVE_BUSY_CPU: Final = 0.1  # of one CPU over a round: a thread py-spy cannot see computes

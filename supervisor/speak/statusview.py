@@ -86,8 +86,8 @@ class StatusView(TypedDict):
     stop_timeout_s: float  # restart.stop_timeout_s: what `dflashd stop` without --timeout waits
     last_alert: dict[str, Any] | None  # kind, reason, run, at, sinks: {name: {ok, detail} | None}
     goodput: GoodputView  # where the time went since the home's first start (goodput.py)
-    # what the live run waits on: work elsewhere (decide/world.py) or a start-up stuck in a
-    # known wait (decide/startup.py): on, since, frames, kind; stale_build_locks and a hint
+    # what the live run waits on: work elsewhere (model/world.py) or a start-up stuck in a
+    # known wait (model/startup.py): on, since, frames, kind; stale_build_locks and a hint
     waiting: dict[str, Any] | None
     pace: dict[str, Any] | None  # the run's own step time and the recent one (issue 43)
     slow: dict[str, Any] | None  # the open slow incident: how slow, since when, the causes

@@ -176,7 +176,7 @@ class Run:
 
 
 def world_share(run: Run, now: float) -> Share | None:
-    """What this node shares with the others at a round's first sample (decide/world.py):
+    """What this node shares with the others at a round's first sample (model/world.py):
     a node of a c10d rendezvous, its last round's finding (waiting, working, or nothing)."""
     elastic = run.elastic
     if elastic is None or not elastic.job.many_nodes or elastic.job.rdzv_backend != "c10d":

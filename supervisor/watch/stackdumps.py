@@ -168,7 +168,7 @@ class StackDumps:
     def sample(self, run: Run, share: Share | None = None) -> None:
         """A hang sample on a thread: every Python process's stacks (py-spy, non-blocking: the
         job is never paused), the bytes each wrote so far and its threads' states; with
-        ``share``, then this node's finding shared and the other nodes' heard (decide/world.py)."""
+        ``share``, then this node's finding shared and the other nodes' heard (model/world.py)."""
         custody, binary = run.custody, self.binary
 
         def work() -> None:
