@@ -122,7 +122,7 @@ def run_foreground(
         fail(str(exc), EXIT_USAGE)
     if saved is not None:
         save_invocation(home, *saved)
-    configure_logging()
+    configure_logging(foreground=ready_fd is None)
     if ready_fd is not None and is_daemon_log(2, home.daemon_log):  # detached: bound daemon.log
         logs = config.logs
         configure_logging(
@@ -134,14 +134,16 @@ def run_foreground(
         from dflashd.supervisor.speak.echo import Echo
 
         if sys.stdout is not None:
-            tty = sys.stdout.isatty()
-            printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout), redraw=tty)
+            # a bar's \r is kept into a terminal and a pipe (``| tee train.log``: ``cat`` redraws
+            # it in place); the journal gets lines
+            redraw = sys.stdout.isatty() or not os.environ.get("JOURNAL_STREAM")
+            printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout), redraw=redraw)
 
     def first_launch(info: dict[str, Any]) -> None:
         if ready_fd is not None:
             report_ready(ready_fd, info)
         else:
-            print_launch(info)
+            print_launch(info, foreground=True)
 
     try:
         tap = printer.offer if printer is not None else None
@@ -169,17 +171,19 @@ def report_ready(fd: int | None, info: dict[str, Any]) -> None:
         pass
 
 
-def print_launch(info: dict[str, Any]) -> None:
+def print_launch(info: dict[str, Any], *, foreground: bool = False) -> None:
     """``run 3 launched (pid 1234)`` and the log's path, or what went wrong (never raises:
     a closed terminal must not end the daemon)."""
     try:
-        _print_launch(info)
+        _print_launch(info, foreground=foreground)
     except (OSError, ValueError, AttributeError):
         pass
 
 
-def _print_launch(info: dict[str, Any]) -> None:
-    if info.get("ok"):
+def _print_launch(info: dict[str, Any], *, foreground: bool = False) -> None:
+    if info.get("ok") and foreground:  # the launch itself is the daemon's `launched` line, once
+        click.echo(f"r{info['run']} dflashd | log {info['log']}   (dflashd tail -f)", err=True)
+    elif info.get("ok"):
         click.echo(
             f"dflashd: run {info['run']} launched (pid {info['pid']}); daemon pid {info['daemon_pid']}"
         )

@@ -61,7 +61,11 @@ class HostProcesses:
         launched = spawn(argv, cwd=cwd, env=env, cgroup=cgroup)
         rel = self.base.run_rel(run_no) if self.base is not None else ""
         if cgroup is not None and launched.pid not in cgroup_pids(cgroup):
-            cgroup, rel = None, ""  # the move failed (a host rule): this run is kept by pidfds
+            # not in its cgroup: the move failed (a host rule), unless the child is already
+            # dead (a quick death leaves the cgroup's list; a loaded host shows it)
+            after = read_stat(launched.pid)
+            if after is not None and after.state != "Z":
+                cgroup, rel = None, ""  # alive outside it: this run is kept by pidfds
         found = read_stat(launched.pid)
         start = found.start_ticks if found is not None else 0
         launched.custody = HostCustody(

@@ -82,6 +82,28 @@ def console_renderer(colours: bool) -> Renderer:
     return render
 
 
+def prefixed_renderer(colours: bool) -> Renderer:
+    """``r1 dflashd | launched pid=99 custody=cgroup``: the foreground's one format, beside the
+    job's own ``r1 out | ...`` lines (into a terminal or a pipe, ``| tee train.log``)."""
+    dim, reset = ("\x1b[2m", "\x1b[0m") if colours else ("", "")
+
+    def render(level: str, event: str, fields: dict[str, Any]) -> str:
+        run = fields.pop("run", None)
+        if event != "launched":
+            fields.pop("pid", None)  # the run's bound context: said once, at its launch
+        shade = _LEVEL_COLOURS.get(level, "") if colours and level != "info" else ""
+        said = f"{level}: " if level not in ("info", "debug") else ""
+        pairs = " ".join(
+            f"{key}={value if isinstance(value, str) else repr(value)}"
+            for key, value in fields.items()
+            if value is not None
+        )
+        head = f"{dim}r{run if run is not None else 0} dflashd |{reset} "
+        return f"{head}{shade}{said}{event}{reset} {pairs}".rstrip()
+
+    return render
+
+
 class LogStream(Protocol):
     """Where dflashd's own log goes: a text stream (stderr, or daemon.log's rotating stream)."""
 
@@ -188,11 +210,20 @@ def _structlog(level: int) -> Any:
 
 
 def configure_logging(
-    level: str = "info", stream: LogStream | None = None, environ: Mapping[str, str] | None = None
+    level: str = "info",
+    stream: LogStream | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    foreground: bool = False,
 ) -> None:
-    """Route dflashd's own log to ``stream`` (stderr by default), rendered for it."""
+    """Route dflashd's own log to ``stream`` (stderr by default), rendered for it;
+    ``foreground``: beside the job's echoed lines, in their one prefixed format (the journal
+    still gets its own)."""
     surviving = SurvivingStream(stream or sys.stderr)
-    renderer = renderer_for(surviving, os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    renderer = renderer_for(surviving, env)
+    if foreground and not env.get("JOURNAL_STREAM"):
+        renderer = prefixed_renderer(surviving.isatty() and "NO_COLOR" not in env)
     with _SINK.lock:
         _SINK.stream, _SINK.render, _SINK.min_level = surviving, renderer, _LEVELS[level]
     # structlog now, not on the first event: that one comes right after the first fork, where
