@@ -36,7 +36,7 @@ def pace_effects(
     """The evidence kept up to date; a slow incident opened (record, alert, a stacks dump for a
     straggler) or closed (record, ``recovered``)."""
     pace, evidence = run.progress.pace, run.pace_evidence
-    if run.progress.reached_first_step:
+    if run.progress.reached_first_step and evidence.cpu_due(now):
         evidence.read_cpu(_members(run), now)
     learnt: tuple[Effect, ...] = ()
     if pace.baseline_s is not None and not evidence.learnt:

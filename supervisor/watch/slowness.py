@@ -42,10 +42,12 @@ class PaceEvidence:
     gpus_at_baseline: dict[int, GpuReading] = field(default_factory=dict)
     learnt: bool = False  # the baseline's evidence was taken
 
+    def cpu_due(self, now: float) -> bool:
+        """Time for the next reading (at most every :data:`CPU_EVERY_S`)."""
+        return not self.cpu or now - self.cpu[-1][0] >= CPU_EVERY_S
+
     def read_cpu(self, pids: set[int], now: float) -> None:
-        """The run's total run-queue wait now (throttled to :data:`CPU_EVERY_S`)."""
-        if self.cpu and now - self.cpu[-1][0] < CPU_EVERY_S:
-            return
+        """The run's total run-queue wait now."""
         self.cpu.append((now, sum(run_queue_wait_ns(pid) for pid in pids)))
 
     def wait_share(self, since: float) -> float | None:
