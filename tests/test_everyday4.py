@@ -233,3 +233,18 @@ def test_tail_shows_the_job_and_dflashds_events_and_the_per_step_records_on_requ
         assert '"event":"progress"' in raw
     finally:
         dflashd("stop", "-t", "5", "--home", home, cwd=tmp_path)
+
+
+def test_the_reports_loss_axis_stays_at_or_above_zero_and_durations_read_as_elsewhere() -> None:
+    """A loss near zero is drawn on an axis from 0 (never a negative label), and a run's
+    duration reads as status says it (``1m05s``), the dates with their year."""
+    from datetime import UTC, datetime
+
+    from dflashd.supervisor.client.htmlreport import _line_chart, _seconds_text
+    from dflashd.supervisor.client.svgaxis import axis_svg
+
+    chart = _line_chart("Loss", {"r1": ("#000", [(0.0, 0.01), (10.0, 0.30)])}, 0.0, 10.0, "", False)
+    assert 'text-anchor="end">0</text>' in chart and ">-" not in chart
+    assert _seconds_text(65.0) == "1m05s" and _seconds_text(3.21) == "3.2s"
+    start = datetime(2026, 12, 2, 13, 0, tzinfo=UTC).timestamp()
+    assert ">2026-12-02 13:00<" in axis_svg(start, start + 3600.0, 100)

@@ -105,7 +105,9 @@ def test_report_data_and_page(tmp_path: Path) -> None:
     assert ">crashed gpu_xid_79</text>" in page
     # the loss axis spans the data (3.8 down to 1.6), not 0 to the top
     assert 'text-anchor="end">0</text>' not in loss_svg(data)
-    assert "UTC</text>" in page and "01-15 08:00:00" in page  # the axes: date, time, UTC
+    assert (
+        "UTC</text>" in page and "2027-01-15 08:00" in page
+    )  # the axes: the year, date, time, UTC
     assert "svg{width:100%" in page  # the charts take the page's width
     assert [round(loss, 1) for _, run, loss in data.losses if run == 2][:2] == [3.8, 3.6]
 

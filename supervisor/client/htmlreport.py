@@ -17,6 +17,7 @@ from dflashd.supervisor.client.goodputhtml import GoodputData, goodput_section
 from dflashd.supervisor.client.svgaxis import LEFT, axis_svg, x_of
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.goodput import duration_text
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.verdicts import Verdict
 
@@ -223,6 +224,8 @@ def _line_chart(
     if not zero_based and values:  # the loss: its own range, padded, not squeezed above 0
         pad = (vmax - min(values)) * 0.08 or abs(vmax) * 0.05 or 1.0
         vmin, vmax = min(values) - pad, vmax + pad
+        if min(values) >= 0:
+            vmin = max(0.0, vmin)  # a loss that is never negative: no axis below zero
     vmax = vmax if vmax > vmin else vmin + 1.0
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" font-family="sans-serif">'
@@ -294,11 +297,17 @@ def gpu_svg(data: ReportData) -> str:
     return _line_chart("GPU memory used", series, lo, hi, " MiB")
 
 
+def _seconds_text(seconds: float) -> str:
+    """A duration as status and the goodput table say it: ``7m02s``; under 10 s, ``3.2s``."""
+    return duration_text(seconds) if seconds >= 10 else f"{seconds:.1f}s"
+
+
 def render_html(data: ReportData, title: str) -> str:
     """The whole page: a summary table and the three charts."""
     rows = []
     for span in sorted(data.runs.values(), key=lambda r: r.run):
-        duration = f"{(span.end - span.start):.1f}s" if span.end else "running"
+        lasted = span.end - span.start if span.end else None
+        duration = "running" if lasted is None else _seconds_text(lasted)
         first = f"{span.first_step_at - span.start:.1f}s" if span.first_step_at else "-"
         color, shade = data.color(span.run), data.verdict_color(span.verdict)
         swatch = f"<span style='color:{color}'>&#9632;</span>"

@@ -20,7 +20,8 @@ def axis_svg(lo: float, hi: float, y: float) -> str:
     ticks = []
     for i in range(6):
         t = lo + (hi - lo) * i / 5
-        label = dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%m-%d %H:%M:%S")
+        # the year too: "12-02" reads as February to half the world
+        label = dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%M")
         anchor = "end" if i == 5 else "start" if i == 0 else "middle"  # inside the picture
         x = x_of(t, lo, hi)
         ticks.append(
