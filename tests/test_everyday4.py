@@ -219,9 +219,8 @@ def test_tail_shows_the_job_and_dflashds_events_and_the_per_step_records_on_requ
     config.write_text('gpus = "none"\n')
     home = str(tmp_path / "home")
     job = "import time\nfor i in range(1, 30):\n    print(f'step {i} loss 2.0', flush=True)\n    time.sleep(0.1)"
-    done = dflashd(
-        "start", "-c", str(config), "--home", home, "--", sys.executable, "-c", job, cwd=tmp_path
-    )
+    argv = ["start", "--foreground", "--quiet", "-c", str(config), "--home", home, "--"]
+    done = dflashd(*argv, sys.executable, "-c", job, cwd=tmp_path)  # until the job completes
     assert done.returncode == 0, done
     try:
         shown = dflashd("tail", "-n", "200", "--home", home, cwd=tmp_path).stdout
