@@ -151,11 +151,15 @@ def _mentions_any(frame: Frame) -> bool:
 
 
 _INF_WORDS: Final = (" inf", "=inf", ":inf")  # not "INFO", not "info" in a word
+_NONFINITE_B: Final = re.compile(rb"nan|[ =:]inf")  # one pass over the frame's bytes
+_NONFINITE: Final = re.compile(r"nan|[ =:]inf")
 
 
 def _mentions_nonfinite(frame: Frame) -> bool:
-    """The frame may hold a NaN or infinite number (a cheap substring test)."""
-    return _mentions(frame, "nan") or any(_mentions(frame, w) for w in _INF_WORDS)
+    """The frame may hold a NaN or infinite number (one scan of its text)."""
+    if frame.text is not None:
+        return _NONFINITE_B.search(frame.text) is not None
+    return any(_NONFINITE.search(line) for line in frame.lines)
 
 
 LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second
@@ -236,7 +240,6 @@ class LineWatcher:
                 step
                 and (loss or not _mentions(frame, "loss"))
                 and (epoch or not _mentions(frame, "poch"))
-                and not _mentions_nonfinite(frame)  # a divergence's first line is never skipped
             ):
                 continue  # cheap: a substring test, no match
             if not step and index >= MATCH_BACK and not _mentions_any(frame):
