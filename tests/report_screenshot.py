@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from dflashd.logs import read_records
-from dflashd.supervisor.client.htmlreport import collect, render_html
+from dflashd.supervisor.client.htmlreport import render_html
+from dflashd.supervisor.client.reportdata import collect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.test_report import write_fixture

@@ -239,7 +239,8 @@ def test_the_reports_loss_axis_stays_at_or_above_zero_and_durations_read_as_else
     duration reads as status says it (``1m05s``), the dates with their year."""
     from datetime import UTC, datetime
 
-    from dflashd.supervisor.client.htmlreport import _line_chart, _seconds_text
+    from dflashd.supervisor.client.htmlreport import _line_chart
+    from dflashd.supervisor.client.runtable import seconds_text as _seconds_text
     from dflashd.supervisor.client.svgaxis import axis_svg
 
     chart = _line_chart("Loss", {"r1": ("#000", [(0.0, 0.01), (10.0, 0.30)])}, 0.0, 10.0, "", False)

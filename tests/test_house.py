@@ -320,8 +320,8 @@ def test_one_vocabulary_across_the_boundaries() -> None:
     """An alert is about a verdict or a notice (``fatal``, ``recovered``, ``waiting``): AlertKind
     is derived, never repeated; every verdict has its colour in the report and every state
     its colour in the terminal."""
-    from dflashd.supervisor.client.htmlreport import VERDICT_COLORS
     from dflashd.supervisor.client.render import STATE_COLOR
+    from dflashd.supervisor.client.reportdata import VERDICT_COLORS
     from dflashd.supervisor.model.lifecycle import State
     from dflashd.supervisor.model.verdicts import ALERT_KINDS, Verdict, alert_kind
 

@@ -8,13 +8,8 @@ from pathlib import Path
 from unittest import mock
 
 from dflashd.logs import RotatingLogWriter, read_records
-from dflashd.supervisor.client.htmlreport import (
-    VERDICT_COLORS,
-    collect,
-    loss_svg,
-    render_html,
-    svg_document,
-)
+from dflashd.supervisor.client.htmlreport import loss_svg, render_html, svg_document
+from dflashd.supervisor.client.reportdata import VERDICT_COLORS, collect
 
 
 def write_fixture(logs: Path) -> None:
@@ -95,13 +90,14 @@ def test_report_data_and_page(tmp_path: Path) -> None:
     assert data.goodput.total.detection_s == 2.0 and data.goodput.total.downtime_s == 3.0
     assert data.goodput.incidents[2].downtime_after_s == 2.0
     assert "<script" not in page  # self-contained and static
-    # One colour per run everywhere (runs apart at a glance); the verdict is the bar's label
-    # and the table's coloured word.
-    run2 = data.color(2)
-    assert len({data.color(1), data.color(2), data.color(3)}) == 3
-    assert page.count(f'stroke="{run2}"') == 2  # its step line and its loss line
-    assert f'fill="{run2}"' in page  # its timeline bar
-    assert f"color:{VERDICT_COLORS['crashed']}'><b>crashed" in page
+    # A colour says how a run ended, in every chart and the table: run 2 crashed, so its bar,
+    # its step line and its loss line are the crashed red; run 3 never wrote its exit.
+    red = VERDICT_COLORS["crashed"]
+    assert data.color(2) == red == "#c62828"
+    assert page.count(f'stroke="{red}"') == 2  # its step line and its loss line
+    assert f'fill="{red}" rx="2"><title>run 2: crashed' in page  # its timeline bar
+    assert f"color:{red}'><b>crashed" in page
+    assert "<b>no exit record</b>" in page  # no daemon holds the home: not "running"
     assert ">crashed gpu_xid_79</text>" in page
     # the loss axis spans the data (3.8 down to 1.6), not 0 to the top
     assert 'text-anchor="end">0</text>' not in loss_svg(data)

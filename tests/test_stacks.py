@@ -179,7 +179,8 @@ def test_a_frozen_rank_is_named_before_the_stalled_job_is_killed(
 
 def test_the_report_marks_each_dump_with_a_link() -> None:
     from dflashd.logs import EventRecord
-    from dflashd.supervisor.client.htmlreport import collect, render_html
+    from dflashd.supervisor.client.htmlreport import render_html
+    from dflashd.supervisor.client.reportdata import collect
 
     records = [
         EventRecord("2026-12-01T10:00:00.000000Z", 1, 1, "spawn", {}),

@@ -174,14 +174,15 @@ def _color(name: str) -> str:
 
 
 def _share_bar(total: Cost) -> str:
-    """One bar: each bucket's share of the time, labelled with its seconds."""
-    whole = total.total_s or 1.0
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="64" viewBox="0 0 {_W} 64" font-family="sans-serif">'
-    ]
+    """One bar: each bucket's share of the working time (the headline's denominator),
+    labelled with its time and share; the time stopped on purpose is said beside it."""
+    working = total.total_s - total.stopped_s
+    whole = working if working > 0 else 1.0
+    parts = [""]  # the opening tag, once the legend's rows are known
     x = float(_LEFT)
     span = _W - _LEFT - _RIGHT
-    for name, key, color in BUCKETS:
+    shown = [(n, k, c) for n, k, c in BUCKETS if k != "stopped_s"]
+    for name, key, color in shown:
         seconds = getattr(total, key)
         if seconds <= 0:
             continue
@@ -191,15 +192,30 @@ def _share_bar(total: Cost) -> str:
             f'<rect x="{x:.1f}" y="4" width="{width:.1f}" height="22" fill="{color}"><title>{title}</title></rect>'
         )
         x += width
-    legend = float(_LEFT)
+    legend, row = float(_LEFT), 0
     for name, key, color in BUCKETS:
-        label = html.escape(f"{name} {duration_text(getattr(total, key))}")
+        seconds = getattr(total, key)
+        if seconds <= 0 and key != "productive_s":
+            continue  # a cause that cost nothing is not in the legend
+        if key == "stopped_s":
+            label = f"stopped {duration_text(seconds)} (not counted)"
+        else:
+            label = f"{name} {duration_text(seconds)} ({seconds / whole:.1%})"
+        width = 24 + 6 * len(label)
+        if legend + width > _W - _RIGHT and legend > _LEFT:  # the next row
+            legend, row = float(_LEFT), row + 1
+        y = 38 + 16 * row
         parts.append(
-            f'<rect x="{legend:.1f}" y="38" width="10" height="10" fill="{color}"/>'
-            f'<text x="{legend + 14:.1f}" y="47" font-size="11" fill="#333">{label}</text>'
+            f'<rect x="{legend:.1f}" y="{y}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{legend + 14:.1f}" y="{y + 9}" font-size="11" fill="#333">{html.escape(label)}</text>'
         )
-        legend += 30 + 7 * len(label)
+        legend += width
     parts.append('<text x="4" y="20" font-size="11" fill="#333">share</text></svg>')
+    height = 64 + 16 * row
+    parts[0] = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" '
+        f'viewBox="0 0 {_W} {height}" font-family="sans-serif">'
+    )
     return "".join(parts)
 
 
@@ -221,48 +237,33 @@ def _timeline(data: GoodputData, lo: float, hi: float) -> str:
     return "".join(parts)
 
 
-def _seconds(value: float | None) -> str:
+def seconds_cell(value: float | None) -> str:
     """A table cell: ``-`` for nothing, ``0.42s`` below a second, else ``7m02s``."""
     if value is None or value <= 0.0005:
         return "-"
     return duration_text(value) if value >= 10 else f"{value:.2f}s"
 
 
+def goodput_ratio(total: Cost) -> str:
+    """Productive time over working time (stopped time is not counted), as status says it."""
+    working = total.total_s - total.stopped_s
+    return f"{total.productive_s / working:.1%}" if working > 0 else "—"
+
+
 def goodput_section(data: GoodputData, lo: float, hi: float) -> str:
-    """The section: the ratio, the share bar, the timeline, the table of incidents."""
+    """The section: the ratio, the share bar (the same ratio), the timeline, the advice; the
+    runs' own costs are columns of the report's one run table (``runtable``)."""
     total = data.total
     if total.total_s <= 0:
         return ""
     working = total.total_s - total.stopped_s
-    ratio = f"{total.productive_s / working:.1%}" if working > 0 else "—"
-    rows = []
-    for incident in sorted(data.incidents.values(), key=lambda i: i.run):
-        cost = data.cost_of(incident)
-        if incident.ended is None:
-            incident.verdict = "running" if data.live_until is not None else "no exit record"
-        after = incident.downtime_after_s
-        cells = [
-            cost.startup_s,
-            cost.redone_s,
-            cost.slow_s,
-            cost.detection_s,
-            after if after is not None else None,
-            cost.productive_s,
-        ]
-        text = "".join(f"<td class='num'>{_seconds(c)}</td>" for c in cells)
-        rows.append(
-            f"<tr><td>{incident.run}</td><td>{html.escape(incident.verdict)}</td>"
-            f"<td>{html.escape(incident.reason)}</td>{text}</tr>"
-        )
-    return f"""<h3>Goodput: {ratio} of {duration_text(working)} went into new progress</h3>
+    return f"""<h3>Goodput: {goodput_ratio(total)} of {duration_text(working)} went into new progress</h3>
 <p class='note'>From the run log: each run's cost is in its <code>exit</code> record, the wait
 before each launch in its <code>spawn</code>.  A run still alive is settled up to the report's
-time from its first step and progress records, as <code>dflashd status</code> settles it.</p>
+time from its first step and progress records, as <code>dflashd status</code> settles it.
+Time stopped on purpose is not counted.</p>
 <div>{_share_bar(total)}</div>
 <div>{_timeline(data, lo, hi)}</div>
-<table class='incidents'><tr><th>run</th><th>verdict</th><th>reason</th><th>startup</th>
-<th>redone</th><th>slow</th><th>detection</th><th>downtime after</th><th>productive</th></tr>
-{"".join(rows)}</table>
 {_advice(data, total)}"""
 
 

@@ -1,153 +1,24 @@
 """``dflashd report``: one self-contained HTML page (inline SVG, no dependencies) from the run log.
 
-Three charts share one time axis: each run's span in its own colour, labelled with its verdict, the step over time
-(from ``first_step``, ``progress`` and ``exit`` records), and each GPU's memory from the ``gpu``
+The goodput headline and its bar, the one table of runs, then charts on one time axis: each
+run's span in its verdict's colour and labelled with it, the step and the loss over time (from
+``first_step``, ``progress`` and ``exit`` records), and each GPU's memory from the ``gpu``
 records.  Everything is computed from the log by pure functions; nothing runs in the daemon.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
-from dflashd.logs.records import EventRecord, Record, parse_timestamp
-from dflashd.supervisor.client.goodputhtml import GoodputData, goodput_section
-from dflashd.supervisor.client.svgaxis import LEFT, axis_svg, x_of
+from dflashd.supervisor.client.goodputhtml import goodput_section
+from dflashd.supervisor.client.reportdata import ReportData, verdict_color
+from dflashd.supervisor.client.runtable import run_table
+from dflashd.supervisor.client.svgaxis import LEFT as _LEFT
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
-from dflashd.supervisor.model.events import Event
-from dflashd.supervisor.model.goodput import duration_text
-from dflashd.supervisor.model.lifecycle import State
-from dflashd.supervisor.model.verdicts import Verdict
+from dflashd.supervisor.client.svgaxis import axis_svg, x_of
 
-# One colour per verdict, used by the table, the timeline and the step and loss lines alike.
-VERDICT_COLORS: Final[dict[str, str]] = {
-    Verdict.COMPLETED: "#2e7d32",
-    Verdict.STOPPED: "#757575",
-    Verdict.CRASHED: "#c62828",
-    Verdict.STALLED: "#ef6c00",
-    Verdict.RENDEZVOUS_TIMEOUT: "#f9a825",
-    Verdict.CRASH_BEFORE_FIRST_STEP: "#ad1457",
-    Verdict.SILENT_DEATH: "#6a1b9a",
-    Verdict.NO_GPU_MEMORY: "#283593",
-    Verdict.SPAWN_FAILED: "#000000",
-    Verdict.LOST: "#8d6e63",
-    Verdict.DIVERGED: "#4e342e",
-    State.RUNNING: "#1565c0",  # a run still running has no verdict yet
-}
-_OTHER_COLOR: Final = "#424242"
-# One colour per run (cycled): distinct hues that read on white, for bars, lines and legends.
-RUN_PALETTE: Final = (
-    "#1f77b4",
-    "#d62728",
-    "#2ca02c",
-    "#9467bd",
-    "#ff7f0e",
-    "#17becf",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-)
 _GPU_PALETTE: Final = ("#1565c0", "#00838f", "#6a1b9a", "#ef6c00", "#5d4037", "#37474f")
-_LEFT: Final = LEFT
-
-
-@dataclass
-class RunSpan:
-    """One run: when it started and ended, how, and its step at the end."""
-
-    run: int
-    start: float
-    end: float | None = None
-    verdict: str = "running"
-    reason: str = ""
-    first_step_at: float | None = None
-    last_step: int | None = None
-
-
-@dataclass
-class ReportData:
-    """What the charts need."""
-
-    runs: dict[int, RunSpan] = field(default_factory=dict)
-    steps: list[tuple[float, int, int]] = field(default_factory=list)  # (time, run, step)
-    gpu_memory: dict[int, list[tuple[float, float]]] = field(
-        default_factory=dict
-    )  # gpu -> (time, MiB)
-    gpu_total: dict[int, float] = field(default_factory=dict)
-    fatal: list[tuple[float, int, str]] = field(default_factory=list)  # (time, run, reason)
-    losses: list[tuple[float, int, float]] = field(default_factory=list)  # (time, run, loss)
-    dumps: list[tuple[float, int, str, str]] = field(default_factory=list)  # (time, run, why, file)
-    goodput: GoodputData = field(default_factory=GoodputData)
-
-    def color(self, run: int) -> str:
-        """A run's colour, the same in every chart: runs apart at a glance (its verdict is
-        the bar's label and the table's coloured word)."""
-        return RUN_PALETTE[(run - 1) % len(RUN_PALETTE)]
-
-    @staticmethod
-    def verdict_color(verdict: str) -> str:
-        """A verdict's colour (the table's verdict column)."""
-        return VERDICT_COLORS.get(verdict, _OTHER_COLOR)
-
-    @property
-    def span(self) -> tuple[float, float]:
-        times = [r.start for r in self.runs.values()] + [r.end for r in self.runs.values() if r.end]
-        times += [t for t, _, _ in self.steps] + [
-            t for pts in self.gpu_memory.values() for t, _ in pts
-        ]
-        if not times:
-            return 0.0, 1.0
-        lo, hi = min(times), max(times)
-        return lo, hi if hi > lo else lo + 1.0
-
-
-def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> ReportData:
-    """Fold supervisor records into report data (child lines are ignored)."""
-    data = ReportData()
-    for rec in records:
-        if not isinstance(rec, EventRecord) or (only_runs is not None and rec.run not in only_runs):
-            continue
-        at = parse_timestamp(rec.ts)
-        fields = rec.fields
-        data.goodput.take(rec.event, rec.run, at, fields)
-        if rec.event == Event.SPAWN:
-            data.runs[rec.run] = RunSpan(rec.run, at)
-        elif rec.event == Event.FIRST_STEP and rec.run in data.runs:
-            data.runs[rec.run].first_step_at = at
-            if isinstance(fields.get("step"), int):
-                data.steps.append((at, rec.run, fields["step"]))
-        elif rec.event == Event.PROGRESS:
-            if isinstance(fields.get("step"), int):
-                data.steps.append((at, rec.run, fields["step"]))
-            if isinstance(fields.get("loss"), int | float):
-                data.losses.append((at, rec.run, float(fields["loss"])))
-        elif rec.event == Event.EXIT and rec.run in data.runs:
-            span = data.runs[rec.run]
-            span.end, span.verdict, span.reason = (
-                at,
-                str(fields.get("verdict")),
-                str(fields.get("reason")),
-            )
-            if isinstance(fields.get("step"), int):
-                span.last_step = fields["step"]
-                data.steps.append((at, rec.run, fields["step"]))
-        elif rec.event in (Event.GPU, Event.GPU_SNAPSHOT):
-            for gpu in fields.get("gpus") or []:
-                if gpu.get("memory_used_mib") is None or not isinstance(gpu.get("index"), int):
-                    continue
-                data.gpu_memory.setdefault(gpu["index"], []).append(
-                    (at, float(gpu["memory_used_mib"]))
-                )
-                if gpu.get("memory_total_mib"):
-                    data.gpu_total[gpu["index"]] = float(gpu["memory_total_mib"])
-        elif rec.event == Event.FATAL:
-            data.fatal.append((at, rec.run, str(fields.get("reason"))))
-        elif rec.event == Event.STACKS and isinstance(fields.get("path"), str):
-            data.dumps.append((at, rec.run, str(fields.get("trigger")), fields["path"]))
-    return data
 
 
 def _clock(epoch_s: float) -> str:
@@ -157,7 +28,8 @@ def _clock(epoch_s: float) -> str:
 
 
 def timeline_svg(data: ReportData) -> str:
-    """Each run as a bar over time, in the run's colour, labelled with its verdict and reason."""
+    """Each run as a bar over time, in its verdict's colour and labelled with it; a legend of
+    the colours, the first-step notch and the stack-dump circle in the title row."""
     lo, hi = data.span
     runs = sorted(data.runs.values(), key=lambda r: r.run)
     row = 22
@@ -166,12 +38,14 @@ def timeline_svg(data: ReportData) -> str:
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" viewBox="0 0 {_W} {height}" font-family="sans-serif">'
     ]
     parts.append('<text x="4" y="14" font-size="12" font-weight="bold">Runs</text>')
+    parts.append(_timeline_legend(data))
     for i, span in enumerate(runs):
         y = 24 + i * row
         x0 = x_of(span.start, lo, hi)
         x1 = max(x0 + 2, x_of(span.end if span.end else hi, lo, hi))
-        color = data.color(span.run)
-        title = html.escape(f"run {span.run}: {span.verdict} ({span.reason})")
+        verdict = data.verdict_of(span)
+        color = verdict_color(verdict)
+        title = html.escape(f"run {span.run}: {verdict} ({span.reason})")
         parts.append(
             f'<rect x="{x0:.1f}" y="{y}" width="{x1 - x0:.1f}" height="{row - 6}" fill="{color}" rx="2">'
             f"<title>{title}</title></rect>"
@@ -185,7 +59,7 @@ def timeline_svg(data: ReportData) -> str:
         parts.append(
             f'<text x="{_LEFT - 6}" y="{y + 12}" font-size="11" text-anchor="end">run {span.run}</text>'
         )
-        label = f"{html.escape(span.verdict)} {html.escape(span.reason)}"
+        label = f"{html.escape(verdict)} {html.escape(span.reason)}"
         if x1 - x0 > 220:  # wide bar: the label inside, in white
             where = f'x="{x0 + 6:.1f}" fill="#fff"'
         elif x1 + 200 < _W:  # room after the bar
@@ -205,6 +79,32 @@ def timeline_svg(data: ReportData) -> str:
     return "".join(parts)
 
 
+def _timeline_legend(data: ReportData) -> str:
+    """The verdicts' colours present, the first-step notch and (if any) the stack-dump circle."""
+    x, parts = float(_LEFT), []
+    verdicts = dict.fromkeys(
+        data.verdict_of(s) for s in sorted(data.runs.values(), key=lambda r: r.run)
+    )
+    for verdict in verdicts:
+        parts.append(
+            f'<rect x="{x:.1f}" y="5" width="10" height="10" fill="{verdict_color(verdict)}"/>'
+            f'<text x="{x + 13:.1f}" y="14" font-size="10" fill="#333">{html.escape(verdict)}</text>'
+        )
+        x += 22 + 6 * len(verdict)
+    parts.append(  # a bar with its notch, as drawn on the runs
+        f'<rect x="{x:.1f}" y="4" width="16" height="12" fill="#757575" rx="2"/>'
+        f'<path d="M{x + 4:.1f},16 L{x + 8:.1f},11 L{x + 12:.1f},16 Z" fill="#fff"/>'
+        f'<text x="{x + 19:.1f}" y="14" font-size="10" fill="#333">first step</text>'
+    )
+    x += 80
+    if data.dumps:
+        parts.append(
+            f'<circle cx="{x + 5:.1f}" cy="10" r="4" fill="#fff" stroke="#222"/>'
+            f'<text x="{x + 13:.1f}" y="14" font-size="10" fill="#333">stack dump (click)</text>'
+        )
+    return "".join(parts)
+
+
 def _line_chart(
     title: str,
     series: dict[str, tuple[str, list[tuple[float, float]]]],
@@ -212,10 +112,12 @@ def _line_chart(
     hi: float,
     unit: str,
     zero_based: bool = True,
+    legend: dict[str, str] | None = None,
 ) -> str:
-    """Lines over the shared time axis; ``series``: name -> (colour, points).  The legend sits
-    in the title row, outside the plot, so it never covers a line's end.  ``zero_based``:
-    the value axis starts at 0 (steps, memory), else it spans the data (the loss)."""
+    """Lines over the shared time axis; ``series``: name -> (colour, points), the name each
+    line's hover title.  The legend (label -> colour; by default the series' own) sits in the
+    title row, outside the plot, so it never covers a line's end.  ``zero_based``: the value
+    axis starts at 0 (steps, memory), else it spans the data (the loss)."""
     height = 170
     top, bottom = 34, height - 24
     values = [v for _, pts in series.values() for _, v in pts]
@@ -241,7 +143,6 @@ def _line_chart(
     parts.append(
         f'<text x="{_LEFT - 6}" y="{bottom}" font-size="10" text-anchor="end">{low}</text>'
     )
-    legend_x = _LEFT + 80
     for name, (color, pts) in series.items():
         if not pts:
             continue
@@ -250,11 +151,15 @@ def _line_chart(
             for t, v in sorted(pts)
         )
         parts.append(
-            f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.5"/>'
+            f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.5">'
+            f"<title>{html.escape(name)}</title></polyline>"
         )
         for point in coords.split():  # markers, so a series of one point still shows
             px, py = point.split(",")
             parts.append(f'<circle cx="{px}" cy="{py}" r="2" fill="{color}"/>')
+    shown = legend if legend is not None else {n: c for n, (c, pts) in series.items() if pts}
+    legend_x = _LEFT + 80
+    for name, color in shown.items():
         if legend_x < _W - 60:
             parts.append(
                 f'<rect x="{legend_x}" y="6" width="10" height="10" fill="{color}"/>'
@@ -266,25 +171,32 @@ def _line_chart(
     return "".join(parts)
 
 
-def _per_run(data: ReportData, points: list[tuple[float, int, float]]) -> dict[str, Any]:
+def _per_run(
+    data: ReportData, points: list[tuple[float, int, float]]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """One line per run in its verdict's colour, and the legend: the verdicts drawn."""
     series: dict[str, tuple[str, list[tuple[float, float]]]] = {}
+    legend: dict[str, str] = {}
     for t, run, value in sorted(points, key=lambda p: (p[1], p[0])):
-        name = f"run {run}"
-        series.setdefault(name, (data.color(run), []))[1].append((t, value))
-    return series
+        span = data.runs.get(run)
+        verdict = data.verdict_of(span) if span is not None else "running"
+        series.setdefault(f"run {run}: {verdict}", (data.color(run), []))[1].append((t, value))
+        legend.setdefault(verdict, data.color(run))
+    return series, legend
 
 
 def steps_svg(data: ReportData) -> str:
-    """The step over time, one line per run, in the run's colour."""
+    """The step over time, one line per run, in its verdict's colour."""
     lo, hi = data.span
-    points = [(t, run, float(step)) for t, run, step in data.steps]
-    return _line_chart("Steps", _per_run(data, points), lo, hi, "")
+    series, legend = _per_run(data, [(t, run, float(step)) for t, run, step in data.steps])
+    return _line_chart("Steps", series, lo, hi, "", legend=legend)
 
 
 def loss_svg(data: ReportData) -> str:
     """The training loss over time, one line per run (from recognised formats or notify)."""
     lo, hi = data.span
-    return _line_chart("Loss", _per_run(data, data.losses), lo, hi, "", zero_based=False)
+    series, legend = _per_run(data, data.losses)
+    return _line_chart("Loss", series, lo, hi, "", zero_based=False, legend=legend)
 
 
 def gpu_svg(data: ReportData) -> str:
@@ -297,25 +209,8 @@ def gpu_svg(data: ReportData) -> str:
     return _line_chart("GPU memory used", series, lo, hi, " MiB")
 
 
-def _seconds_text(seconds: float) -> str:
-    """A duration as status and the goodput table say it: ``7m02s``; under 10 s, ``3.2s``."""
-    return duration_text(seconds) if seconds >= 10 else f"{seconds:.1f}s"
-
-
 def render_html(data: ReportData, title: str) -> str:
-    """The whole page: a summary table and the three charts."""
-    rows = []
-    for span in sorted(data.runs.values(), key=lambda r: r.run):
-        lasted = span.end - span.start if span.end else None
-        duration = "running" if lasted is None else _seconds_text(lasted)
-        first = f"{span.first_step_at - span.start:.1f}s" if span.first_step_at else "-"
-        color, shade = data.color(span.run), data.verdict_color(span.verdict)
-        swatch = f"<span style='color:{color}'>&#9632;</span>"
-        rows.append(
-            f"<tr><td>{swatch} {span.run}</td><td style='color:{shade}'><b>{html.escape(span.verdict)}</b></td>"
-            f"<td>{html.escape(span.reason)}</td><td>{duration}</td><td>{first}</td>"
-            f"<td>{'' if span.last_step is None else span.last_step}</td></tr>"
-        )
+    """The whole page: the goodput headline and bar, the one run table, the charts."""
     fatal = "".join(
         f"<p class='fatal'>fatal after run {run} at {_clock(at)} UTC: {html.escape(reason)}</p>"
         for at, run, reason in data.fatal
@@ -334,13 +229,13 @@ def render_html(data: ReportData, title: str) -> str:
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:20px;color:#222}}table{{border-collapse:collapse}}
 td,th{{padding:3px 10px;border-bottom:1px solid #ddd;text-align:left}}.fatal{{color:#c62828;font-weight:bold}}
-svg{{width:100%;height:auto;display:block}}.incidents{{margin-bottom:18px}}.note{{color:#555}}</style>
+td.num{{text-align:right}}tr.detail td{{border-bottom:1px solid #bbb;font-size:90%;padding-top:0}}
+code.error{{color:#c62828}}svg{{width:100%;height:auto;display:block}}.note{{color:#555}}</style>
 </head><body>
 <h2>{html.escape(title)}</h2>
-<table><tr><th>run</th><th>verdict</th><th>reason</th><th>duration</th><th>first step after</th><th>last step</th></tr>
-{"".join(rows)}</table>
-{fatal}
 {goodput_section(data.goodput, *data.span)}
+{run_table(data)}
+{fatal}
 <div>{timeline_svg(data)}</div>
 {dumps}
 <div>{steps_svg(data)}</div>

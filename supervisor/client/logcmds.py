@@ -220,8 +220,9 @@ def report(home: Path | None, which_run: str | None, output: Path) -> None:
     """A picture of the recent runs: goodput, a timeline of runs, steps and loss over time, GPU memory."""
     from dflashd.logs.logset import LogSetUnsettled
     from dflashd.logs.reader import RecordFilter, read_records
-    from dflashd.supervisor.client.htmlreport import collect, render_html, summarize, svg_document
+    from dflashd.supervisor.client.htmlreport import render_html, summarize, svg_document
     from dflashd.supervisor.client.output import UnsafeOutput, write_output
+    from dflashd.supervisor.client.reportdata import collect
 
     if output.suffix.lower() not in (".html", ".htm", ".svg"):
         fail(
