@@ -114,7 +114,7 @@ def test_scan_frame_finds_agent_lines_among_many() -> None:
 
 
 def test_the_node_config_example_is_a_valid_torchrun_job() -> None:
-    """systemd/dflashd-node.toml.example (the README's recipe) loads and is read as a node."""
+    """systemd/dflashd-node.toml.example (the guide's recipe) loads and is read as a node."""
     from pathlib import Path
 
     from dflashd.supervisor.host.config import load_config

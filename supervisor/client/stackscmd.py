@@ -20,10 +20,10 @@ import orjson
 
 from dflashd.logs import EventRecord, RecordFilter, follow, last_records
 from dflashd.logs.safejson import dumps_any
-from dflashd.supervisor.client.common import fail, home_option, resolve_home
+from dflashd.supervisor.client.common import fail, home_option, resolve_home, resolve_run
 from dflashd.supervisor.host.home import Home, lock_is_held
 from dflashd.supervisor.model.events import Event
-from dflashd.supervisor.model.exitcodes import EXIT_NOT_RUNNING
+from dflashd.supervisor.model.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
 from dflashd.supervisor.speak.control import ControlError, request
 from dflashd.supervisor.speak.echo import escape_controls
 from dflashd.supervisor.speak.statusview import read_state
@@ -43,12 +43,12 @@ _STACKS: Final = re.compile(r"^stacks ")  # the event's name leads its searchabl
 @click.option("--json", "as_json", is_flag=True, help="The dump as one JSON object.")
 @click.option(
     "--run",
-    "run_no",
-    type=click.IntRange(min=1),
+    "which_run",
     default=None,
-    help="A run that has ended: its last dump (taken before dflashd killed it).",
+    help="A run that has ended (a number, 'current' or 'previous', as tail takes it): its "
+    "last dump (taken before dflashd killed it).",
 )
-def stacks(home: Path | None, native: bool, as_json: bool, run_no: int | None) -> None:
+def stacks(home: Path | None, native: bool, as_json: bool, which_run: str | None) -> None:
     """Dump every Python process of the live run (all threads, named), the job still running.
 
     Each process is labelled: the torchrun agent, or a worker with its RANK and LOCAL_RANK.
@@ -58,6 +58,9 @@ def stacks(home: Path | None, native: bool, as_json: bool, run_no: int | None) -
     profile forbids process_vm_readv, say.
     """
     where = resolve_home(home)
+    run_no = resolve_run(where, which_run)
+    if run_no == 0:
+        fail("--run: no run before the first", EXIT_USAGE)
     state = read_state(where.state_file) or {}
     live = lock_is_held(where.lock)
     if run_no is not None and not (live and state.get("run") == run_no):

@@ -1,6 +1,6 @@
 """dflashd's exit codes, in one stdlib-only leaf: the daemon and the CLI say the same numbers.
 
-README ("CLI") and docs/design.md name them; systemd's ``RestartPreventExitStatus=4`` names
+docs/design.md ("CLI") and the README name them; systemd's ``RestartPreventExitStatus=4`` names
 :data:`EXIT_FATAL`.
 """
 

@@ -17,7 +17,7 @@ renderers here.  It is imported when the daemon configures its log (:func:`confi
 before the first launch), not with this module: the CLI's commands that log nothing
 (``status``, ``--help``) do not pay its import, which brings asyncio (and rich, where
 installed).  What it costs the idle daemon is measured by
-``tests/perf/idle_cost.py`` (README, "Measured").
+``tests/perf/idle_cost.py`` (docs/measurements.md).
 """
 
 from __future__ import annotations

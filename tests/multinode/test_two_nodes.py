@@ -1,4 +1,4 @@
-"""Two nodes on one host in CI (CPU, gloo): the README's "Many nodes" recipe, faults included.
+"""Two nodes on one host in CI (CPU, gloo): the guide's "Many nodes" recipe (docs/guide.md), faults included.
 
 See :mod:`tests.multinode.two_nodes` for the scenario.  Its figures (time from each kill to
 the next step on each node) are printed; ``pytest -s`` shows them.

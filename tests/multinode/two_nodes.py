@@ -1,4 +1,4 @@
-"""Two "nodes" on one host: one dflashd per node, each supervising torchrun (README, "Many nodes").
+"""Two "nodes" on one host: one dflashd per node, each supervising torchrun (docs/guide.md, "Many nodes").
 
 Each node is a dflashd home with its own config; its job is
 ``torchrun --nnodes=2 --nproc-per-node=1 --rdzv-backend=c10d`` against a rendezvous on
@@ -139,7 +139,7 @@ def make_node(
     env: dict[str, str],
     gpus: str | list[int],
 ) -> Node:
-    """Write the node's config: the README's recipe, with this test's rendezvous port."""
+    """Write the node's config: the guide's recipe, with this test's rendezvous port."""
     command = [
         *torchrun(),
         f"--nnodes={nnodes}",
