@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from dflashd.logs import RotatingLogWriter, read_records
 from dflashd.supervisor.client.htmlreport import render_html
@@ -90,3 +91,77 @@ def test_colours_never_repeat_by_run_number_and_say_stopped_in_grey(tmp_path: Pa
     assert (
         page.count("<code class='error'>boom</code>") == 11
     )  # a stopped or completed run: no error
+
+
+def test_status_on_a_home_you_may_not_read_says_so(tmp_path: Path) -> None:
+    """As another user, ``status`` on root's private home names its owner and how to read it
+    (exit 2), and on a home under a directory closed to the user says permission denied —
+    never "not running"."""
+    import os
+    import pwd
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the home is made for another user than the one asking")
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user here")
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's own tmp root is closed to others
+    base.chmod(0o755)
+    try:
+        _status_as_nobody(base, nobody)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _status_as_nobody(base: Path, nobody: Any) -> None:
+    import os
+
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    closed = base / "closed"
+    (closed / "home").mkdir(parents=True)
+    closed.chmod(0o700)
+
+    def as_nobody(where: Path) -> tuple[int, str]:
+        """``dflashd status --home WHERE`` run by the real CLI in a forked process that is
+        user nobody (this venv's interpreter may sit where nobody cannot exec it)."""
+        import json
+
+        from click.testing import CliRunner
+
+        from dflashd.supervisor.client.cli import main
+
+        reader, writer = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: become nobody, run the command, report, exit
+            code = 99
+            try:
+                os.close(reader)
+                os.setgroups([])
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                done = CliRunner().invoke(main, ["status", "--home", str(where)])
+                os.write(writer, json.dumps([done.exit_code, done.output]).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(writer)
+        with os.fdopen(reader, "rb") as got:
+            payload = got.read()
+        assert os.waitpid(pid, 0)[1] == 0, payload
+        code, output = json.loads(payload)
+        return int(code), str(output)
+
+    code, said = as_nobody(home)
+    assert code == 2, said
+    assert "belongs to root (uid 0), not to you" in said
+    assert f"sudo -u root dflashd status --home {home}" in said
+    assert "not running" not in said
+    code, said = as_nobody(closed / "home")
+    assert code == 2 and "you may not read it (permission denied" in said, said

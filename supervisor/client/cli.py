@@ -52,7 +52,7 @@ _LIVE_STATES: Final = frozenset({State.RUNNING, State.STARTING, State.BACKOFF, S
 @click.version_option(__version__, prog_name="dflashd")
 @click.option(
     "--home",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False, readable=False, path_type=Path),
     envvar="DFLASHD_HOME",  # the command's own --home, given after it, still wins
     default=None,
     help="State directory for every command [env DFLASHD_HOME].",

@@ -18,7 +18,7 @@ from dflashd.supervisor.model.exitcodes import EXIT_USAGE
 
 home_option = click.option(
     "--home",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False, readable=False, path_type=Path),  # refusals are ours
     default=None,
     help="State directory [env DFLASHD_HOME; default $XDG_STATE_HOME/dflashd]; "
     "accepted before or after the command.",

@@ -149,6 +149,8 @@ def untrusted_home(root: Path) -> str | None:
     """
     try:
         st = os.lstat(root)
+    except PermissionError:  # a directory above it is closed to this user
+        return f"home {root}: you may not read it (permission denied on a directory above it)"
     except OSError:
         return None
     if stat.S_ISLNK(st.st_mode):
@@ -158,8 +160,22 @@ def untrusted_home(root: Path) -> str | None:
         )
     euid = os.geteuid()
     if stat.S_ISDIR(st.st_mode) and euid not in (0, st.st_uid):
-        return f"home {root} belongs to uid {st.st_uid}, not to you: refusing to trust it"
+        owner = _user_name(st.st_uid)
+        return (
+            f"home {root} belongs to {owner} (uid {st.st_uid}), not to you: it is not read "
+            f"for you; its owner can (sudo -u {owner} dflashd status --home {root})"
+        )
     return None
+
+
+def _user_name(uid: int) -> str:
+    """The user's name, else the number (a uid with no passwd entry)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def held_path(dir_fd: int | None, name: str, fallback: Path) -> str:
