@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dflashd.logs.safejson import dumps_any
+from dflashd.supervisor.host.config import AlertsConfig
 from dflashd.supervisor.host.custody import end_own_child_session
 from dflashd.supervisor.model.verdicts import Notice
 
@@ -248,7 +249,18 @@ class _Sink:
 
 
 class AlertDispatcher:
-    """One thread per sink; tracks the pids of alert commands (they are not the child's)."""
+    """One thread per sink; tracks the pids of alert commands (they are not the child's).
+
+    :meth:`from_config` builds the sinks the ``[alerts]`` table names: a new sink is a key of
+    :class:`~dflashd.supervisor.host.config.AlertsConfig` and a deliverer here, nothing else.
+    """
+
+    @classmethod
+    def from_config(
+        cls, alerts: AlertsConfig, on_outcome: Callable[[int, AlertOutcome], None]
+    ) -> AlertDispatcher:
+        """The dispatcher for the config's ``[alerts]`` table, one sink per key that is set."""
+        return cls(alerts.command, on_outcome, alerts.webhook_url)
 
     def __init__(
         self,

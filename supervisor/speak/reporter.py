@@ -61,9 +61,7 @@ class Reporter:
         # the home held open: state.json goes into this directory even if its path is swapped
         self.home_dir = LogDir(home.root)
         self._home_swapped = False
-        self.alerts = AlertDispatcher(
-            config.alerts.command, self._alert_done, config.alerts.webhook_url
-        )
+        self.alerts = AlertDispatcher.from_config(config.alerts, self._alert_done)
         self.history: RunHistory | None = None
         self.history_errors = 0
         self.state_errors = 0
