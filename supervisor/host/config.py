@@ -10,6 +10,7 @@ by their real type (``typing.get_type_hints``), not by annotation strings.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 import tomllib
@@ -56,6 +57,7 @@ class AlertsConfig:
 
     webhook_url: str = ""
     command: tuple[str, ...] = ()
+    file: str = ""  # an absolute path: each alert appended as one JSON line (0600, no link)
     on: tuple[AlertKind, ...] = DEFAULT_ALERTS
 
 
@@ -283,6 +285,8 @@ def _validate(config: Config) -> Config:
             raise ConfigError(str(exc)) from None
     if config.alerts.webhook_url:
         _check_webhook(config.alerts.webhook_url)
+    if config.alerts.file and not os.path.isabs(config.alerts.file):
+        raise ConfigError(f"alerts.file: must be an absolute path, got {config.alerts.file!r}")
     if config.restart.backoff_initial_s > config.restart.backoff_max_s:
         raise ConfigError("restart.backoff_initial_s: must not exceed restart.backoff_max_s")
     return config

@@ -1,6 +1,6 @@
 """Alerts: who hears about a bad run, off the daemon's main path.
 
-Whether to alert is decided elsewhere (:func:`~dflashd.supervisor.model.incidents.alert_decision`, pure); this is delivery.  Each sink (webhook, command) has a thread of
+Whether to alert is decided elsewhere (:func:`~dflashd.supervisor.model.incidents.alert_decision`, pure); this is delivery.  Each sink (webhook, command, file) has a thread of
 its own, so one that hangs or fails never silences the other; each webhook attempt has an
 overall deadline and is retried with backoff; nothing a sink raises ends its thread.  A
 hung webhook or alert command never stalls death detection or pipe draining.  The webhook URL is a secret: it is never
@@ -9,9 +9,12 @@ written to a log record, ``status`` or ``state.json`` (only its host, in outcome
 
 from __future__ import annotations
 
+import errno
+import os
 import queue
 import re
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -194,6 +197,30 @@ def post_webhook(
     return (200 <= status < 300), f"HTTP {status}"
 
 
+def append_alert(path: str, payload: dict[str, Any], verdict: str) -> AlertOutcome:
+    """The ``file`` sink: the alert as one JSON line, appended in one write (lines from two
+    daemons never interleave), to a regular file of this user's, created 0600; a link in
+    the path's last component is refused, never followed."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        why = "a symlink, refused" if exc.errno == errno.ELOOP else exc.strerror
+        return AlertOutcome("file", False, f"{path}: {why}", verdict)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return AlertOutcome("file", False, f"{path}: not a regular file", verdict)
+        if st.st_uid != os.geteuid():
+            return AlertOutcome("file", False, f"{path}: belongs to uid {st.st_uid}", verdict)
+        os.write(fd, dumps_any(payload) + b"\n")
+    except OSError as exc:
+        return AlertOutcome("file", False, f"{path}: {exc.strerror}", verdict)
+    finally:
+        os.close(fd)
+    return AlertOutcome("file", True, "appended", verdict)
+
+
 class _Sink:
     """One alert sink on its own thread: a failure or hang of one never silences another."""
 
@@ -260,7 +287,11 @@ class AlertDispatcher:
         cls, alerts: AlertsConfig, on_outcome: Callable[[int, AlertOutcome], None]
     ) -> AlertDispatcher:
         """The dispatcher for the config's ``[alerts]`` table, one sink per key that is set."""
-        return cls(alerts.command, on_outcome, alerts.webhook_url)
+        dispatcher = cls(alerts.command, on_outcome, alerts.webhook_url)
+        if alerts.file:
+            path = alerts.file
+            dispatcher._sinks.append(_Sink("file", lambda p, v: append_alert(path, p, v)))
+        return dispatcher
 
     def __init__(
         self,
