@@ -218,5 +218,7 @@ def step(state: DaemonState, heard: Input, now: float) -> Step:
         state = replace(state, deadlines=state.deadlines.set(heard.deadline, None))
     state, effects = decide(state, heard, now)
     if isinstance(heard, Started | ReleaseLooked) and any(isinstance(e, Launch) for e in effects):
-        state = replace(state, deferred_run_no=None)  # the launch takes the kept number
+        # the launch takes the kept number, and no restart timer outlives it
+        restart = state.deadlines.set(Deadline.RESTART, None)
+        state = replace(state, deferred_run_no=None, deadlines=restart)
     return fold(state, effects, now)
