@@ -251,3 +251,47 @@ SUMMARY_HEAD = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedErr
 )
 def test_a_torchrun_jobs_first_failed_worker_code(tail: tuple[str, ...], code: int | None) -> None:
     assert worker_exit_code(tail) == code
+
+
+FLAT = [2.0 + 0.01 * (i % 3) for i in range(20)]  # a steady loss around 2
+
+
+def _diverged_at(losses: list[float]) -> tuple[int | None, int | None]:
+    """Feed the losses at steps 1, 2, ...: (the step it diverged at, its last good step)."""
+    from dflashd.supervisor.model.divergence import LossWatch, watched
+
+    watch = LossWatch()
+    for step_no, loss in enumerate(losses, start=1):
+        watch, _ = watched(watch, loss, step_no)
+    return (watch.diverged_at, watch.last_good_step) if watch.diverged else (None, None)
+
+
+@pytest.mark.parametrize(
+    ("losses", "diverged"),
+    [
+        ([*FLAT, float("nan")], (21, 20)),  # NaN: at once, at its step
+        ([float("inf")], (1, None)),  # even the first loss
+        ([*FLAT[:3], float("-inf")], (4, 3)),  # in the warm-up too
+        ([*FLAT, *[40.0] * 5], (21, 20)),  # out and stays out: where it began
+        ([*FLAT, *[40.0] * 4], (None, None)),  # not yet: four out is a spike still
+        ([*FLAT, *[40.0] * 4, 2.0, *[40.0] * 4], (None, None)),  # back in between: two spikes
+        ([*FLAT, *[0.5] * 10], (None, None)),  # a fall is never out
+        ([10.0 - 0.4 * i for i in range(20)], (None, None)),  # a steep early descent
+        ([*[40.0] * 5, *FLAT], (None, None)),  # high during the warm-up: its range, not out
+        ([*FLAT, 2.1, 2.2, 2.3, 2.4, 2.5], (None, None)),  # a drift within a few spreads
+    ],
+    ids=[
+        "nan",
+        "inf first",
+        "-inf in warm-up",
+        "out and stays",
+        "four out",
+        "two spikes",
+        "a fall",
+        "steep descent",
+        "high warm-up",
+        "slow drift",
+    ],
+)
+def test_when_a_loss_diverges(losses: list[float], diverged: tuple[int | None, int | None]) -> None:
+    assert _diverged_at(losses) == diverged
