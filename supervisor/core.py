@@ -25,7 +25,6 @@ from typing import Any, Protocol
 from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
-    Book,
     DumpStacks,
     Effect,
     KillHolders,
@@ -42,6 +41,7 @@ from dflashd.supervisor.model.effects import (
     SignalRun,
     StopRun,
     StopTimedOut,
+    UpdateLedger,
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
@@ -209,5 +209,5 @@ class DaemonCore:
         fields: dict[str, Any] = {"reason": "daemon_error", "error": repr(exc), "traceback": text}
         self.reporter.record(run_no, Event.FATAL, log_level="error", **fields)
         loop = replace(self.state.loop, state=State.FATAL)  # past the table: the daemon failed
-        ledger = self.state.ledger.took(Book(fatal_reason="daemon_error"))
+        ledger = self.state.ledger.took(UpdateLedger(fatal_reason="daemon_error"))
         self.state = replace(self.state, loop=loop.ended_with(EXIT_FATAL), ledger=ledger)

@@ -1,6 +1,6 @@
-"""The ``file`` alert sink (issue 42's trial of a new sink: ``host/config.py`` and
-``speak/alerts.py`` only): each alert one JSON line appended to a file of the user's, 0600,
-never through a link; a relative path is a config error."""
+"""The ``file`` alert sink (issue 42's trial of a new sink: ``host/config.py``,
+``speak/alertfile.py`` and one line of ``speak/alerts.py``): each alert one JSON line appended
+to a file of the user's, 0600, never through a link; a relative path is a config error."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dflashd.supervisor.host.config import ConfigError, parse_config
-from dflashd.supervisor.speak.alerts import append_alert
+from dflashd.supervisor.speak.alertfile import append_alert
 from tests.conftest import Daemon, child
 
 Start = Callable[..., Daemon]
@@ -38,13 +38,13 @@ def test_a_link_in_the_alert_files_place_is_refused_and_its_target_untouched(
     target.write_text("root:x:0:0\n")
     link = tmp_path / "alerts.jsonl"
     link.symlink_to(target)
-    outcome = append_alert(str(link), {"verdict": "fatal"}, "fatal")
-    assert not outcome.ok and "symlink" in outcome.detail
+    ok, detail = append_alert(str(link), {"verdict": "fatal"})
+    assert not ok and "symlink" in detail
     assert target.read_text() == "root:x:0:0\n"
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    refused = append_alert(str(fifo), {}, "x")  # no reader: refused at once, never blocks
-    assert not refused.ok and str(fifo) in refused.detail
+    ok, detail = append_alert(str(fifo), {})  # no reader: refused at once, never blocks
+    assert not ok and str(fifo) in detail
 
 
 def test_a_relative_alert_file_is_a_config_error() -> None:

@@ -14,13 +14,13 @@ from dflashd.supervisor.host.clock import ManualClock
 from dflashd.supervisor.host.recovery import restore
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import (
-    Book,
     EnterState,
     KillHolders,
     Launch,
     RunLaunched,
     SetTimer,
     StopAsked,
+    UpdateLedger,
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
@@ -49,7 +49,7 @@ def _restored(previous: dict[str, Any], saved: tuple[float, Any, bool] | None, *
 def test_a_first_start_carries_nothing_and_writes_nothing() -> None:
     restored = _restored({}, None)
     book = restored.effects[0]
-    assert isinstance(book, Book) and book.restarts_by_verdict == {}
+    assert isinstance(book, UpdateLedger) and book.restarts_by_verdict == {}
     assert book.recovering_from is None and book.goodput is not None
     assert book.goodput.first_start == NOW_WALL
     assert restored.effects[1:] == () and restored.lost is None
@@ -62,7 +62,7 @@ def test_the_time_no_daemon_was_here_is_said_once(daemon_ended: bool, bucket: st
     previous = {"state": "stopped", "restarts_by_verdict": {"crashed": 2}}
     restored = _restored(previous, saved)
     book, carried = restored.effects
-    assert isinstance(book, Book) and book.restarts_by_verdict == {"crashed": 2}
+    assert isinstance(book, UpdateLedger) and book.restarts_by_verdict == {"crashed": 2}
     assert isinstance(carried, WriteRecord) and carried.event is Event.GOODPUT_CARRIED
     assert carried.run_no == 0 and carried.fields[bucket] == pytest.approx(600.0)
     assert book.goodput is not None and getattr(book.goodput.absent, bucket) == 600.0
@@ -72,7 +72,7 @@ def test_a_fatal_end_waits_for_recovery_and_leftovers_and_a_torn_tail_are_said_i
     leftover = WriteRecord(Event.RECOVERED_ORPHAN, {"pids": [7]}, log_level="warning", run_no=3)
     restored = _restored({"state": "fatal"}, None, leftovers=[leftover], torn_bytes=12, last_run=3)
     book, said, torn = restored.effects
-    assert isinstance(book, Book) and book.recovering_from == "fatal"
+    assert isinstance(book, UpdateLedger) and book.recovering_from == "fatal"
     assert said is leftover
     assert torn == WriteRecord(Event.LOG_TORN_TAIL, {"bytes": 12}, run_no=3)
 
@@ -100,7 +100,7 @@ def test_a_deferred_launch_says_so_keeps_the_cache_clearing_and_retries(clear: b
         "retry_in_s": LAUNCH_RETRY_S,
         "reserve_freed": 8,
     }
-    assert book == Book(clear_cache_next=clear)
+    assert book == UpdateLedger(clear_cache_next=clear)
     assert timer == SetTimer(Deadline.RESTART, 100.0 + LAUNCH_RETRY_S)
 
 
@@ -211,7 +211,7 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
             EnterState(State.RUNNING),
             SetTimer(Deadline.STOP, t + 40.0),
             SetTimer(Deadline.RELEASE_CHECK, t + 41.0),
-            Book(agent_restarts=1, agent_worker_failures=2),
+            UpdateLedger(agent_restarts=1, agent_worker_failures=2),
             WriteRecord(Event.STOPPING, {"signal": "SIGTERM"}),
             WriteRecord(Event.GPU, {"gpus": []}, run_no=0),
         ),
@@ -223,7 +223,7 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
     assert (core.ledger.agent_restarts, core.ledger.agent_worker_failures) == (1, 2)
     assert [(n, e) for n, e, _ in written.records] == [(3, Event.STOPPING), (0, Event.GPU)]
     assert hands.done == ["publish"]
-    core.apply(run, (Book(agent_restarts=1),))  # counters add up; no publish unless asked
+    core.apply(run, (UpdateLedger(agent_restarts=1),))  # counters add up; no publish unless asked
     assert core.ledger.agent_restarts == 2 and hands.done == ["publish"]
     clock.advance(5.0)
     core.step(run, StopRequested(7.0, alive=True))
@@ -238,7 +238,7 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
 
 def test_the_core_counts_the_launch_gap_and_the_end_into_goodput(tmp_path: Path) -> None:
     core, _written, clock, _hands = _core(tmp_path)
-    core.apply(None, (Book(goodput=GoodputLedger(0.0, gap_since=clock.monotonic())),))
+    core.apply(None, (UpdateLedger(goodput=GoodputLedger(0.0, gap_since=clock.monotonic())),))
     clock.advance(2.0)
     run = _run(1, clock)
     core.apply(run, (RunLaunched(run.started_mono),))

@@ -15,7 +15,7 @@ from dflashd.supervisor.model.ending import RunFacts, conclude, lost_facts
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.exitcodes import EXIT_FATAL
 from dflashd.supervisor.model.incidents import passed, resumed
-from dflashd.supervisor.model.ledger import Book, Ledger
+from dflashd.supervisor.model.ledger import Ledger, UpdateLedger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartConfig, RestartHistory
 from dflashd.supervisor.model.verdicts import (
@@ -153,12 +153,12 @@ def test_a_restart_after_a_stall_waits_for_the_recovery() -> None:
     effects = resumed(ledger.recovering_from, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset())
     assert [e.kind.value for e in effects if isinstance(e, SendAlert)] == ["recovered"]
     quiet = resumed(ledger.recovering_from, alerts_on=FATAL_ONLY, already_alerted=frozenset())
-    assert quiet == (Book(recovered=True),)  # the book only: nothing sent
-    ledger = ledger.took(Book(recovered=True))
+    assert quiet == (UpdateLedger(recovered=True),)  # the book only: nothing sent
+    ledger = ledger.took(UpdateLedger(recovered=True))
     assert ledger.recovering_from is None
     # no stall to recover from: the incident closes, nobody is told
     assert resumed(None, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset()) == (
-        Book(recovered=True),
+        UpdateLedger(recovered=True),
     )
 
 
@@ -179,7 +179,7 @@ def test_one_stuck_job_is_one_incident_one_alert_then_the_fatal() -> None:
             incident=ledger.incident,
         )
         for effect in outcome.effects:
-            if isinstance(effect, Book):
+            if isinstance(effect, UpdateLedger):
                 ledger = ledger.took(effect)
         sent += [kind.value for kind, _ in outcome.alerts]
     assert sent == ["stalled", "fatal"]
@@ -203,7 +203,7 @@ def test_an_incident_ends_when_a_run_passes_its_step() -> None:
         assert [k.value for k, _ in outcome.alerts] == (["crashed"] if run == 1 else [])
     assert ledger.incident is not None and ledger.incident.step == 100
     assert not passed(ledger.incident, 100) and passed(ledger.incident, 101)
-    ledger = ledger.took(Book(recovered=True))
+    ledger = ledger.took(UpdateLedger(recovered=True))
     facts = RunFacts(3, RUNTIME_CRASH, 10.0, ended_at=1.0, step=150)
     outcome = conclude(facts, history=ledger.history, policy=POLICY, alerts_on=on, jitter=0.0)
     assert [k.value for k, _ in outcome.alerts] == ["crashed"]  # a new incident pages again

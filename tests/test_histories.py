@@ -16,7 +16,6 @@ import pytest
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import (
-    Book,
     Effect,
     Launch,
     LookForRelease,
@@ -28,6 +27,7 @@ from dflashd.supervisor.model.effects import (
     SetTimer,
     StopRun,
     StopTimedOut,
+    UpdateLedger,
     WriteRecord,
 )
 from dflashd.supervisor.model.ending import RunFacts
@@ -203,7 +203,7 @@ def test_the_stop_timeout_asks_for_the_stacks_then_the_kill() -> None:
 
 def test_a_launch_put_off_keeps_its_number_and_clears_the_cache_on_the_retry() -> None:
     state = step(fresh(), died(1, EARLY, 2.0), 2.0)[0]
-    state = step(state, Decided((Book(clear_cache_next=True),)), 2.0)[0]  # caches to clear
+    state = step(state, Decided((UpdateLedger(clear_cache_next=True),)), 2.0)[0]  # caches to clear
     state, effects = step(state, DeadlineDue(Deadline.RESTART), 4.0)
     state, effects = step(state, ReleaseLooked(None, (), ready=True), 4.0)
     (launch,) = effects

@@ -27,7 +27,7 @@ from typing import Any, Final
 from dflashd.supervisor.host.cgroups import CgroupBase
 from dflashd.supervisor.host.custody import end_proven, end_stale_cgroup
 from dflashd.supervisor.host.procfs import all_stats, carries_mark, create_time, process_mark
-from dflashd.supervisor.model.effects import Book, Effect, WriteRecord
+from dflashd.supervisor.model.effects import Effect, UpdateLedger, WriteRecord
 from dflashd.supervisor.model.ending import RunFacts, lost_facts
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import LoggedRun, restored_ledger
@@ -187,7 +187,7 @@ def restore(
     (``leftovers``, ended by :func:`recover`, proven ours) and of a torn log tail."""
     goodput = restored_ledger(saved_goodput, now_wall=now_wall, now_mono=now_mono, logged=logged)
     fatal = previous.get("state") == State.FATAL  # a run that reaches its first step: ``recovered``
-    book = Book(
+    book = UpdateLedger(
         restarts_by_verdict=dict(previous.get("restarts_by_verdict") or {}),
         goodput=goodput,
         recovering_from="fatal" if fatal else None,

@@ -34,7 +34,7 @@ class Incident:
 
 
 @dataclass(frozen=True, slots=True)
-class Book:
+class UpdateLedger:
     """How the ledger changes: after a run's end, a resumed run, a torchrun restart, a
     deferred launch, or what start-up carried over from the dead daemon."""
 
@@ -212,7 +212,7 @@ class NotifySystemd:
 
 
 @dataclass(frozen=True, slots=True)
-class Account:
+class SettleGoodput:
     """The run's cost into the goodput ledger; the gap after ``died_mono`` is downtime when
     a relaunch follows, stopped time when none does."""
 
@@ -225,8 +225,8 @@ Effect = (
     WriteRecord
     | SendAlert
     | RecordHistory
-    | Book
-    | Account
+    | UpdateLedger
+    | SettleGoodput
     | SettleProcesses
     | EnterState
     | RestartIn

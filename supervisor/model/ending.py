@@ -20,8 +20,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from dflashd.supervisor.model.effects import (
-    Account,
-    Book,
     Effect,
     EnterState,
     ExitDaemon,
@@ -29,7 +27,9 @@ from dflashd.supervisor.model.effects import (
     RecordHistory,
     RestartIn,
     SendAlert,
+    SettleGoodput,
     SettleProcesses,
+    UpdateLedger,
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
@@ -119,9 +119,9 @@ class Outcome:
         return delays[-1] if delays else None
 
     @property
-    def book(self) -> Book:
+    def book(self) -> UpdateLedger:
         """The ledger's change (every outcome has exactly one)."""
-        return next(e for e in self.effects if isinstance(e, Book))
+        return next(e for e in self.effects if isinstance(e, UpdateLedger))
 
 
 def exit_fields(facts: RunFacts, result: Classification) -> dict[str, Any]:
@@ -226,7 +226,7 @@ def conclude(
     def account(relaunch: bool) -> tuple[Effect, ...]:
         if cost is None or facts.died_mono is None:
             return ()
-        return (Account(cost, facts.died_mono, relaunch),)
+        return (SettleGoodput(cost, facts.died_mono, relaunch),)
 
     def alert(kind: AlertKind, reason: str, early_before: int) -> list[Effect]:
         on = not repeats(incident, kind) and alert_decision(
@@ -236,7 +236,7 @@ def conclude(
         return [SendAlert(kind, reason, fields)] if on else []
 
     if result.verdict is Verdict.LOST:  # concluded at a later daemon's start, which relaunches
-        book = Book(last_exit=last_exit, counted_verdict=verdict)
+        book = UpdateLedger(last_exit=last_exit, counted_verdict=verdict)
         lost = alert(Verdict.LOST, result.reason, 0)
         return Outcome(result, None, fields, (*written, book, *lost))
 
@@ -262,14 +262,14 @@ def conclude(
     settle = SettleProcesses(kill_now=facts.obs.ended_by is not EndedBy.CHILD)
     verdict_alert = alert_kind(verdict)
     if facts.stop_requested:
-        book = Book(last_exit=last_exit, history=decision.history, clear_cache_next=False)
+        book = UpdateLedger(last_exit=last_exit, history=decision.history, clear_cache_next=False)
         alerts = alert(verdict_alert, result.reason, history.early_deaths)
         ending = (settle, EnterState(State.STOPPED), ExitDaemon(0))
         return Outcome(
             result, decision, fields, (*written, book, *account(False), *alerts, *ending)
         )
     if decision.action is Action.DONE:
-        book = Book(last_exit=last_exit, history=decision.history, clear_cache_next=False)
+        book = UpdateLedger(last_exit=last_exit, history=decision.history, clear_cache_next=False)
         alerts = alert(verdict_alert, result.reason, history.early_deaths)
         done = State.COMPLETED if result.verdict is Verdict.COMPLETED else State.STOPPED
         after: tuple[Effect, ...] = (
@@ -280,7 +280,7 @@ def conclude(
         effects = (*written, book, *account(False), *alerts, *after, ExitDaemon(0))
         return Outcome(result, decision, fields, effects)
     if decision.action is Action.FATAL:
-        book = Book(
+        book = UpdateLedger(
             last_exit=last_exit,
             history=decision.history,
             clear_cache_next=False,
@@ -295,7 +295,7 @@ def conclude(
         after = (fatal, settle, EnterState(State.FATAL), ExitDaemon(EXIT_FATAL))
         effects = (*written, book, *account(False), *alerts, *after)
         return Outcome(result, decision, fields, effects)
-    book = Book(
+    book = UpdateLedger(
         last_exit=last_exit,
         history=decision.history,
         counted_verdict=verdict,

@@ -12,7 +12,7 @@ alert per verdict per run, a crash loop's repeated early deaths quiet); delivery
 
 from __future__ import annotations
 
-from dflashd.supervisor.model.effects import Book, Effect, Incident, SendAlert
+from dflashd.supervisor.model.effects import Effect, Incident, SendAlert, UpdateLedger
 from dflashd.supervisor.model.verdicts import EARLY_DEATH_NAMES, AlertKind, Notice
 
 
@@ -66,5 +66,5 @@ def resumed(
         Notice.RECOVERED, on=alerts_on, already_alerted=already_alerted, early_deaths_before=0
     ):
         effects.append(SendAlert(Notice.RECOVERED, recovering_from, {"tail": []}))
-    effects.append(Book(recovered=True))
+    effects.append(UpdateLedger(recovered=True))
     return tuple(effects)

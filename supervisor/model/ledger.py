@@ -1,7 +1,7 @@
 """The ledger: what outlives a run (restart budgets, restarts by verdict, the last exit, goodput).
 
 :func:`~dflashd.supervisor.model.ending.conclude` reads it and says how it changes (a
-:class:`~dflashd.supervisor.model.effects.Book` effect); :meth:`Ledger.took`, called by the
+:class:`~dflashd.supervisor.model.effects.UpdateLedger` effect); :meth:`Ledger.took`, called by the
 model's ``step`` (:mod:`~dflashd.supervisor.model.step`), gives the ledger after it.  The
 status snapshot reads it.  Nothing here decides.
 """
@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from dflashd.supervisor.model.effects import Book, Incident
+from dflashd.supervisor.model.effects import Incident, UpdateLedger
 from dflashd.supervisor.model.goodput import GoodputLedger
 from dflashd.supervisor.model.policy import RestartHistory
 
-__all__ = ["Book", "Incident", "Ledger", "capped_exit"]
+__all__ = ["Incident", "Ledger", "UpdateLedger", "capped_exit"]
 
 STATE_TAIL_LINES: Final = 20
 STATE_LINE_CHARS: Final = 1000  # status and state.json carry a bounded tail; the exit record all
@@ -57,8 +57,8 @@ class Ledger:
     goodput: GoodputLedger = field(default_factory=lambda: GoodputLedger(first_start=0.0))
     diverged_at: int | None = None  # the step where a run's loss last diverged
 
-    def took(self, book: Book) -> Ledger:
-        """The ledger after one :class:`Book` effect."""
+    def took(self, book: UpdateLedger) -> Ledger:
+        """The ledger after one :class:`UpdateLedger` effect."""
         changes: dict[str, Any] = {
             "agent_restarts": self.agent_restarts + book.agent_restarts,
             "agent_worker_failures": self.agent_worker_failures + book.agent_worker_failures,

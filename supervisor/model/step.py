@@ -16,8 +16,6 @@ from typing import Final
 
 from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
-    Account,
-    Book,
     Effect,
     EnterState,
     ExitDaemon,
@@ -28,9 +26,11 @@ from dflashd.supervisor.model.effects import (
     RestartIn,
     RunLaunched,
     SetTimer,
+    SettleGoodput,
     StopAsked,
     StopRun,
     StopTimedOut,
+    UpdateLedger,
     WriteRecord,
 )
 from dflashd.supervisor.model.ending import conclude
@@ -86,9 +86,9 @@ def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
     out: list[Effect] = []
     for effect in effects:
         match effect:
-            case Book():
+            case UpdateLedger():
                 ledger = ledger.took(effect)
-            case Account(cost, died_mono, relaunch):
+            case SettleGoodput(cost, died_mono, relaunch):
                 goodput = ledger.goodput.ended(cost, died_mono, relaunch=relaunch)
                 ledger = replace(ledger, goodput=goodput)
             case RunLaunched(started_mono):
@@ -119,7 +119,7 @@ def launch_effects(state: DaemonState, now: float) -> tuple[Effect, ...]:
     goodput = ledger.goodput
     return (
         EnterState(State.STARTING),
-        Book(clear_cache_next=False),
+        UpdateLedger(clear_cache_next=False),
         Launch(
             clear_cache=ledger.clear_cache_next,
             run_no=state.deferred_run_no,
@@ -137,7 +137,7 @@ def deferred_launch(
     fields = {"error": error, "retry_in_s": LAUNCH_RETRY_S, "reserve_freed": freed}
     return (
         WriteRecord(Event.LAUNCH_DEFERRED, fields, log_level="warning", run_no=run_no),
-        Book(clear_cache_next=clear_cache),
+        UpdateLedger(clear_cache_next=clear_cache),
         SetTimer(Deadline.RESTART, now + LAUNCH_RETRY_S),
     )
 

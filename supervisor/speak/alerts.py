@@ -9,12 +9,9 @@ written to a log record, ``status`` or ``state.json`` (only its host, in outcome
 
 from __future__ import annotations
 
-import errno
-import os
 import queue
 import re
 import socket
-import stat
 import subprocess
 import threading
 import time
@@ -27,6 +24,7 @@ from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor.host.config import AlertsConfig
 from dflashd.supervisor.host.custody import end_own_child_session
 from dflashd.supervisor.model.verdicts import Notice
+from dflashd.supervisor.speak.alertfile import append_alert
 
 COMMAND_TIMEOUT_S: Final = 30.0
 WEBHOOK_TIMEOUT_S: Final = 5.0
@@ -197,30 +195,6 @@ def post_webhook(
     return (200 <= status < 300), f"HTTP {status}"
 
 
-def append_alert(path: str, payload: dict[str, Any], verdict: str) -> AlertOutcome:
-    """The ``file`` sink: the alert as one JSON line, appended in one write (lines from two
-    daemons never interleave), to a regular file of this user's, created 0600; a link in
-    the path's last component is refused, never followed."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        why = "a symlink, refused" if exc.errno == errno.ELOOP else exc.strerror
-        return AlertOutcome("file", False, f"{path}: {why}", verdict)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return AlertOutcome("file", False, f"{path}: not a regular file", verdict)
-        if st.st_uid != os.geteuid():
-            return AlertOutcome("file", False, f"{path}: belongs to uid {st.st_uid}", verdict)
-        os.write(fd, dumps_any(payload) + b"\n")
-    except OSError as exc:
-        return AlertOutcome("file", False, f"{path}: {exc.strerror}", verdict)
-    finally:
-        os.close(fd)
-    return AlertOutcome("file", True, "appended", verdict)
-
-
 class _Sink:
     """One alert sink on its own thread: a failure or hang of one never silences another."""
 
@@ -290,7 +264,9 @@ class AlertDispatcher:
         dispatcher = cls(alerts.command, on_outcome, alerts.webhook_url)
         if alerts.file:
             path = alerts.file
-            dispatcher._sinks.append(_Sink("file", lambda p, v: append_alert(path, p, v)))
+            dispatcher._sinks.append(
+                _Sink("file", lambda p, v: AlertOutcome("file", *append_alert(path, p), v))
+            )
         return dispatcher
 
     def __init__(

@@ -17,7 +17,7 @@ from typing import Any, Final, Protocol
 from dflashd.supervisor.host.notify import NotifyMessage
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.procfs import CLK_TCK, read_stat
-from dflashd.supervisor.model.effects import Book, Effect, WriteRecord
+from dflashd.supervisor.model.effects import Effect, UpdateLedger, WriteRecord
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.incidents import passed, resumed
 from dflashd.supervisor.model.ledger import Incident, Ledger
@@ -187,12 +187,12 @@ class RunObserver:
         if said.said is AgentSaid.WORKER_FAILED:
             fields["worker_failures"] = state.worker_failures
             failed = WriteRecord(Event.WORKER_FAILED, fields, log_level="warning")
-            self._say(run, Book(agent_worker_failures=1), failed)
+            self._say(run, UpdateLedger(agent_worker_failures=1), failed)
         elif said.said in (AgentSaid.GROUP_RESTART, AgentSaid.MEMBERSHIP_RESTART):
             cause = "failure" if said.said is AgentSaid.GROUP_RESTART else "node_joined"
             fields = {"by": "torchrun", "cause": cause, "restarts": state.group_restarts, **fields}
             restarted = WriteRecord(Event.WORKERS_RESTARTED, fields, log_level="warning")
-            self._say(run, Book(agent_restarts=1), restarted)
+            self._say(run, UpdateLedger(agent_restarts=1), restarted)
         elif said.said is AgentSaid.RENDEZVOUS_TIMEOUT:
             self._say(
                 run, WriteRecord(Event.RENDEZVOUS, {"state": "timeout", **state.job.fields()})
@@ -223,7 +223,9 @@ class RunObserver:
             before = self.ledger().diverged_at
             said = loss_effects(run, on_diverge=self.on_diverge, diverged_before=before)
             began = progress.losses.diverged_at
-            self._say(run, *said, *((Book(diverged_at=began),) if began is not None else ()))
+            self._say(
+                run, *said, *((UpdateLedger(diverged_at=began),) if began is not None else ())
+            )
         if change.first_step and run.elastic is not None:
             self._workers_running(run, progress.first_step_mono or run.started_mono)
         if change.first_step and progress.first_step_mono is not None:

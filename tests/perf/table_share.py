@@ -91,11 +91,11 @@ def _real_fixtures(tree: ast.Module) -> set[str]:
     """This file's fixtures whose bodies touch the world."""
     out = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and any(
-            "fixture" in ast.unparse(d) for d in node.decorator_list
-        ):
-            if _touches(node):
-                out.add(node.name)
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        fixture = any("fixture" in ast.unparse(d) for d in node.decorator_list)
+        if fixture and _touches(node):
+            out.add(node.name)
     return out
 
 
