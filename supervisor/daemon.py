@@ -4,7 +4,7 @@ Each wake-up (a signal, a datagram, a deadline of the table, a thread's message)
 input to :meth:`~dflashd.supervisor.core.DaemonCore.step`; the core keeps the state and
 executes the effects.  Threads never call into the loop: they post to the inbox and poke
 the wake pipe; signal handlers do nothing (``set_wakeup_fd``).  Death is SIGCHLD plus
-``wait4`` on the child's pid, never pipe EOF.  The :class:`Seams` put a test's clock,
+``wait4`` on the child's pid, never pipe EOF.  The :class:`HostDoubles` put a test's clock,
 processes, GPUs and dumps in place of the host.
 """
 
@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from dflashd.supervisor.carryover import carried_over
 from dflashd.supervisor.core import DaemonCore
+from dflashd.supervisor.doubles import HostDoubles, StartupError
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.host.clock import SystemClock
 from dflashd.supervisor.host.config import Config
@@ -46,15 +47,14 @@ from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState
 from dflashd.supervisor.model.stacks import StacksTaken
 from dflashd.supervisor.model.step import DaemonState, Rules
-from dflashd.supervisor.runs import FirstLaunch, LoopHooks, RunRooms, Runs
-from dflashd.supervisor.seams import Seams, StartupError
+from dflashd.supervisor.runs import FirstLaunch, LoopCallbacks, RunParts, Runs
 from dflashd.supervisor.snapshot import goodput_totals, status_view
 from dflashd.supervisor.speak.control import stop_handler
 from dflashd.supervisor.speak.daemonlog import reopen_daemon_log
 from dflashd.supervisor.speak.diagnostics import get_logger
-from dflashd.supervisor.speak.doors import Doors
 from dflashd.supervisor.speak.reporter import MetricsUnavailable, Reporter
 from dflashd.supervisor.speak.statusview import StatusView, one_line, read_state
+from dflashd.supervisor.speak.wakeups import Wakeups
 from dflashd.supervisor.watch.gpuwatch import GpuSettings, GpuWatch
 from dflashd.supervisor.watch.linewatch import LineMatcher, LineWatcher
 from dflashd.supervisor.watch.nvml import NvmlSampler
@@ -75,14 +75,14 @@ class Daemon:
         home: Home,
         config: Config,
         *,
-        seams: Seams | None = None,
+        doubles: HostDoubles | None = None,
         on_first_launch: FirstLaunch | None = None,
     ) -> None:
-        seams = seams or Seams()
+        doubles = doubles or HostDoubles()
         self.home, self.config = home, config
-        self.clock = clock = seams.clock or SystemClock()
-        self.ops = seams.ops or HostProcesses(home.id)
-        self._sampler_factory = seams.sampler_factory or (lambda _pid: NvmlSampler(config.gpus))
+        self.clock = clock = doubles.clock or SystemClock()
+        self.ops = doubles.ops or HostProcesses(home.id)
+        self._sampler_factory = doubles.sampler_factory or (lambda _pid: NvmlSampler(config.gpus))
         self._opened = False  # open() finished: the start was not refused
         self.started_wall = clock.time()
         self.inbox = Inbox()
@@ -102,16 +102,16 @@ class Daemon:
         self.observer = RunObserver(
             self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, apply, config.on_diverge
         )
-        self.dumps = seams.dumps or StackDumps(
+        self.dumps = doubles.dumps or StackDumps(
             home, self.reporter, self.inbox.post, clock.monotonic
         )
         table = lambda: self.core.deadlines  # noqa: E731
         self.live = LiveRunControl(clock, self.observer, self._limits, self.dumps, table)
-        tap = seams.line_tap
+        tap = doubles.line_tap
         watcher = lambda run_no: LineWatcher(run_no, matcher, clock.monotonic, self.inbox.post, tap)  # noqa: E731
         launcher = Launcher(home, config, clock, self.ops, self.reporter, self.gpu, watcher)
         r = self.reporter
-        rooms = RunRooms(
+        parts = RunParts(
             self.ops,
             r,
             self.gpu,
@@ -121,13 +121,13 @@ class Daemon:
             self.ended_runs,
             self._systemd,
         )
-        hooks = LoopHooks(self._last_words, self._publish, on_first_launch)
-        self.runs = Runs(clock, rooms, hooks)
+        callbacks = LoopCallbacks(self._last_words, self._publish, on_first_launch)
+        self.runs = Runs(clock, parts, callbacks)
         every = self._systemd.watchdog_interval_s
         rules = Rules(config.restart, config.alerts.on, every)
         self.core = DaemonCore(DaemonState(rules), clock, self.reporter, self.runs)
         self.runs.current = lambda: self.core.run
-        self.doors: Doors | None = None
+        self.wakeups: Wakeups | None = None
 
     @property
     def loop(self) -> LoopState:
@@ -199,7 +199,7 @@ class Daemon:
                 self.dumps, self.core.apply, self.reporter.log_path, self.run, req
             ),
         }
-        self.doors = Doors(
+        self.wakeups = Wakeups(
             self.home, self.clock, self.inbox.read_fd, handlers, self.reporter.home_dir.fd
         )
         previous = read_state(self.home.state_file, self.reporter.home_dir.fd) or {}
@@ -258,11 +258,11 @@ class Daemon:
     # -- the loop -------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        assert self.doors is not None
+        assert self.wakeups is not None
         while not self.loop.done:
-            knocks = self.doors.wait(self.next_timeout())
-            self._heard(knocks.said)  # before a SIGCHLD: a datagram was sent before the death
-            if knocks.woken:
+            wake = self.wakeups.wait(self.next_timeout())
+            self._heard(wake.said)  # before a SIGCHLD: a datagram was sent before the death
+            if wake.woken:
                 self._on_wake()
             self.turn()
 
@@ -273,13 +273,13 @@ class Daemon:
 
     def _last_words(self) -> None:
         """Before a verdict: the datagrams still waiting on notify.sock, then the inbox."""
-        if self.doors is not None:
-            self._heard(self.doors.notify.receive())
+        if self.wakeups is not None:
+            self._heard(self.wakeups.notify.receive())
         self._process_inbox()
 
     def next_timeout(self) -> float | None:
         """How long the selector may sleep: None when nothing is due (no periodic wake-ups)."""
-        expiry = self.doors.next_expiry() if self.doors is not None else None
+        expiry = self.wakeups.next_expiry() if self.wakeups is not None else None
         run = self.run
         stall = step_due = None
         if run is not None and run.alive:
@@ -304,8 +304,8 @@ class Daemon:
         The control socket is bound again if its file was removed, daemon.log is re-opened
         if it was rotated away, and the status goes to daemon.log, as one record.
         """
-        if self.doors is not None:
-            self.doors.reopen()
+        if self.wakeups is not None:
+            self.wakeups.reopen()
         reopen_daemon_log()
         log.info("status_dump", signal=why, **dict(self.status()))
 
@@ -386,7 +386,7 @@ def _closing_steps(daemon: Daemon) -> list[tuple[str, Callable[[], object]]]:
         ("state", lambda: daemon._publish() if daemon._opened else None),
         ("goodput", lambda: daemon._save_goodput(ended=True) if daemon._opened else None),
         ("reporter", daemon.reporter.close),
-        ("doors", lambda: daemon.doors.close() if daemon.doors is not None else None),
+        ("wakeups", lambda: daemon.wakeups.close() if daemon.wakeups is not None else None),
         ("inbox", daemon.inbox.close),
         ("cgroups", daemon.ops.close),
     ]

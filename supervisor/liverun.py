@@ -1,8 +1,8 @@
-"""Ending a live run: the one room that decides when dflashd ends a run that has not died.
+"""Ending a live run: the one module that decides when dflashd ends a run that has not died.
 
 Four ways, each with its deadline kept here: ``dflashd stop`` (SIGTERM to the job's group,
 SIGKILL past ``stop_timeout_s``), a proven hang (:func:`dflashd.supervisor.model.hang.decide` says
-so from sampled stacks; this room applies it), a stall (the progress deadline passed and the
+so from sampled stacks; this module applies it), a stall (the progress deadline passed and the
 evidence says stuck), and no GPU memory past its grace (the GPU watch's verdict).  Before every kill
 dflashd decides, it dumps the run's stacks with py-spy (the job keeps running meanwhile) and
 waits for the dump up to ``STACKS_BOUND_S``; where py-spy is missing or fails, it asks
@@ -73,7 +73,7 @@ class LiveRunControl:
         self.limits, self.dumps, self.deadlines = limits, dumps, deadlines
 
     def _act(self, run: Run | None, *effects: Effect, publish: bool = False) -> None:
-        """What this room decided, handed to the model and the one executor: it never writes
+        """What this module decided, handed to the model and the one executor: it never writes
         a record, signals, dumps or alerts itself."""
         self.observer.apply(run, effects, publish=publish)
 

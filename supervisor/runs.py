@@ -3,7 +3,7 @@
 This is the executor's hands (:class:`~dflashd.supervisor.core.Hands`): each call does what
 an effect asks and answers with the model's next input; nothing here decides or writes the
 daemon's state.  The death walk starts here: :meth:`Runs.reap` takes the child's wait status,
-counts its last words and gathers the facts (:mod:`reaped`) into a
+counts its final output and gathers the facts (:mod:`reaped`) into a
 :class:`~dflashd.supervisor.model.inputs.ChildExited`, which the model concludes
 (:func:`~dflashd.supervisor.model.ending.conclude`, pure).  A relaunch waits until nothing of
 the dead run is left (:mod:`endedruns`) and its GPU memory is released (:mod:`gpuwatch`).
@@ -39,7 +39,7 @@ from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import Dumper
 
-# The child's last words are already in the pipes: framing them is quick, unless the log's
+# The child's final output is already in the pipes: framing them is quick, unless the log's
 # disk pushes back; the sink drops after 2 s of a stalled write, so this bound is never hit
 # by a healthy disk, and the exit record still follows every byte caught up.
 CATCH_UP_S: Final = 5.0
@@ -48,7 +48,7 @@ FirstLaunch = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
-class RunRooms:
+class RunParts:
     """The adapters a run's life passes through, as :class:`Runs` calls them."""
 
     ops: ProcessOps
@@ -62,7 +62,7 @@ class RunRooms:
 
 
 @dataclass(frozen=True, slots=True)
-class LoopHooks:
+class LoopCallbacks:
     """What only the loop does, called from a run's life: drain the inbox (the last steps
     before a verdict), publish the status, and the first launch's callback (``start`` waits
     for it)."""
@@ -75,12 +75,12 @@ class LoopHooks:
 class Runs:
     """Launch, reap and release: the executor's hands for a run's life."""
 
-    def __init__(self, clock: Clock, rooms: RunRooms, hooks: LoopHooks) -> None:
-        self.clock, self.rooms, self.hooks = clock, rooms, hooks
-        self.ops, self.reporter, self.gpu = rooms.ops, rooms.reporter, rooms.gpu
-        self.observer, self.launcher, self.live = rooms.observer, rooms.launcher, rooms.live
-        self.ended_runs, self.systemd = rooms.ended_runs, rooms.systemd
-        self._on_first_launch = hooks.on_first_launch
+    def __init__(self, clock: Clock, parts: RunParts, callbacks: LoopCallbacks) -> None:
+        self.clock, self.parts, self.callbacks = clock, parts, callbacks
+        self.ops, self.reporter, self.gpu = parts.ops, parts.reporter, parts.gpu
+        self.observer, self.launcher, self.live = parts.observer, parts.launcher, parts.live
+        self.ended_runs, self.systemd = parts.ended_runs, parts.systemd
+        self._on_first_launch = callbacks.on_first_launch
         self.fd_reserve = FdReserve()
         self._rng = random.Random()
         self.current: Callable[[], Run | None] = lambda: None  # the core's current run
@@ -118,7 +118,7 @@ class Runs:
         self._first_launch({"ok": True, "run": run.run_no, "pid": run.pid})
         if self.systemd.enabled:  # READY means the launch is in the log: on disk first
             self.reporter.flush(1.0)
-            self.systemd.notify(f"READY=1\nSTATUS={self.hooks.publish()}")
+            self.systemd.notify(f"READY=1\nSTATUS={self.callbacks.publish()}")
 
     def _first_launch(self, info: dict[str, Any]) -> None:
         callback, self._on_first_launch = self._on_first_launch, None
@@ -153,7 +153,7 @@ class Runs:
 
     def publish(self) -> str:
         """Write the status now."""
-        return self.hooks.publish()
+        return self.callbacks.publish()
 
     @property
     def dumps(self) -> Dumper:
@@ -184,13 +184,13 @@ class Runs:
         return died
 
     def _child_died(self, run: Run, status: int | None) -> ChildExited:
-        """The death walk: the last words counted, the facts gathered."""
+        """The death walk: the final output counted, the facts gathered."""
         died = self.clock.monotonic()
         for drain in run.drains:  # everything it wrote is in the pipes: framed first
             drain.catch_up(CATCH_UP_S)
         if run.watcher is not None:
             run.watcher.flush()
-        self.hooks.process_inbox()  # ...and its steps counted before the verdict
+        self.callbacks.process_inbox()  # ...and its steps counted before the verdict
         cpu_s = mark_reaped(run, status, self.ops)
         if run.progress.unrecorded:
             self.observer.progress_record(run)  # the curve ends where the run did

@@ -1,8 +1,8 @@
-"""The daemon's snapshot for status: built once per publish from the daemon's rooms.
+"""The daemon's snapshot for status: built once per publish from the daemon's parts.
 
 :func:`status_view` reads the loop's state, the run, the ledger, the GPU watch and the
 reporter's counters, and fills in the :class:`~dflashd.supervisor.speak.statusview.StatusView`
-contract, which sits below every room.  Nothing imports this module but the daemon.
+contract, which sits below every module.  Nothing imports this module but the daemon.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class StatusSource(Protocol):
 
 
 def status_view(source: StatusSource) -> StatusView:
-    """Assemble the status object from the daemon's rooms."""
+    """Assemble the status object from the daemon's parts."""
     run, ledger = source.run, source.ledger
     now_mono, now_wall = source.clock.monotonic(), source.clock.time()
     alive = run is not None and run.alive

@@ -21,13 +21,13 @@ from typing import Any
 
 from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.daemon import Daemon
+from dflashd.supervisor.doubles import HostDoubles
 from dflashd.supervisor.host.clock import ManualClock
 from dflashd.supervisor.host.config import parse_config
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.proof import Launched
 from dflashd.supervisor.model.effects import WriteRecord
 from dflashd.supervisor.model.stacks import StacksTaken, summary
-from dflashd.supervisor.seams import Seams
 from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading
 
@@ -214,8 +214,10 @@ class Harness:
         config = {"gpus": "none", **config}
         factory = (lambda _pid: sampler) if sampler is not None else None
         Home(home).create()
-        seams = Seams(clock=self.clock, ops=self.ops, sampler_factory=factory, dumps=self.dumps)
-        self.daemon = Daemon(Home(home), parse_config(config), seams=seams)
+        doubles = HostDoubles(
+            clock=self.clock, ops=self.ops, sampler_factory=factory, dumps=self.dumps
+        )
+        self.daemon = Daemon(Home(home), parse_config(config), doubles=doubles)
         self.dumps.reporter = self.daemon.reporter
         self.alerts: list[tuple[str, str]] = []  # (kind, reason) handed to the sinks, in order
         real_alert = self.daemon.reporter.alert

@@ -60,14 +60,14 @@ class Hook:
 @pytest.fixture
 def hook_factory() -> Iterator[Callable[[str], Hook]]:
     """Start loopback webhook servers; shut them down after the test."""
-    hooks: list[Hook] = []
+    callbacks: list[Hook] = []
 
     def make(behaviour: str) -> Hook:
-        hooks.append(Hook(behaviour))
-        return hooks[-1]
+        callbacks.append(Hook(behaviour))
+        return callbacks[-1]
 
     yield make
-    for hook in hooks:
+    for hook in callbacks:
         hook.close()
 
 

@@ -1,6 +1,6 @@
 """Comments that cannot lie after a refactor (issue 35): every Sphinx-style reference in a
 docstring (``:mod:``, ``:class:``, ``:func:``, ``:meth:``, ``:data:``, ``:attr:``) resolves to
-something that exists, and docs/design.md's table of rooms names exactly the supervisor's
+something that exists, and docs/design.md's table of parts names exactly the supervisor's
 modules.
 
 A reference resolves as written (``dflashd.supervisor.model.ending.conclude``), from the module's
@@ -37,8 +37,8 @@ ROOMS = ("decide", "host", "watch", "speak")  # the supervisor's subpackages
 
 def _resolves(module: ModuleType, target: str) -> bool:
     package = module.__name__.rsplit(".", 1)[0]
-    rooms = tuple(f"dflashd.supervisor.{room}." for room in ROOMS)
-    for base in ("", f"{package}.", "dflashd.", "dflashd.supervisor.", *rooms):
+    parts = tuple(f"dflashd.supervisor.{part}." for part in ROOMS)
+    for base in ("", f"{package}.", "dflashd.", "dflashd.supervisor.", *parts):
         name = base + target
         parts = name.split(".")
         for cut in range(len(parts), 0, -1):  # the longest importable module, then attributes
@@ -89,10 +89,10 @@ def test_every_docstring_reference_resolves() -> None:
 
 
 def test_the_design_table_names_the_supervisors_modules() -> None:
-    """Every module of supervisor/ (its rooms' folders and client/ too, by path) is in the table, and the table names no
+    """Every module of supervisor/ (its parts' folders and client/ too, by path) is in the table, and the table names no
     module that is gone."""
     design = (ROOT / "docs" / "design.md").read_text()
-    table = design.split("| when | room | module | what it holds |", 1)[1].split("\n\n", 1)[0]
+    table = design.split("| when | part | module | what it holds |", 1)[1].split("\n\n", 1)[0]
     modules_column = [row.split("|")[3] for row in table.splitlines() if row.count("|") > 4]
     named = {name for cell in modules_column for name in re.findall(r"`([a-z_/]+\.py)`", cell)}
     folder = ROOT / "supervisor"

@@ -1,4 +1,4 @@
-"""The shape of the house, checked from the code: a one-way import graph, rooms of a size one
+"""The shape of the house, checked from the code: a one-way import graph, parts of a size one
 can read, and the process boundary (nothing in the daemon imports the client)."""
 
 from __future__ import annotations

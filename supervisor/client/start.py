@@ -106,7 +106,7 @@ def run_foreground(
     """
     from dflashd.logs.writer import LogWriterError
     from dflashd.supervisor.daemon import Daemon
-    from dflashd.supervisor.seams import Seams, StartupError
+    from dflashd.supervisor.doubles import HostDoubles, StartupError
     from dflashd.supervisor.speak.daemonlog import DaemonLog, is_daemon_log
     from dflashd.supervisor.speak.diagnostics import configure_logging
 
@@ -147,8 +147,8 @@ def run_foreground(
 
     try:
         tap = printer.offer if printer is not None else None
-        seams = Seams(sampler_factory=sampler_factory, line_tap=tap)
-        daemon = Daemon(home, config, seams=seams, on_first_launch=first_launch)
+        doubles = HostDoubles(sampler_factory=sampler_factory, line_tap=tap)
+        daemon = Daemon(home, config, doubles=doubles, on_first_launch=first_launch)
         return daemon.serve()
     except (LogWriterError, StartupError, OSError) as exc:
         message = str(exc) if not isinstance(exc, OSError) else f"{exc.strerror}: {exc.filename}"

@@ -1,6 +1,6 @@
 """cgroup v2, where the host allows it: finding the hierarchy, this home's base, a run's cgroup.
 
-Reading and creating only: ending a run (``cgroup.kill``) is :mod:`custody`'s, the one room
+Reading and creating only: ending a run (``cgroup.kill``) is :mod:`custody`'s, the one module
 that signals.
 """
 

@@ -1,4 +1,4 @@
-"""Custody of a run's processes: the one room that sends signals (docs/design.md, "Custody").
+"""Custody of a run's processes: the one module that sends signals (docs/design.md, "Custody").
 
 A run owns its processes by proof, never by a bare number:
 
@@ -273,7 +273,7 @@ class HostCustody:
 
 
 def _stop(members: Iterable[Member]) -> None:
-    """SIGSTOP for :func:`closure.stop_closure` (the signal is sent here, the one room)."""
+    """SIGSTOP for :func:`closure.stop_closure` (the signal is sent here, the one module)."""
     HostCustody._send(members, signal.SIGSTOP)
 
 

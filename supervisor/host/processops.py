@@ -3,7 +3,7 @@ what a launch gives back (:class:`~dflashd.supervisor.host.proof.Launched`) sits
 
 The real implementation is :class:`~dflashd.supervisor.host.groups.HostProcesses`; the loop tests
 drive the daemon through a scripted one.  Importing the type pulls in no implementation: the
-rooms that only hold a ``ProcessOps`` sit low in the house.
+parts that only hold a ``ProcessOps`` sit low in the house.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The contract the rooms write through, in a leaf: :class:`Recorder`.
+"""The contract the parts write through, in a leaf: :class:`Recorder`.
 
 :class:`~dflashd.supervisor.speak.reporter.Reporter` implements it over the run log, alerts and
-runs.sqlite; the rooms (the core, the runs, the launcher, the observer, the live run's
+runs.sqlite; the parts (the core, the runs, the launcher, the observer, the live run's
 control, the ended runs, the stack dumps) know only this, so importing one of them does not
 pull in the log writer's floors.  Stdlib and leaves only.
 """
@@ -19,7 +19,7 @@ from dflashd.supervisor.speak.history import RunHistory
 
 
 class Recorder(Protocol):
-    """One verb for a record, and the few other things the rooms tell the outside world."""
+    """One verb for a record, and the few other things the parts tell the outside world."""
 
     @property
     def log_path(self) -> Path:

@@ -1,7 +1,7 @@
 """A node of a larger job: what torchrun's elastic agent says, as dflashd sees it.
 
 dflashd does not reinvent torch elastic: ``torchrun`` restarts a job's workers across the
-nodes (``--max-restarts``), and dflashd supervises the agent like any job.  What this room
+nodes (``--max-restarts``), and dflashd supervises the agent like any job.  What this module
 adds is reading the agent: its command line (how many nodes, which rendezvous), and its
 log lines (a worker failed, the group restarted, the rendezvous is waiting or complete),
 so that a restart torchrun handled itself is visible in the log and in ``status`` without

@@ -105,7 +105,7 @@ class ReleaseCheck:
 
 
 class GpuWatch:
-    """The ``_gpu_*`` state of the daemon, in one room."""
+    """The ``_gpu_*`` state of the daemon, in one place."""
 
     def __init__(self, settings: GpuSettings) -> None:
         self.settings = settings

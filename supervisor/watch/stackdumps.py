@@ -57,7 +57,7 @@ STACKS_BOUND_S: Final = 10.0  # before a kill: the dump, or the kill goes ahead 
 
 
 class Dumper(Protocol):
-    """What the live-run room needs of stack dumps (:class:`StackDumps`, or a test's double)."""
+    """What the live run's control needs of stack dumps (:class:`StackDumps`, or a test's double)."""
 
     @property
     def available(self) -> bool:

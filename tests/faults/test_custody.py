@@ -239,7 +239,7 @@ def test_one_room_sends_every_signal() -> None:
     """No module but custody.py calls os.kill, os.killpg, pidfd_send_signal or writes cgroup.kill."""
     banned = {"kill", "killpg", "pidfd_send_signal", "send_signal", "terminate", "raise_signal"}
     offenders: list[str] = []
-    paths = [*SUPERVISOR.rglob("*.py"), *LOGS.rglob("*.py")]  # the rooms' folders too
+    paths = [*SUPERVISOR.rglob("*.py"), *LOGS.rglob("*.py")]  # the parts' folders too
     assert SUPERVISOR / "host" / "custody.py" in paths
     for path in paths:
         if path.name == "custody.py":

@@ -280,12 +280,12 @@ def test_stacks_never_print_the_jobs_escape_sequences(start_daemon: Start, home:
 
 
 def test_a_webhook_url_with_a_space_is_refused_at_load_never_shown(tmp_path: Path) -> None:
-    secret = "https://hooks.example.com/services/T000/B000/s3cr3t token"
+    secret = "https://callbacks.example.com/services/T000/B000/s3cr3t token"
     config = write_config(tmp_path / "c.toml", {"gpus": "none"}, alerts={"webhook_url": secret})
     result = run_cli("start", "--home", str(tmp_path / "h"), "--config", str(config), "--", "true")
     assert result.returncode == 2
     assert "alerts.webhook_url" in result.stderr
-    assert "s3cr3t" not in result.stderr and "hooks.example.com" not in result.stderr
+    assert "s3cr3t" not in result.stderr and "callbacks.example.com" not in result.stderr
 
 
 def test_a_failed_delivery_never_names_the_secret() -> None:

@@ -16,7 +16,7 @@ class StartupError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Seams:
+class HostDoubles:
     """What a test puts in place of the host (None: the real one): the clock, the processes,
     the GPU sampler, a tap on the run's frames, the stack dumps."""
 

@@ -24,14 +24,14 @@ SOCKET_CHECK_S: Final = 1.0
 
 
 @dataclass
-class Knocks:
+class Wake:
     """What one wait brought: the wake pipe readable, and the notify datagrams received."""
 
     woken: bool = False
     said: list[NotifyMessage] = field(default_factory=list)
 
 
-class Doors:
+class Wakeups:
     """The selector over the wake pipe and the two sockets."""
 
     def __init__(
@@ -52,19 +52,19 @@ class Doors:
         self.selector.register(self.control.sock, selectors.EVENT_READ, "control")
         self._check_at = 0.0
 
-    def wait(self, timeout_s: float | None) -> Knocks:
-        """Sleep until something knocks (or ``timeout_s``); control clients are served here."""
-        knocks = Knocks()
+    def wait(self, timeout_s: float | None) -> Wake:
+        """Sleep until something wake (or ``timeout_s``); control clients are served here."""
+        wake = Wake()
         for key, _ in self.selector.select(timeout_s):
             if key.data == "wake":
-                knocks.woken = True
+                wake.woken = True
             elif key.data == "notify":
-                knocks.said.extend(self.notify.receive())
+                wake.said.extend(self.notify.receive())
             elif key.data == "control":
                 self.control.on_event(self.selector, key.fileobj)
         self.control.expire(self.selector)
         self._check_socket()
-        return knocks
+        return wake
 
     def next_expiry(self) -> float | None:
         """When the oldest control client times out."""
