@@ -25,8 +25,6 @@ from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
     KillRun,
-    SampleStacks,
-    SendAlert,
     SetTimer,
     SignalRun,
     WriteRecord,
@@ -35,20 +33,23 @@ from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import (
     SAMPLES,
     EndHung,
-    Finding,
     HangLimits,
     HangSampled,
     HangView,
     Judgement,
-    NewRound,
     TakeSample,
-    Wait,
     decide,
 )
+from dflashd.supervisor.model.hangwatch import (
+    after_progress,
+    hang_arm,
+    sampled,
+    startup_arm,
+    startup_named,
+)
 from dflashd.supervisor.model.stacks import StacksTaken, alert_lines
-from dflashd.supervisor.model.startup import StartupStuck, startup_decide
-from dflashd.supervisor.model.verdicts import EndedBy, Notice
-from dflashd.supervisor.model.world import world_summary
+from dflashd.supervisor.model.startup import startup_decide
+from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.watch.observe import Apply, RunObserver
 from dflashd.supervisor.watch.pacewatch import straggler_effects
 from dflashd.supervisor.watch.progress import Limits
@@ -76,11 +77,6 @@ class LiveRunControl:
         """What this module decided, handed to the model and the one executor: it never writes
         a record, signals, dumps or alerts itself."""
         self.observer.apply(run, effects, publish=publish)
-
-    def _hang_at(self, run: Run, at: float | None) -> None:
-        """The next hang look at ``at``, in the deadline table (a wake-up only)."""
-        if self.deadlines().hang_at != at:
-            self._act(run, SetTimer(Deadline.HANG, at))
 
     def stop(self, run: Run, timeout_s: float) -> None:
         """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
@@ -175,53 +171,20 @@ class LiveRunControl:
             now,
             stale_lock=bool(locks),
         )
-        self._hang_at(run, None)
-        match action:
-            case Wait(until=until):
-                self._hang_at(run, until)
-            case TakeSample():
-                watch.sampling = True
-                self._act(run, SampleStacks())
-            case NewRound(at=at):
-                watch.samples.clear()
-                watch.next_round_at = at
-                self._hang_at(run, at)
-            case StartupStuck(judgement=judgement):
-                watch.samples.clear()
-                self._startup_named(run, judgement, locks, now)
-
-    def _startup_named(
-        self, run: Run, judgement: Judgement, locks: tuple[str, ...], now: float
-    ) -> None:
-        wall = self.clock.time()
-        held = [{"path": path, "age_s": age} for path in locks if (age := file_age(path, wall))]
-        why = f"the start-up waits, unmoved: {'; '.join(judgement.frames) or judgement.why}"
-        fields: dict[str, Any] = {"kind": "startup", "on": why, "since": wall}
-        fields["frames"] = list(judgement.frames)
-        if held:
-            fields["stale_build_locks"] = held
-            fields["hint"] = (
-                "a killed build left this lock and torch waits on it for ever: remove it if no "
-                "build runs (dflashd never deletes it, and will not relaunch into it)"
-            )
-        run.hang.waiting = fields
-        check = WriteRecord(
-            Event.HANG_CHECK, {"finding": "startup_wait", **fields}, log_level="warning"
-        )
-        self._act(run, check, SendAlert(Notice.WAITING, why, fields), publish=True)
+        run.hang, effects, stuck = startup_arm(watch, action, self.deadlines().hang_at)
+        self._act(run, *effects)
+        if stuck is not None:
+            wall = self.clock.time()
+            held = [{"path": p, "age_s": age} for p in locks if (age := file_age(p, wall))]
+            run.hang, named = startup_named(run.hang, stuck.judgement, held, wall)
+            self._act(run, *named, publish=True)
 
     def _hang(self, run: Run, now: float) -> None:
-        progress, watch = run.progress, run.hang
+        progress = run.progress
         if not progress.reached_first_step:
             self._startup(run, now)
             return
-        if watch.waiting is not None and watch.waiting.get("kind") == "startup":
-            watch.waiting = None  # it made its first step after all
-        if not watch.rounds:
-            watch.next_round_at = None  # a start-up round's: the hang rounds start afresh
-        if watch.samples and (progress.last_progress_mono or 0.0) >= watch.samples[0].at:
-            watch.samples.clear()  # a new step since: the round's evidence is stale
-            watch.next_round_at, watch.gpu_wait, watch.elsewhere_last = None, None, None
+        watch = after_progress(run.hang, progress.last_progress_mono)
         view = HangView(
             progress.last_progress_mono,
             tuple(progress.intervals),
@@ -234,81 +197,34 @@ class LiveRunControl:
         )
         limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
         action = decide(view, watch.evidence(), now, limits)
-        self._hang_at(run, None)
-        match action:
-            case Wait(until=until):
-                self._hang_at(run, until)
-            case TakeSample():
-                share = None
-                if not watch.samples:
-                    watch.rounds += 1
-                    share = world_share(run, now)
-                    self._act(run, self._suspect_record(run, now))
-                watch.sampling = True
-                self._act(run, SampleStacks(share))
-            case NewRound(judgement=judgement, at=at, alert=alert):
-                heard = next((s.world for s in reversed(watch.samples) if s.world), None)
-                world = world_summary(heard)
-                watch.samples.clear()
-                watch.last_kind = judgement.finding
-                watch.next_round_at = at
-                if judgement.key is None:
-                    watch.gpu_wait = None
-                elif watch.gpu_wait is None or watch.gpu_wait[0] != judgement.key:
-                    watch.gpu_wait = (judgement.key, now)  # the same GPU wait, from here
-                self._hang_at(run, at)
-                self._waiting_elsewhere(run, judgement, now, alert)
-                if (judgement.why, world) != (watch.last_finding, watch.last_world):
-                    watch.last_finding, watch.last_world = judgement.why, world
-                    fields: dict[str, Any] = {"finding": judgement.finding.value}
-                    fields |= {"why": judgement.why, "next_in_s": round(at - now, 3)}
-                    if world is not None:
-                        fields["world"] = world
-                    self._act(run, WriteRecord(Event.HANG_CHECK, fields))
-            case EndHung(judgement=judgement, hung_after_s=after):
-                run.hung_after_s = after
-                watch.last_finding = judgement.why
-                self._end_hung(run, judgement)
+        share, suspect = None, None
+        if isinstance(action, TakeSample) and not watch.samples:  # a round begins
+            run.hang = watch  # what this node shares is read from the watch as it is now
+            share, suspect = world_share(run, now), self._suspect_fields(run, now)
+        hang_at = self.deadlines().hang_at
+        run.hang, effects = hang_arm(
+            watch, action, now, self.clock.time(), hang_at, share=share, suspect=suspect
+        )
+        self._act(run, *effects)
+        if isinstance(action, EndHung):
+            run.hung_after_s = action.hung_after_s
+            self._end_hung(run, action.judgement)
 
-    def _waiting_elsewhere(self, run: Run, judgement: Judgement, now: float, alert: bool) -> None:
-        """A round found the run waiting on work outside it (a remote rank, another job's
-        lock): never ended for that; after ``remote_wait_s`` one alert names the wait, and
-        the stall window stays the last word if nothing ever moves."""
-        watch = run.hang
-        if judgement.finding is not Finding.ELSEWHERE:
-            watch.elsewhere_since, watch.elsewhere_alerted = None, False
-            watch.waiting = None
-            return
-        if watch.elsewhere_since is None:
-            watch.elsewhere_since = now
-        watch.elsewhere_last = (judgement.why, watch.elsewhere_since, now)
-        since = self.clock.time() - (now - watch.elsewhere_since)
-        watch.waiting = {"kind": "elsewhere", "on": judgement.why, "since": since}
-        watch.waiting["frames"] = list(judgement.frames)
-        if alert:
-            watch.elsewhere_alerted = True
-            waited = round(now - watch.elsewhere_since, 3)
-            fields = {"waiting": judgement.why, "frames": list(judgement.frames), "for_s": waited}
-            self._act(run, SendAlert(Notice.WAITING, judgement.why, fields))
-
-    def _suspect_record(self, run: Run, now: float) -> WriteRecord:
+    def _suspect_fields(self, run: Run, now: float) -> dict[str, Any]:
+        """The ``hang_suspect`` record's fields: how long no step came, against the usual."""
         progress = run.progress
         gap = now - (progress.last_progress_mono or now)
-        fields = {
+        return {
             "no_step_for_s": round(gap, 3),
             "step": progress.step,
             "typical_interval_s": round(statistics.median(progress.intervals), 3),
-            "round": run.hang.rounds,
         }
-        return WriteRecord(Event.HANG_SUSPECT, fields, log_level="warning")
 
     def hang_sampled(self, run: Run | None, message: HangSampled) -> None:
         """A sample came back: kept with the run's evidence, and the decider asked at once."""
         if run is None or run.run_no != message.run_no or not run.alive:
             return
-        run.hang.sampling = False
-        run.hang.samples.append(message.sample)
-        run.hang.last_dump = message.dump
+        run.hang = sampled(run.hang, message.sample, message.dump)
         if not run.ended_by_us:
             self._hang(run, self.clock.monotonic())
 

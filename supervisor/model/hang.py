@@ -24,14 +24,14 @@ what to do next; it is table-tested like :func:`dflashd.supervisor.model.ending.
 from __future__ import annotations
 
 import itertools
-import re
 import statistics
 from dataclasses import dataclass
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 from dflashd.supervisor.model.gpuspin import gpu_wait, spinning_power, spun_s
-from dflashd.supervisor.model.stacks import Frame, StacksDump, ThreadStack
+from dflashd.supervisor.model.stacks import StacksDump
+from dflashd.supervisor.model.threadwaits import WaitKind, waiting, waiting_on
 from dflashd.supervisor.model.world import (
     ProcessSample,
     WorldHeard,
@@ -50,15 +50,6 @@ ROUND_GAP_S: Final = 15.0  # after a round that found work (or could not tell), 
 # A wait on work elsewhere is alerted once after this long: longer than most evals and saves,
 # well short of the stall window (15 min) that ends a run in which nothing moves at all.
 REMOTE_WAIT_S: Final = 300.0
-
-# A thread whose innermost Python frame is one of these waits for something else: a lock,
-# a condition, a sleep, a selector, a socket, a child, a collective, a CUDA synchronize.
-_WAIT_NAME: Final = re.compile(
-    r"(?:^|_)(?:wait\w*|sleep|acquire|join|select|poll|epoll|kqueue|recv\w*|accept|"
-    r"read(?:line|into|exactly)?|communicate|waitpid|synchroni[sz]e|barrier|"
-    r"lock|_wait_for_tstate_lock)$",
-    re.IGNORECASE,
-)
 
 
 class Finding(Enum):
@@ -104,43 +95,6 @@ class Judgement:
     why: str
     frames: tuple[str, ...] = ()
     key: int | None = None  # GPU_WAIT: the stacks and locals that must stay the same
-
-
-# A thread waiting for its GPU: a CUDA synchronize, or a tensor read back to the host.  A
-# GPU-bound loop sits there nearly all the time too, so such a wait is a hang only when
-# the run's GPUs are idle, or when another process of the run waits on the CPU side (the
-# classic NCCL hang: one rank frozen, the others spinning in their GPU).
-_GPU_WAIT_NAME: Final = re.compile(
-    r"synchroni[sz]e|cuda\w*Synchronize|_local_scalar_dense|^item$|^tolist$|^cpu$",
-    re.IGNORECASE,
-)
-
-
-class WaitKind(Enum):
-    """What a thread is doing in one sample."""
-
-    CPU = "cpu"  # waits on a lock, a sleep, a selector, a socket, a collective
-    GPU = "gpu"  # waits for its GPU
-    NONE = "none"  # runs (or sits in a frame that is no wait)
-
-
-def waiting_on(thread: ThreadStack) -> WaitKind:
-    """Whether, and on what, the thread waits (its innermost frame, or a collective)."""
-    if not thread.frames:
-        return WaitKind.CPU if not thread.active else WaitKind.NONE
-    if any(frame.collective for frame in thread.frames):
-        return WaitKind.CPU  # a collective waits for its peers
-    top: Frame = thread.frames[0]
-    if _GPU_WAIT_NAME.search(top.name):
-        return WaitKind.GPU
-    if _WAIT_NAME.search(top.name) or not thread.active:
-        return WaitKind.CPU
-    return WaitKind.NONE
-
-
-def waiting(thread: ThreadStack) -> bool:
-    """The thread sits in a wait of either kind."""
-    return waiting_on(thread) is not WaitKind.NONE
 
 
 def _judged(sample: Sample) -> list[ProcessSample]:
@@ -292,6 +246,38 @@ class Evidence:
     elsewhere_since: float | None = None
     elsewhere_alerted: bool = False
     gpu_wait: tuple[int, float] | None = None  # the same GPU wait (its key) seen since
+
+
+@dataclass(frozen=True, slots=True)
+class HangWatch:
+    """One run's hang evidence: replaced by the arms below, never changed."""
+
+    samples: tuple[Sample, ...] = ()
+    next_round_at: float | None = None
+    sampling: bool = False
+    rounds: int = 0
+    last_finding: str | None = None
+    last_kind: Finding | None = None  # the last round's finding (shared with the other nodes)
+    last_world: str | None = None  # what the other nodes said at the last round, in words
+    # what the run waits on, for status: a wait elsewhere, or a start-up named (startup.py)
+    waiting: dict[str, Any] | None = None
+    last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
+    elsewhere_since: float | None = None  # rounds in a row found it waiting elsewhere since
+    elsewhere_alerted: bool = False
+    # the last wait elsewhere (why, since, last seen), kept through a round that found
+    # otherwise (a crash's round) until a new step: a run that dies of a lost peer says so
+    elsewhere_last: tuple[str, float, float] | None = None
+    gpu_wait: tuple[int, float] | None = None  # the same unmoved wait on a busy GPU, since
+
+    def evidence(self) -> Evidence:
+        """The deciders' view of it."""
+        return Evidence(
+            self.samples,
+            self.next_round_at,
+            self.elsewhere_since,
+            self.elsewhere_alerted,
+            self.gpu_wait,
+        )
 
 
 @dataclass(frozen=True, slots=True)

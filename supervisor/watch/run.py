@@ -15,9 +15,8 @@ from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor.host.proof import Launched, RunCustody
 from dflashd.supervisor.model.goodput import RunTimes
 from dflashd.supervisor.model.gpuspin import PowerSeen
-from dflashd.supervisor.model.hang import Evidence, Finding, Sample
+from dflashd.supervisor.model.hang import Finding, HangWatch
 from dflashd.supervisor.model.lifecycle import Phase
-from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.model.world import WAITING, WORKING, Share, share_of
 from dflashd.supervisor.watch.elastic import ElasticState
@@ -40,38 +39,6 @@ class StepWatcher(Protocol):
     def flush(self) -> None:
         """Post what is pending (the child is dead)."""
         ...
-
-
-@dataclass(slots=True)
-class HangWatch:
-    """One run's hang evidence, held by the run (the applier writes it, the decider reads it)."""
-
-    samples: list[Sample] = field(default_factory=list)
-    next_round_at: float | None = None
-    sampling: bool = False
-    rounds: int = 0
-    last_finding: str | None = None
-    last_kind: Finding | None = None  # the last round's finding (shared with the other nodes)
-    last_world: str | None = None  # what the other nodes said at the last round, in words
-    # what the run waits on, for status: a wait elsewhere, or a start-up named (startup.py)
-    waiting: dict[str, Any] | None = None
-    last_dump: StacksDump | None = None  # the latest sample's stacks: the file if it proves a hang
-    elsewhere_since: float | None = None  # rounds in a row found it waiting elsewhere since
-    elsewhere_alerted: bool = False
-    # the last wait elsewhere (why, since, last seen), kept through a round that found
-    # otherwise (a crash's round) until a new step: a run that dies of a lost peer says so
-    elsewhere_last: tuple[str, float, float] | None = None
-    gpu_wait: tuple[int, float] | None = None  # the same unmoved wait on a busy GPU, since
-
-    def evidence(self) -> Evidence:
-        """The decider's view of it."""
-        return Evidence(
-            tuple(self.samples),
-            self.next_round_at,
-            self.elsewhere_since,
-            self.elsewhere_alerted,
-            self.gpu_wait,
-        )
 
 
 @dataclass

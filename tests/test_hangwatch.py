@@ -1,0 +1,278 @@
+"""The hang watch's arms as tables: what each decider action makes of a run's watch.
+
+:mod:`dflashd.supervisor.model.hangwatch` carries out ``hang.decide`` and
+``startup_decide``: the next watch (a value) and the effects, by name.  No process, clock or
+file: the real hangs are tests/test_hangs.py's and tests/multinode/'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import pytest
+
+from dflashd.supervisor.model.deadlines import Deadline
+from dflashd.supervisor.model.effects import Effect, SampleStacks, SendAlert, SetTimer, WriteRecord
+from dflashd.supervisor.model.hang import (
+    EndHung,
+    Finding,
+    HangAction,
+    HangWatch,
+    Judgement,
+    NewRound,
+    Sample,
+    TakeSample,
+    Wait,
+)
+from dflashd.supervisor.model.hangwatch import (
+    after_progress,
+    hang_arm,
+    next_look,
+    sampled,
+    startup_arm,
+    startup_named,
+)
+from dflashd.supervisor.model.stacks import StacksDump
+from dflashd.supervisor.model.startup import StartupAction, StartupStuck
+from dflashd.supervisor.model.world import Share
+
+NOW, WALL = 100.0, 1_800_000_100.0
+SAMPLE = Sample(at=90.0, processes=())
+WORKING = Judgement(Finding.WORKING, "pid 7 computes in evaluate")
+ELSEWHERE = Judgement(Finding.ELSEWHERE, "a collective: barrier", ("barrier (dist.py:1)",))
+GPU = Judgement(Finding.GPU_WAIT, "every process waits on its busy GPU", key=42)
+HUNG = Judgement(Finding.HUNG, "every thread waits, unmoved", ("acquire (train.py:9)",))
+SHARE = Share("127.0.0.1:29400", "job", 0, 2, "working", 0.0, "")
+
+
+def names(effects: Sequence[Effect]) -> list[str]:
+    out = []
+    for e in effects:
+        if isinstance(e, WriteRecord):
+            out.append(f"record {e.event.value}")
+        elif isinstance(e, SendAlert):
+            out.append(f"alert {e.kind}")
+        elif isinstance(e, SetTimer):
+            out.append(f"look at {e.at}")
+        else:
+            out.append(type(e).__name__)
+    return out
+
+
+Check = Callable[[HangWatch], bool]
+ROUND = HangWatch(samples=(SAMPLE, SAMPLE, SAMPLE), sampling=False, rounds=1)
+
+# (id, watch before, action, next look set now, effects by name, a check of the watch after)
+ROWS: list[tuple[str, HangWatch, HangAction, float | None, list[str], Check]] = [
+    (
+        "nothing to do until 130",
+        HangWatch(),
+        Wait(130.0),
+        None,
+        ["look at 130.0"],
+        lambda w: w.rounds == 0,
+    ),
+    ("still the same look", HangWatch(), Wait(130.0), 130.0, [], lambda w: w.rounds == 0),
+    (
+        "nothing to wait for",
+        HangWatch(),
+        Wait(None),
+        130.0,
+        ["look at None"],
+        lambda w: w.rounds == 0,
+    ),
+    (
+        "a round begins",
+        HangWatch(),
+        TakeSample(),
+        130.0,
+        ["look at None", "record hang_suspect", "SampleStacks"],
+        lambda w: w.rounds == 1 and w.sampling,
+    ),
+    (
+        "the round's next sample",
+        HangWatch(samples=(SAMPLE,), rounds=1),
+        TakeSample(),
+        None,
+        ["SampleStacks"],
+        lambda w: w.rounds == 1 and w.sampling,
+    ),
+    (
+        "work found: look again later",
+        ROUND,
+        NewRound(WORKING, 115.0),
+        None,
+        ["look at 115.0", "record hang_check"],
+        lambda w: w.samples == () and w.last_kind is Finding.WORKING and w.waiting is None,
+    ),
+    (
+        "the same finding again: no record",
+        replace(ROUND, last_finding=WORKING.why),
+        NewRound(WORKING, 115.0),
+        None,
+        ["look at 115.0"],
+        lambda w: w.last_finding == WORKING.why,
+    ),
+    (
+        "waiting elsewhere: said in status, no alert yet",
+        ROUND,
+        NewRound(ELSEWHERE, 115.0),
+        None,
+        ["look at 115.0", "record hang_check"],
+        lambda w: (
+            w.elsewhere_since == NOW
+            and w.waiting["kind"] == "elsewhere"
+            and not w.elsewhere_alerted
+        ),
+    ),
+    (
+        "waiting elsewhere long enough: one alert",
+        replace(ROUND, elsewhere_since=-200.0, last_finding=ELSEWHERE.why),
+        NewRound(ELSEWHERE, 115.0, alert=True),
+        None,
+        ["look at 115.0", "alert waiting"],
+        lambda w: (
+            w.elsewhere_alerted and w.elsewhere_since == -200.0 and w.elsewhere_last[1] == -200.0
+        ),
+    ),
+    (
+        "back to work: the wait elsewhere is over",
+        replace(ROUND, elsewhere_since=50.0, elsewhere_alerted=True, waiting={"kind": "elsewhere"}),
+        NewRound(WORKING, 115.0),
+        None,
+        ["look at 115.0", "record hang_check"],
+        lambda w: w.elsewhere_since is None and not w.elsewhere_alerted and w.waiting is None,
+    ),
+    (
+        "a GPU wait: remembered from now",
+        ROUND,
+        NewRound(GPU, 115.0),
+        None,
+        ["look at 115.0", "record hang_check"],
+        lambda w: w.gpu_wait == (42, NOW),
+    ),
+    (
+        "the same GPU wait: since when it began",
+        replace(ROUND, gpu_wait=(42, 40.0)),
+        NewRound(GPU, 115.0),
+        None,
+        ["look at 115.0", "record hang_check"],
+        lambda w: w.gpu_wait == (42, 40.0),
+    ),
+    (
+        "proven hung: the kill is the caller's",
+        ROUND,
+        EndHung(HUNG, 21.0),
+        115.0,
+        ["look at None"],
+        lambda w: w.last_finding == HUNG.why,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("before", "action", "hang_at", "effects", "after"),
+    [row[1:] for row in ROWS],
+    ids=[row[0] for row in ROWS],
+)
+def test_what_a_hang_action_makes_of_the_watch(
+    before: HangWatch, action: HangAction, hang_at: float | None, effects: list[str], after: Check
+) -> None:
+    watch, said = hang_arm(before, action, NOW, WALL, hang_at, share=SHARE, suspect={"step": 9})
+    assert names(said) == effects
+    assert after(watch), watch
+
+
+def test_a_round_shares_its_finding_and_numbers_its_suspicion() -> None:
+    _, said = hang_arm(
+        HangWatch(rounds=2), TakeSample(), NOW, WALL, None, share=SHARE, suspect={"step": 9}
+    )
+    record = next(e for e in said if isinstance(e, WriteRecord))
+    assert record.fields == {"step": 9, "round": 3} and record.log_level == "warning"
+    assert next(e for e in said if isinstance(e, SampleStacks)).share == SHARE
+
+
+def test_a_wait_elsewhere_says_since_when_in_wall_time() -> None:
+    before = replace(ROUND, elsewhere_since=40.0)
+    watch, _ = hang_arm(before, NewRound(ELSEWHERE, 115.0), NOW, WALL, None)
+    assert watch.waiting is not None and watch.waiting["since"] == WALL - 60.0
+    assert watch.waiting["frames"] == ["barrier (dist.py:1)"]
+
+
+@pytest.mark.parametrize(
+    ("watch", "last_progress", "expected"),
+    [
+        (
+            HangWatch(waiting={"kind": "startup"}),
+            5.0,
+            lambda w: w.waiting is None,
+        ),  # a first step after all
+        (
+            HangWatch(waiting={"kind": "elsewhere"}, rounds=1),
+            5.0,
+            lambda w: w.waiting == {"kind": "elsewhere"},
+        ),
+        (
+            HangWatch(next_round_at=50.0),
+            5.0,
+            lambda w: w.next_round_at is None,
+        ),  # a start-up's round
+        (HangWatch(next_round_at=50.0, rounds=2), 5.0, lambda w: w.next_round_at == 50.0),
+        (
+            HangWatch(samples=(SAMPLE,), rounds=1, gpu_wait=(1, 2.0)),
+            95.0,
+            lambda w: w.samples == () and w.gpu_wait is None,
+        ),
+        (
+            HangWatch(samples=(SAMPLE,), rounds=1),
+            80.0,
+            lambda w: w.samples == (SAMPLE,),
+        ),  # older step
+    ],
+    ids=[
+        "startup wait over",
+        "elsewhere kept",
+        "startup round dropped",
+        "hang round kept",
+        "stale round",
+        "fresh round",
+    ],
+)
+def test_what_a_new_step_leaves_of_the_watch(
+    watch: HangWatch, last_progress: float, expected: Check
+) -> None:
+    after = after_progress(watch, last_progress)
+    assert expected(after), after
+
+
+@pytest.mark.parametrize(
+    ("action", "effects", "stuck"),
+    [
+        (Wait(60.0), ["look at 60.0"], False),
+        (TakeSample(), ["look at None", "SampleStacks"], False),
+        (NewRound(WORKING, 80.0), ["look at 80.0"], False),
+        (StartupStuck(HUNG), ["look at None"], True),
+    ],
+    ids=["wait", "sample", "new round", "stuck"],
+)
+def test_what_a_startup_action_makes_of_the_watch(
+    action: StartupAction, effects: list[str], stuck: bool
+) -> None:
+    _, said, named = startup_arm(HangWatch(samples=(SAMPLE,)), action, 30.0)
+    assert names(said) == effects and (named is not None) is stuck
+
+
+def test_a_stuck_startup_is_named_once_with_its_stale_lock() -> None:
+    held = [{"path": "/root/.cache/torch_extensions/fused/lock", "age_s": 4000.0}]
+    watch, said = startup_named(HangWatch(), HUNG, held, WALL)
+    assert names(said) == ["record hang_check", "alert waiting"]
+    assert watch.waiting is not None and watch.waiting["stale_build_locks"] == held
+    assert "remove it" in watch.waiting["hint"] and watch.waiting["since"] == WALL
+
+
+def test_a_sample_joins_its_round_and_the_next_look_moves_only_when_it_changes() -> None:
+    dump = StacksDump(1, "hang", "py-spy")
+    watch = sampled(HangWatch(samples=(SAMPLE,), sampling=True), SAMPLE, dump)
+    assert watch.samples == (SAMPLE, SAMPLE) and not watch.sampling and watch.last_dump is dump
+    assert next_look(10.0, 10.0) == () and next_look(None, 10.0) == (SetTimer(Deadline.HANG, 10.0),)
