@@ -110,13 +110,14 @@ class Launcher:
         spec = ChildEnvironment(
             self.home.notify_socket, self.home.cache, run_no, self.home.root, self.home.id
         )
-        run = Run(run_no, self.config.command, now, self.clock.time(), Progress(now))
-        run.progress.sees_steps = self.sees_steps
-        run.progress.best_before = best_before
-        job = torchrun_job(run.argv)
-        if job is not None:  # a node of a larger job: its agent's rendezvous is warm-up
+        job = torchrun_job(self.config.command)
+        # a node of a larger job (job is not None): its agent's rendezvous is warm-up
+        progress = Progress(
+            now, self.sees_steps, best_before=best_before, rendezvous=job is not None
+        )
+        run = Run(run_no, self.config.command, now, self.clock.time(), progress)
+        if job is not None:
             run.elastic = ElasticState(job, rendezvous_since=now)
-            run.progress.rendezvous = True
         run.gpu_baseline_mib = self.gpu.baseline()
         if clear_cache:
             self._clear_cache(run_no)

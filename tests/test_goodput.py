@@ -119,12 +119,11 @@ def test_the_ledger_over_a_crash_a_backoff_and_a_resumed_run() -> None:
 
 def test_totals_only_grow_while_a_run_steps_and_dies() -> None:
     """Prometheus counters: no bucket ever goes back, through a pass and a death."""
-    progress = Progress(started_mono=0.0)
-    progress.best_before = 30
+    progress = Progress(started_mono=0.0, best_before=30)
     book = GoodputLedger(first_start=1.0, gap_since=0.0).launched(0.0)
     before = goodput_view(Cost())
     for i in range(1, 60):
-        progress.on_step(float(i), step=20 + i, first=False, source="pattern")
+        progress, _ = progress.on_step(float(i), step=20 + i, first=False, source="pattern")
         times = RunTimes(
             0.0,
             progress.first_step_mono,
@@ -143,11 +142,10 @@ def test_totals_only_grow_while_a_run_steps_and_dies() -> None:
 
 
 def test_a_pass_between_two_posted_steps_is_placed_in_proportion() -> None:
-    progress = Progress(started_mono=0.0)
-    progress.best_before = 50
-    progress.on_step(1.0, step=41, first=True, source="pattern")
-    progress.on_step(2.0, step=46, first=False, source="pattern")
-    progress.on_step(3.0, step=56, first=False, source="pattern")
+    progress = Progress(started_mono=0.0, best_before=50)
+    progress, _ = progress.on_step(1.0, step=41, first=True, source="pattern")
+    progress, _ = progress.on_step(2.0, step=46, first=False, source="pattern")
+    progress, _ = progress.on_step(3.0, step=56, first=False, source="pattern")
     assert progress.passed_best_mono == pytest.approx(2.4)  # 50 is 4/10 of the way 46 -> 56
 
 
@@ -219,11 +217,13 @@ def test_a_restart_torchrun_handled_itself_is_detection_downtime_and_redone() ->
     worker steps again from 21 at 6.0 and passes 38 at 7.8; the run completes at 10.0."""
     progress = Progress(started_mono=0.0)
     for step in range(1, 39):
-        progress.on_step(1.0 + step * 0.1, step=step, first=False, source="pattern")
-    progress.workers_restarting(5.0)
-    progress.workers_restarting(5.1)  # torchrun's "will restart" line: the same restart
+        progress, _ = progress.on_step(1.0 + step * 0.1, step=step, first=False, source="pattern")
+    progress = progress.workers_restarting(5.0)
+    progress = progress.workers_restarting(5.1)  # torchrun's "will restart" line: the same restart
     for step in range(21, 61):
-        progress.on_step(6.0 + (step - 21) * 0.1, step=step, first=False, source="pattern")
+        progress, _ = progress.on_step(
+            6.0 + (step - 21) * 0.1, step=step, first=False, source="pattern"
+        )
     (rec,) = progress.recoveries
     assert (rec.last_step, rec.failed, rec.resumed, rec.passed) == pytest.approx((4.8, 5, 6, 7.8))
     assert max(progress.intervals) < 0.2  # the restart gap is not a step interval

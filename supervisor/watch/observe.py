@@ -12,6 +12,7 @@ by the daemon's one applier.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Final, Protocol
 
 from dflashd.supervisor.host.notify import NotifyMessage
@@ -74,23 +75,23 @@ class RunObserver:
         if run is None or run.run_no != seen.run_no or not run.alive:
             return False
         if seen.last_line is not None:
-            run.progress.last_line = seen.last_line[:_LAST_LINE_CHARS]
+            run.progress = replace(run.progress, last_line=seen.last_line[:_LAST_LINE_CHARS])
         completed = [s for s in seen.agent if self._agent_said(run, s, now)]
         if completed and run.elastic is not None:  # after the batch: its world lines are in
             self._rendezvous_record(run, run.elastic, completed[-1].fields)
         found = seen.progress
         if found is None:
-            run.progress.on_alive(now)
+            run.progress = run.progress.on_alive(now)
         else:
             self._stepped(run, found, now)
         if any(said.said in _RESTARTING for said in seen.agent):
             # after the batch's step: it is the failed worker's last one, posted with the
             # agent's line (a restarted worker needs far longer than a post to step again)
-            run.progress.workers_restarting(now)
+            run.progress = run.progress.workers_restarting(now)
         return True
 
     def _stepped(self, run: Run, found: LineProgress, now: float) -> None:
-        change = run.progress.on_step(
+        run.progress, change = run.progress.on_step(
             now,
             step=found.step,
             first=found.first,
@@ -115,7 +116,7 @@ class RunObserver:
             return False  # a leftover of an earlier run, or a stranger: not this run's progress
         if run.elastic is not None and msg.sender_pid not in (None, run.pid):
             self._workers_running(run, now)  # a worker speaks: the agent's rendezvous is over
-        change = run.progress.on_notify(msg, now)
+        run.progress, change = run.progress.on_notify(msg, now)
         if change.status is not None:
             self._say(run, WriteRecord(Event.CHILD_STATUS, {"status": change.status}))
         self._progressed(run, change, now)
@@ -131,9 +132,10 @@ class RunObserver:
         last_step = run.progress.last_progress_mono
         run.gpu_power.take(update.power_w, last_step is not None and now - last_step <= 5.0)
         if update.busy_for_s is not None and not run.progress.reached_first_step:
-            self._progressed(run, run.progress.on_step(now, step=None, first=True, source=GPU), now)
+            run.progress, change = run.progress.on_step(now, step=None, first=True, source=GPU)
+            self._progressed(run, change, now)
         elif update.active:
-            run.progress.on_alive(now)
+            run.progress = run.progress.on_alive(now)
         return EndedBy.NO_GPU_MEMORY if update.no_gpu_memory else None
 
     def stall_reason(self, run: Run, now: float) -> EndedBy | None:
@@ -147,7 +149,8 @@ class RunObserver:
             self._workers_running(run, now)
             return None
         if self._busy_on_cpu(run):
-            progress.on_alive(now)  # silent but computing: alive, looked at again a period later
+            # silent but computing: alive, looked at again a period later
+            run.progress = progress.on_alive(now)
             return None
         return progress.stall_reason()
 
@@ -180,7 +183,7 @@ class RunObserver:
         if state is None or not state.take(said, now):
             return False
         if not run.progress.reached_first_step:  # after it, the stall rule decides alone
-            run.progress.rendezvous = state.rendezvous == "waiting"
+            run.progress = replace(run.progress, rendezvous=state.rendezvous == "waiting")
         if said.said is AgentSaid.RENDEZVOUS_DONE:
             return True
         fields: dict[str, Any] = dict(said.fields)
@@ -203,7 +206,7 @@ class RunObserver:
 
     def _workers_running(self, run: Run, now: float) -> None:
         state = run.elastic
-        run.progress.rendezvous = False
+        run.progress = replace(run.progress, rendezvous=False)
         if state is None or state.rendezvous == "complete":
             return
         state.workers_running()
@@ -260,5 +263,5 @@ class RunObserver:
             fields["loss"] = progress.loss
         if progress.epoch is not None:
             fields["epoch"] = progress.epoch
-        progress.recorded = (progress.step, progress.epoch, progress.loss)
+        run.progress = progress.recorded_now()
         self._say(run, WriteRecord(Event.PROGRESS, fields))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -83,9 +82,11 @@ class Change:
 NOTHING: Final = Change()
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Progress:
-    """One run's progress; every method takes ``now`` (monotonic seconds)."""
+    """One run's progress, a value: every method takes ``now`` (monotonic seconds) and
+    returns the next one (with what changed, for the daemon to record); nothing is changed
+    in place."""
 
     started_mono: float
     sees_steps: bool = False  # dflashd has a way to see steps: notify, a pattern, a format seen
@@ -106,13 +107,13 @@ class Progress:
     rendezvous: bool = False  # a torchrun agent waiting for its peers: warm-up, not silence
     epoch: float | None = None  # epochs done, where the output says
     full_batches: int = 0  # the largest epoch total an epoch-structured bar showed
-    intervals: deque[float] = field(default_factory=lambda: deque(maxlen=CADENCE_INTERVALS))
+    intervals: tuple[float, ...] = ()  # the last CADENCE_INTERVALS intervals between steps
     best_before: int | None = None  # the best step of every earlier run (goodput: redone)
     passed_best_mono: float | None = None  # when a step beyond ``best_before`` was first seen
     top_step: int | None = None  # the highest step this run reported
     # restarts its launcher handled itself (torchrun): closed ones, and the open one with the
     # step it must pass again
-    recoveries: list[Recovery] = field(default_factory=list)
+    recoveries: tuple[Recovery, ...] = ()
     recovering_past: int | None = None
     # step, epoch and loss of the last progress record (the curve's last point)
     recorded: tuple[int | None, float | None, float | None] = (None, None, None)
@@ -142,103 +143,107 @@ class Progress:
         epoch_index: int | None = None,
         batches: int | None = None,
         bad_loss: tuple[int | None, float] | None = None,
-    ) -> Change:
+    ) -> tuple[Progress, Change]:
         """A step (or a first-step marker) from notify, a pattern, a format or the GPUs.
 
         sd_notify wins over all: once the child reported a step through it, other sources are
         liveness only (their numbers may count something else, a bar's batches say).
         """
+        p = self
         diverged = False
         if bad_loss is not None:  # the first NaN among the lines posted together: it began there
             bad_step, bad = bad_loss
             at = bad_step if bad_step is not None else step
-            self.losses, diverged = watched(self.losses, bad, at if at is not None else self.step)
+            losses, diverged = watched(p.losses, bad, at if at is not None else p.step)
+            p = replace(p, losses=losses)
         elif loss is not None:
-            at = step if step is not None else self.step
-            self.losses, diverged = watched(self.losses, loss, at)
+            at = step if step is not None else p.step
+            losses, diverged = watched(p.losses, loss, at)
+            p = replace(p, losses=losses)
         if loss is not None:
             loss = loss if math.isfinite(loss) else None  # status, metrics and JSON: finite only
-        if source != NOTIFY and self.step_source == NOTIFY:
+        quiet = Change(diverged=True) if diverged else NOTHING
+        if source != NOTIFY and p.step_source == NOTIFY:
             # the steps come from notify; a printed loss or epoch still says where training is
-            self.loss = loss if loss is not None else self.loss
-            self.epoch = epoch if epoch is not None else self.epoch
-            self.on_alive(now)
-            return Change(diverged=True) if diverged else NOTHING
-        self.last_alive_mono = now
-        before = self.step
+            p = replace(
+                p,
+                loss=loss if loss is not None else p.loss,
+                epoch=epoch if epoch is not None else p.epoch,
+            )
+            return p.on_alive(now), quiet
+        p = replace(p, last_alive_mono=now)
+        before = p.step
         if epoch_index is not None and batches and step is not None:
             # an epoch's bar counts its batches: the global step counts every epoch's
-            self.full_batches = max(self.full_batches, batches)
-            step = bounded_int(global_step(epoch_index, step, batches, self.full_batches))
+            p = replace(p, full_batches=max(p.full_batches, batches))
+            step = bounded_int(global_step(epoch_index, step, batches, p.full_batches))
         # A step posted again (the same line seen on a later wake-up) is not progress: it
         # would count as a step and add a false gap to the job's cadence.
-        moved = (step is not None and step != self.step) or (
-            epoch is not None and epoch != self.epoch
-        )
+        moved = (step is not None and step != p.step) or (epoch is not None and epoch != p.epoch)
         if epoch is not None:
-            self.epoch = epoch
+            p = replace(p, epoch=epoch)
         if source != GPU:
-            self.sees_steps = True
-            self.reports_steps = self.reports_steps or step is not None or epoch is not None
-        resuming = self.recoveries and self.recoveries[-1].resumed is None
+            reports = p.reports_steps or step is not None or epoch is not None
+            p = replace(p, sees_steps=True, reports_steps=reports)
+        resuming = bool(p.recoveries) and p.recoveries[-1].resumed is None
         if step is not None:
-            if self.passed_best_mono is None:
-                self.passed_best_mono = self._passed_best(step, now)
-            self._recovering(step, now)
-            self.step = step
-            self.step_source = source
-            self.top_step = step if self.top_step is None else max(self.top_step, step)
+            if p.passed_best_mono is None:
+                p = replace(p, passed_best_mono=p._passed_best(step, now))
+            p = p._recovering(step, now)
+            top = step if p.top_step is None else max(p.top_step, step)
+            p = replace(p, step=step, step_source=source, top_step=top)
         if loss is not None:
-            self.loss = loss
+            p = replace(p, loss=loss)
         became_first = False
-        if (first or step is not None) and self.first_step_mono is None:
-            self.first_step_mono = now
-            self.first_step_source = source
+        if (first or step is not None) and p.first_step_mono is None:
+            p = replace(p, first_step_mono=now, first_step_source=source)
             became_first = True
-        if self.first_step_mono is None:
-            return Change(diverged=True) if diverged else NOTHING
-        if not moved and not became_first and self.reports_steps:
+        first_at = p.first_step_mono
+        if first_at is None:
+            return p, quiet
+        if not moved and not became_first and p.reports_steps:
             # the same epoch again, or a loss alone: alive, not progress
-            return Change(diverged=True) if diverged else NOTHING
+            return p, quiet
         pace = STEADY
-        if self.last_progress_mono is not None and self.reports_steps and not resuming:
-            interval = now - self.last_progress_mono
-            self.intervals.append(interval)  # the job's own cadence
+        if p.last_progress_mono is not None and p.reports_steps and not resuming:
+            interval = now - p.last_progress_mono
+            intervals = (*p.intervals, interval)[-CADENCE_INTERVALS:]  # the job's own cadence
+            p = replace(p, intervals=intervals)
             advanced = step - before if step is not None and before is not None else 1
             if advanced > 0:
-                self.pace, pace = paced(self.pace, interval, advanced, now)
-        self.last_progress_mono = now
+                paced_now, pace = paced(p.pace, interval, advanced, now)
+                p = replace(p, pace=paced_now)
+        p = replace(p, last_progress_mono=now)
         # Denser early (a short run still draws a curve), every 30 s at most later on.
-        every = min(PROGRESS_RECORD_EVERY_S, max(1.0, (now - self.first_step_mono) / 20))
-        record = (step is not None or epoch is not None) and now - self.last_record_mono >= every
+        every = min(PROGRESS_RECORD_EVERY_S, max(1.0, (now - first_at) / 20))
+        record = (step is not None or epoch is not None) and now - p.last_record_mono >= every
         if record:
-            self.last_record_mono = now
-            self.recorded = (self.step, self.epoch, self.loss)
-        return Change(became_first, record, pace=pace, diverged=diverged)
+            p = replace(p, last_record_mono=now, recorded=(p.step, p.epoch, p.loss))
+        return p, Change(became_first, record, pace=pace, diverged=diverged)
 
-    def workers_restarting(self, now: float) -> None:
+    def workers_restarting(self, now: float) -> Progress:
         """The launcher restarts the run's workers itself (torchrun: a worker failed, or a
         node joined): from here to the next step is downtime, and steps up to the best one
         so far are redone (goodput).  A second notice before any step is the same restart."""
         if self.first_step_mono is None:
-            return  # still starting: startup either way
+            return self  # still starting: startup either way
         if self.recoveries and self.recoveries[-1].resumed is None:
-            return
+            return self
         last = self.last_progress_mono or self.first_step_mono
-        self.recoveries.append(Recovery(last_step=last, failed=max(now, last)))
-        self.recovering_past = self.top_step
+        recovery = Recovery(last_step=last, failed=max(now, last))
+        return replace(self, recoveries=(*self.recoveries, recovery), recovering_past=self.top_step)
 
-    def _recovering(self, step: int, now: float) -> None:
+    def _recovering(self, step: int, now: float) -> Progress:
         """A step after a restart inside the run: its first step, then passing the old best."""
         if not self.recoveries:
-            return
+            return self
         rec = self.recoveries[-1]
         if rec.resumed is None:
             rec = replace(rec, resumed=now)
         past = self.recovering_past
         if rec.passed is None and (past is None or step > past):
             rec = replace(rec, passed=now)
-        self.recoveries[-1] = rec
+        return replace(self, recoveries=(*self.recoveries[:-1], rec))
 
     def _passed_best(self, step: int, now: float) -> float | None:
         """When the run passed the earlier runs' best, if ``step`` passes it: between the last
@@ -251,33 +256,36 @@ class Progress:
             return now
         return at + (now - at) * (best - before) / (step - before)
 
-    def on_alive(self, now: float) -> None:
+    def on_alive(self, now: float) -> Progress:
         """Output or GPU activity that names no step: liveness."""
-        self.last_alive_mono = now
         if self.first_step_mono is not None and not self.reports_steps:
-            self.last_progress_mono = now
+            return replace(self, last_alive_mono=now, last_progress_mono=now)
+        return replace(self, last_alive_mono=now)
 
-    def on_notify(self, msg: NotifyMessage, now: float) -> Change:
+    def on_notify(self, msg: NotifyMessage, now: float) -> tuple[Progress, Change]:
         """One sd_notify datagram from the run's processes."""
         status: str | None = None
-        self.sees_steps = True  # the child speaks the protocol
+        p = replace(self, sees_steps=True)  # the child speaks the protocol
         if msg.step is not None or msg.watchdog:
-            self.reports_steps = True
-        if msg.status is not None and msg.status[:500] != self.status_text:
-            self.status_text = msg.status[:500]  # bounded: it goes into status and state.json
+            p = replace(p, reports_steps=True)
+        if msg.status is not None and msg.status[:500] != p.status_text:
+            p = replace(p, status_text=msg.status[:500])  # bounded: status and state.json
             status = msg.status
             loss = _STATUS_LOSS.search(msg.status)  # "step 120 loss 2.31": chart the loss too
             if loss is not None and (value := finite_float(loss.group(1))) is not None:
-                self.loss = value
-        if msg.extend_timeout_us is not None and self.first_step_mono is None:
-            self.extend_until_mono = now + min(msg.extend_timeout_us, 10**13) / 1e6
+                p = replace(p, loss=value)
+        if msg.extend_timeout_us is not None and p.first_step_mono is None:
+            p = replace(p, extend_until_mono=now + min(msg.extend_timeout_us, 10**13) / 1e6)
         if msg.is_progress:
-            change = self.on_step(
+            p, change = p.on_step(
                 now, step=msg.step, first=msg.ready or msg.step is not None, source=NOTIFY
             )
-            return replace(change, status=status)
-        self.last_alive_mono = now
-        return Change(status=status)
+            return p, replace(change, status=status)
+        return replace(p, last_alive_mono=now), Change(status=status)
+
+    def recorded_now(self) -> Progress:
+        """The curve's last point is the step, epoch and loss as they are (a record written)."""
+        return replace(self, recorded=(self.step, self.epoch, self.loss))
 
     def stall_deadline(self, limits: Limits) -> float | None:
         """When the run counts as stalled if nothing happens before (monotonic seconds)."""
@@ -291,7 +299,7 @@ class Progress:
                 deadline = max(deadline, self.extend_until_mono)
             return deadline
         last = self.last_progress_mono or self.first_step_mono
-        return last + stall_window(limits.stall_timeout_s, tuple(self.intervals))
+        return last + stall_window(limits.stall_timeout_s, self.intervals)
 
     def stall_reason(self) -> EndedBy:
         """Which stall a passed deadline means."""
