@@ -276,3 +276,25 @@ def test_a_sample_joins_its_round_and_the_next_look_moves_only_when_it_changes()
     watch = sampled(HangWatch(samples=(SAMPLE,), sampling=True), SAMPLE, dump)
     assert watch.samples == (SAMPLE, SAMPLE) and not watch.sampling and watch.last_dump is dump
     assert next_look(10.0, 10.0) == () and next_look(None, 10.0) == (SetTimer(Deadline.HANG, 10.0),)
+
+
+@pytest.mark.parametrize(
+    ("readings", "share"),
+    [
+        ([(600.0, True)] * 3 + [(120.0, False)], 0.2),  # a kernel spinning at near-idle power
+        ([(600.0, True)] * 3 + [(590.0, False)], 590.0 / 600.0),  # an eval draws what training drew
+        ([(600.0, True)] * 2 + [(120.0, False)], None),  # too few readings while stepping
+        ([(600.0, True)] * 3 + [(None, False)], None),  # no reading now
+        ([(600.0, True)] * 70 + [(300.0, True)] * 60 + [(150.0, False)], 0.5),  # the last 60 count
+    ],
+    ids=["spinning", "eval", "too few", "no reading", "recent stepping"],
+)
+def test_the_power_a_runs_gpus_draw_against_their_stepping_power(
+    readings: list[tuple[float | None, bool]], share: float | None
+) -> None:
+    from dflashd.supervisor.model.gpuspin import PowerSeen
+
+    seen = PowerSeen()
+    for watts, stepping in readings:
+        seen = seen.take(watts, stepping)
+    assert seen.share() == (pytest.approx(share) if share is not None else None)

@@ -16,9 +16,8 @@ evaluation draws what training drew.  With no power reading, nothing is called a
 from __future__ import annotations
 
 import statistics
-from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 GPU_SPIN_S: Final = 60.0  # the same unmoved GPU wait this long is a kernel that never returns
@@ -29,18 +28,19 @@ SPIN_POWER_SHARE: Final = 0.5
 STEPPING_POWER_SAMPLES: Final = 60
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PowerSeen:
-    """The power a run's GPUs drew while it stepped, and now (held by the run)."""
+    """The power a run's GPUs drew while it stepped, and now (held by the run; a value)."""
 
-    stepping: deque[float] = field(default_factory=lambda: deque(maxlen=STEPPING_POWER_SAMPLES))
+    stepping: tuple[float, ...] = ()  # the last STEPPING_POWER_SAMPLES readings while stepping
     now_w: float | None = None
 
-    def take(self, watts: float | None, stepping: bool) -> None:
+    def take(self, watts: float | None, stepping: bool) -> PowerSeen:
         """One GPU sample's power; ``stepping``: the run made a step within the last moments."""
-        self.now_w = watts
         if watts is not None and stepping:
-            self.stepping.append(watts)
+            kept = (*self.stepping, watts)[-STEPPING_POWER_SAMPLES:]
+            return PowerSeen(kept, watts)
+        return PowerSeen(self.stepping, watts)
 
     def share(self) -> float | None:
         """Power now / the median while stepping (None: not known)."""

@@ -130,7 +130,8 @@ class RunObserver:
             return None
         run.gpu_seen = "busy" if update.active else "idle"  # the hang decider's GPU evidence
         last_step = run.progress.last_progress_mono
-        run.gpu_power.take(update.power_w, last_step is not None and now - last_step <= 5.0)
+        stepping = last_step is not None and now - last_step <= 5.0
+        run.gpu_power = run.gpu_power.take(update.power_w, stepping)
         if update.busy_for_s is not None and not run.progress.reached_first_step:
             run.progress, change = run.progress.on_step(now, step=None, first=True, source=GPU)
             self._progressed(run, change, now)
