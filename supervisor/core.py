@@ -27,6 +27,7 @@ from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
+    EndRunHung,
     KillHolders,
     KillRun,
     Launch,
@@ -67,6 +68,8 @@ class Hands(Protocol):
     def stop_run(self, run: Run, timeout_s: float) -> None: ...
 
     def stop_timed_out(self, run: Run | None) -> None: ...
+
+    def end_hung(self, run: Run, hung: EndRunHung) -> None: ...
 
     def settle(self, run: Run, *, kill_now: bool) -> None: ...
 
@@ -195,6 +198,9 @@ class DaemonCore:
             case SampleStacks(share):
                 if run is not None:
                     hands.dumps.sample(run, share)
+            case EndRunHung():
+                if run is not None:
+                    hands.end_hung(run, effect)
             case Publish():
                 hands.publish()
             case NotifySystemd(text):

@@ -105,23 +105,16 @@ class Daemon:
         self.dumps = doubles.dumps or StackDumps(
             home, self.reporter, self.inbox.post, clock.monotonic
         )
-        table = lambda: self.core.deadlines  # noqa: E731
-        self.live = LiveRunControl(clock, self.observer, self._limits, self.dumps, table)
+        table, hang = lambda: self.core.deadlines, lambda: self.core.state.hang
+        look = lambda run, heard: self.core.step(run, heard)  # noqa: E731, PLW0108 (core: below)
+        live = (self._limits, self.dumps, table, hang, look)
+        self.live = LiveRunControl(clock, self.observer, *live)
         tap = doubles.line_tap
         watcher = lambda run_no: LineWatcher(run_no, matcher, clock.monotonic, self.inbox.post, tap)  # noqa: E731
         launcher = Launcher(home, config, clock, self.ops, self.reporter, self.gpu, watcher)
-        r = self.reporter
-        parts = RunParts(
-            self.ops,
-            r,
-            self.gpu,
-            self.observer,
-            launcher,
-            self.live,
-            self.ended_runs,
-            self._systemd,
-        )
-        callbacks = LoopCallbacks(self._last_words, self._publish, on_first_launch)
+        hands = (self.observer, launcher, self.live, self.ended_runs, self._systemd)
+        parts = RunParts(self.ops, self.reporter, self.gpu, *hands)
+        callbacks = LoopCallbacks(self._drain_inbox, self._publish, hang, on_first_launch)
         self.runs = Runs(clock, parts, callbacks)
         every = self._systemd.watchdog_interval_s
         rules = Rules(config.restart, config.alerts.on, every)
@@ -143,6 +136,8 @@ class Daemon:
     def ledger(self) -> Ledger:
         """The counters kept between runs (the core owns them)."""
         return self.core.ledger
+
+    hang_watch = property(lambda self: self.core.state.hang, doc="The run's hang evidence.")
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -271,7 +266,7 @@ class Daemon:
             if self.observer.notify(self.run, msg, self.clock.monotonic()):
                 self.core.changed()
 
-    def _last_words(self) -> None:
+    def _drain_inbox(self) -> None:
         """Before a verdict: the datagrams still waiting on notify.sock, then the inbox."""
         if self.wakeups is not None:
             self._heard(self.wakeups.notify.receive())

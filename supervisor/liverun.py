@@ -24,6 +24,7 @@ from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
+    EndRunHung,
     KillRun,
     SetTimer,
     SignalRun,
@@ -32,23 +33,14 @@ from dflashd.supervisor.model.effects import (
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import (
     SAMPLES,
-    EndHung,
     HangLimits,
     HangSampled,
     HangView,
-    Judgement,
-    TakeSample,
-    decide,
+    HangWatch,
+    Sample,
 )
-from dflashd.supervisor.model.hangwatch import (
-    after_progress,
-    hang_arm,
-    sampled,
-    startup_arm,
-    startup_named,
-)
-from dflashd.supervisor.model.stacks import StacksTaken, alert_lines
-from dflashd.supervisor.model.startup import startup_decide
+from dflashd.supervisor.model.inputs import HangLook, Input, StartupView
+from dflashd.supervisor.model.stacks import StacksDump, StacksTaken, alert_lines
 from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.watch.observe import Apply, RunObserver
 from dflashd.supervisor.watch.pacewatch import straggler_effects
@@ -69,9 +61,14 @@ class LiveRunControl:
         limits: Limits,
         dumps: Dumper,
         deadlines: Callable[[], Deadlines],
+        hang: Callable[[], HangWatch],
+        look: Callable[[Run, Input], object],
     ) -> None:
         self.clock, self.observer = clock, observer
-        self.limits, self.dumps, self.deadlines = limits, dumps, deadlines
+        self.limits, self.dumps = limits, dumps
+        # the daemon's deadline table and the run's hang watch (the model keeps both), and the
+        # way to hand the model what this module knows of the live run (an input)
+        self.deadlines, self.hang, self.look = deadlines, hang, look
 
     def _act(self, run: Run | None, *effects: Effect, publish: bool = False) -> None:
         """What this module decided, handed to the model and the one executor: it never writes
@@ -155,86 +152,66 @@ class LiveRunControl:
 
     # -- hangs: the evidence decides (hang.py), this applies ---------------------------------
 
-    def _startup(self, run: Run, now: float) -> None:
-        """No first step yet: a start-up stuck in a known wait is named (startup.py), once."""
-        watch = run.hang
-        root = run.extensions_root
-        # looked for only when a round is complete and about to be judged (a glob per wake-up
-        # of a chatty start-up would be waste)
-        judged = root is not None and len(watch.samples) >= SAMPLES
-        locks = stale_build_locks(root, run.started_wall) if judged and root else ()
-        action = startup_decide(
-            run.started_mono,
-            self.dumps.available and watch.waiting is None,
-            watch.sampling,
-            watch.evidence(),
-            now,
-            stale_lock=bool(locks),
-        )
-        run.hang, effects, stuck = startup_arm(watch, action, self.deadlines().hang_at)
-        self._act(run, *effects)
-        if stuck is not None:
-            wall = self.clock.time()
-            held = [{"path": p, "age_s": age} for p in locks if (age := file_age(p, wall))]
-            run.hang, named = startup_named(run.hang, stuck.judgement, held, wall)
-            self._act(run, *named, publish=True)
-
-    def _hang(self, run: Run, now: float) -> None:
+    def _look(self, run: Run, now: float, sample: tuple[Sample, StacksDump] | None = None) -> None:
+        """Hand the model what is known of the live run now (``sample``: one that just came
+        back): it keeps the hang watch, decides, and says what follows."""
+        watch = self.hang()
         progress = run.progress
+        limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
+        wall = self.clock.time()
         if not progress.reached_first_step:
-            self._startup(run, now)
+            root = run.extensions_root
+            # looked for only when a round is complete and about to be judged (a glob per
+            # wake-up of a chatty start-up would be waste)
+            judged = root is not None and len(watch.samples) + bool(sample) >= SAMPLES
+            locks = stale_build_locks(root, run.started_wall) if judged and root else ()
+            held = tuple((path, age) for path in locks if (age := file_age(path, wall)))
+            start = StartupView(run.started_mono, self.dumps.available, bool(locks), held)
+            self.look(run, HangLook(None, start, limits, wall, sample=sample))
             return
-        watch = after_progress(run.hang, progress.last_progress_mono)
+        dump = sample[1] if sample is not None else watch.last_dump
         view = HangView(
             progress.last_progress_mono,
-            tuple(progress.intervals),
+            progress.intervals,
             progress.reports_steps,
             self.dumps.available,
-            watch.sampling,
             gpu_idle=run.gpu_seen == "idle",
-            node=node_rank(run),
+            node=node_rank(run, dump),
             gpu_power_share=run.gpu_power.share(),
         )
-        limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
-        action = decide(view, watch.evidence(), now, limits)
-        share, suspect = None, None
-        if isinstance(action, TakeSample) and not watch.samples:  # a round begins
-            run.hang = watch  # what this node shares is read from the watch as it is now
-            share, suspect = world_share(run, now), self._suspect_fields(run, now)
-        hang_at = self.deadlines().hang_at
-        run.hang, effects = hang_arm(
-            watch, action, now, self.clock.time(), hang_at, share=share, suspect=suspect
-        )
-        self._act(run, *effects)
-        if isinstance(action, EndHung):
-            run.hung_after_s = action.hung_after_s
-            self._end_hung(run, action.judgement)
+        share, suspect = world_share(run, watch, now), self._suspect_fields(run, now)
+        self.look(run, HangLook(view, None, limits, wall, share, suspect, sample))
 
-    def _suspect_fields(self, run: Run, now: float) -> dict[str, Any]:
+    def _suspect_fields(self, run: Run, now: float) -> dict[str, object]:
         """The ``hang_suspect`` record's fields: how long no step came, against the usual."""
         progress = run.progress
         gap = now - (progress.last_progress_mono or now)
+        typical = statistics.median(progress.intervals) if progress.intervals else None
         return {
             "no_step_for_s": round(gap, 3),
             "step": progress.step,
-            "typical_interval_s": round(statistics.median(progress.intervals), 3),
+            "typical_interval_s": None if typical is None else round(typical, 3),
         }
 
     def hang_sampled(self, run: Run | None, message: HangSampled) -> None:
         """A sample came back: kept with the run's evidence, and the decider asked at once."""
         if run is None or run.run_no != message.run_no or not run.alive:
             return
-        run.hang = sampled(run.hang, message.sample, message.dump)
-        if not run.ended_by_us:
-            self._hang(run, self.clock.monotonic())
+        sample = (message.sample, message.dump)
+        if run.ended_by_us:  # kept, nothing more decided: the run is being ended
+            limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
+            self.look(run, HangLook(None, None, limits, self.clock.time(), sample=sample))
+            return
+        self._look(run, self.clock.monotonic(), sample)
 
-    def _end_hung(self, run: Run, judgement: Judgement) -> None:
-        """A proven hang: the sample that proved it is the run's dump (its file and record),
-        and the kill follows at once (no second dump)."""
+    def end_hung(self, run: Run, hung: EndRunHung) -> None:
+        """A proven hang (the model's verdict): the sample that proved it is the run's dump
+        (its file and record), and the kill follows at once (no second dump)."""
         if run.custody is None or not run.alive:
             return
         run.ended_by = EndedBy.HUNG
-        dump = run.hang.last_dump
+        run.hung_after_s = hung.hung_after_s
+        dump = self.hang().last_dump
         said: tuple[Effect, ...] = ()
         if dump is not None:
             dump.trigger = "hung"
@@ -244,8 +221,8 @@ class LiveRunControl:
             kept = ("dump_id", "path", "odd_rank_out", "odd_summary", "error")
             run.stacks = {k: fields[k] for k in kept if fields.get(k) is not None}
             run.stacks["top"] = alert_lines(fields)
-        ending: dict[str, Any] = {"why": EndedBy.HUNG.value, "evidence": judgement.why}
-        ending |= {"frames": list(judgement.frames), "hung_after_s": run.hung_after_s}
+        ending: dict[str, Any] = {"why": EndedBy.HUNG.value, "evidence": hung.why}
+        ending |= {"frames": list(hung.frames), "hung_after_s": run.hung_after_s}
         ending |= {"dump": "py-spy", "then": "SIGKILL"}
         self._act(run, *said, WriteRecord(Event.ENDING_RUN, ending, log_level="warning"), KillRun())
 
@@ -259,7 +236,7 @@ class LiveRunControl:
             if run.end_wanted is not None and not run.ended_by_us:
                 self.end(run, run.end_wanted)  # the observer's ask (a diverged loss)
             if not run.ended_by_us:
-                self._hang(run, now)
+                self._look(run, now)
             stall = None if run.ended_by_us else run.progress.stall_deadline(self.limits)
             if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
                 self.end(run, why)

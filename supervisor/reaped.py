@@ -16,6 +16,7 @@ from dflashd.supervisor.host.caches import stale_build_locks
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.model.advice import checkpoint_cost
 from dflashd.supervisor.model.ending import RunFacts
+from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.verdicts import Observations
 from dflashd.supervisor.watch.run import Run
 
@@ -95,8 +96,10 @@ def reaped_facts(
     died_mono: float,
     ended_at: float,
     cpu_s: float | None,
+    watch: HangWatch,
 ) -> RunFacts:
-    """Everything :func:`~dflashd.supervisor.model.ending.conclude` needs about a reaped run."""
+    """Everything :func:`~dflashd.supervisor.model.ending.conclude` needs about a reaped run
+    (``watch``: its hang evidence, which the model keeps)."""
     tails = {d.src: tuple(d.tail) for d in run.drains}
     duration = died_mono - run.started_mono
     obs = observations(run, status, tails.get("stderr", ()), duration, cpu_s)
@@ -124,16 +127,16 @@ def reaped_facts(
         ),
         times=run.times(),
         died_mono=died_mono,
-        hang_evidence=run.hang.last_finding if run.hung_after_s is not None else None,
-        waited_elsewhere=waited_elsewhere(run, died_mono),
+        hang_evidence=watch.last_finding if run.hung_after_s is not None else None,
+        waited_elsewhere=waited_elsewhere(run, watch, died_mono),
         pause_s=checkpoint_cost(run.progress.pace.pauses),
     )
 
 
-def waited_elsewhere(run: Run, died_mono: float) -> tuple[str, float] | None:
+def waited_elsewhere(run: Run, watch: HangWatch, died_mono: float) -> tuple[str, float] | None:
     """A run that died (not ended by dflashd) within a round or two of waiting on work
     elsewhere: that wait and how long it lasted (its peer was likely lost)."""
-    last = run.hang.elsewhere_last
+    last = watch.elsewhere_last
     if last is None or run.ended_by_us or died_mono - last[2] > ELSEWHERE_RECENT_S:
         return None
     why, since, seen = last

@@ -24,7 +24,8 @@ from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
 from dflashd.supervisor.liverun import LiveRunControl
-from dflashd.supervisor.model.effects import Launch
+from dflashd.supervisor.model.effects import EndRunHung, Launch
+from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.inputs import (
     ChildExited,
     Input,
@@ -69,6 +70,7 @@ class LoopCallbacks:
 
     process_inbox: Callable[[], None]
     publish: Callable[[], str]
+    hang_watch: Callable[[], HangWatch]  # the current run's hang evidence (the model's)
     on_first_launch: FirstLaunch | None = None
 
 
@@ -139,6 +141,10 @@ class Runs:
         if run.alive:
             self.live.stop(run, timeout_s)
 
+    def end_hung(self, run: Run, hung: EndRunHung) -> None:
+        """A proven hang: the live run's control ends it (its dump, then the kill)."""
+        self.live.end_hung(run, hung)
+
     def stop_timed_out(self, run: Run | None) -> None:
         """The stop's grace is over: the stacks, then SIGKILL."""
         self.live.stop_timed_out(run)
@@ -194,5 +200,9 @@ class Runs:
         cpu_s = mark_reaped(run, status, self.ops)
         if run.progress.unrecorded:
             self.observer.progress_record(run)  # the curve ends where the run did
-        facts = reaped_facts(run, status, died_mono=died, ended_at=self.clock.time(), cpu_s=cpu_s)
+        watch = self.callbacks.hang_watch()  # after the inbox: a sample that came in is in it
+        ended_at = self.clock.time()
+        facts = reaped_facts(
+            run, status, died_mono=died, ended_at=ended_at, cpu_s=cpu_s, watch=watch
+        )
         return ChildExited(facts, self._rng.random())

@@ -19,6 +19,7 @@ from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.model.advice import AdviceInputs, checkpoint_cost, said
 from dflashd.supervisor.model.deadlines import Deadlines
 from dflashd.supervisor.model.goodput import Cost
+from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.speak.reporter import Reporter
@@ -54,6 +55,11 @@ class StatusSource(Protocol):
     @property
     def state(self) -> State:
         """The daemon's state."""
+        ...
+
+    @property
+    def hang_watch(self) -> HangWatch:
+        """The current run's hang evidence (the model keeps it)."""
         ...
 
     @property
@@ -118,7 +124,7 @@ def status_view(source: StatusSource) -> StatusView:
         "goodput": ledger.goodput.view(
             run.times() if alive and run is not None else None, now_mono
         ),
-        "waiting": run.hang.waiting if alive and run is not None else None,
+        "waiting": source.hang_watch.waiting if alive else None,
         "pace": _pace(run),
         "slow": _slow(run, now_mono, now_wall) if alive else None,
         "diverged": run.diverged if run is not None else None,

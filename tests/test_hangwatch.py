@@ -298,3 +298,53 @@ def test_the_power_a_runs_gpus_draw_against_their_stepping_power(
     for watts, stepping in readings:
         seen = seen.take(watts, stepping)
     assert seen.share() == (pytest.approx(share) if share is not None else None)
+
+
+# -- through the reducer: the model keeps the watch, the shell only looks -----------------
+
+
+def _hung_process() -> object:
+    from dflashd.supervisor.model.stacks import Frame, ProcessStacks, Role, ThreadStack
+    from dflashd.supervisor.model.world import ProcessSample
+
+    frames = (Frame("acquire", "threading.py", 100), Frame("train", "train.py", 42))
+    thread = ThreadStack(7, "MainThread", False, False, frames)
+    return ProcessSample(ProcessStacks(7, Role("root"), (thread,)), 0, ("S",), 0.0)
+
+
+def test_a_steady_run_that_stops_stepping_is_sampled_proven_hung_and_ended() -> None:
+    """Looks at a run stepping every second, then silent: the model takes a round of three
+    samples as they come back and ends the run as hung; the shell never holds the watch."""
+    from dflashd.supervisor.model.effects import EndRunHung
+    from dflashd.supervisor.model.hang import HangLimits, HangView
+    from dflashd.supervisor.model.inputs import HangLook, Launched, Started
+    from dflashd.supervisor.model.step import DaemonState, step
+
+    state, _ = step(DaemonState(), Started(), 0.0)
+    state, _ = step(state, Launched(0.1), 0.1)
+    view = HangView(50.0, (1.0,) * 10, True, True)
+    limits = HangLimits(12.0, 300.0)
+
+    def look(at: float, sample: Sample | None = None) -> list[Effect]:
+        nonlocal state
+        dump = StacksDump(1, "hang", "py-spy")
+        came = (sample, dump) if sample is not None else None
+        state, effects = step(state, HangLook(view, None, limits, WALL, None, {}, came), at)
+        return list(effects)
+
+    assert names(look(55.0)) == []  # 5 s without a step: nothing yet (the look is set for 62)
+    assert state.deadlines.hang_at == 62.0
+    began = look(62.0)
+    assert names(began) == ["record hang_suspect", "SampleStacks"] and state.hang.sampling
+    hung = Sample(62.0, (_hung_process(),))  # type: ignore[arg-type]
+    assert names(look(62.5, hung)) == []  # the next sample at 65
+    assert len(state.hang.samples) == 1 and state.deadlines.hang_at == 65.0
+    look(65.0)
+    look(65.5, Sample(65.0, (_hung_process(),)))  # type: ignore[arg-type]
+    look(68.0)
+    ended = look(68.5, Sample(68.0, (_hung_process(),)))  # type: ignore[arg-type]
+    end = next(e for e in ended if isinstance(e, EndRunHung))
+    assert end.hung_after_s == 18.5 and "acquire" in " ".join(end.frames)
+    assert state.hang.last_finding == end.why
+    state, _ = step(state, Launched(70.0), 70.0)  # the next run starts with no evidence
+    assert state.hang == HangWatch()

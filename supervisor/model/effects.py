@@ -200,6 +200,15 @@ class SampleStacks:
 
 
 @dataclass(frozen=True, slots=True)
+class EndRunHung:
+    """The live run is proven hung: end it now (the sample that proved it is its dump)."""
+
+    why: str
+    frames: tuple[str, ...]
+    hung_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Publish:
     """Write the status now (state.json, metrics, systemd's STATUS=)."""
 
@@ -243,6 +252,7 @@ Effect = (
     | KillRun
     | DumpStacks
     | SampleStacks
+    | EndRunHung
     | Publish
     | NotifySystemd
 )

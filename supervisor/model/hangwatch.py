@@ -16,7 +16,13 @@ from dataclasses import replace
 from typing import Any
 
 from dflashd.supervisor.model.deadlines import Deadline
-from dflashd.supervisor.model.effects import Effect, SampleStacks, SendAlert, SetTimer, WriteRecord
+from dflashd.supervisor.model.effects import (
+    Effect,
+    SampleStacks,
+    SendAlert,
+    SetTimer,
+    WriteRecord,
+)
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import (
     EndHung,

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect
 from dflashd.supervisor.model.ending import RunFacts
+from dflashd.supervisor.model.hang import HangLimits, HangView, Sample
+from dflashd.supervisor.model.stacks import StacksDump
+from dflashd.supervisor.model.world import Share
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,32 @@ class StatusWritten:
     """The status was just written."""
 
 
+@dataclass(frozen=True, slots=True)
+class StartupView:
+    """What the start-up decider needs of a run with no first step yet (the shell's)."""
+
+    started_mono: float
+    stacks_available: bool
+    stale_lock: bool  # a build lock older than the run where torch builds its extensions
+    held: tuple[tuple[str, float], ...] = ()  # those locks' paths and ages (a round judged)
+
+
+@dataclass(frozen=True, slots=True)
+class HangLook:
+    """The live run looked at for a hang, or for a stuck start-up (``view`` None: no first
+    step yet): what the shell knows of it now.  ``sample``: one that just came back (its
+    dump kept); ``share`` and ``suspect``: what a round that begins now shares with the other
+    nodes and says in its ``hang_suspect`` record.  The model keeps the run's hang watch."""
+
+    view: HangView | None
+    startup: StartupView | None
+    limits: HangLimits
+    wall: float
+    share: Share | None = None
+    suspect: dict[str, object] | None = None
+    sample: tuple[Sample, StacksDump] | None = None
+
+
 Input = (
     Started
     | ChildExited
@@ -110,4 +139,5 @@ Input = (
     | Decided
     | StatusChanged
     | StatusWritten
+    | HangLook
 )

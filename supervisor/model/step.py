@@ -17,6 +17,7 @@ from typing import Final
 from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     Effect,
+    EndRunHung,
     EnterState,
     ExitDaemon,
     Launch,
@@ -35,11 +36,21 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.ending import conclude
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.hang import EndHung, HangWatch
+from dflashd.supervisor.model.hang import decide as decide_hang
+from dflashd.supervisor.model.hangwatch import (
+    after_progress,
+    hang_arm,
+    sampled,
+    startup_arm,
+    startup_named,
+)
 from dflashd.supervisor.model.inputs import (
     ChildExited,
     DeadlineDue,
     Decided,
     Emptied,
+    HangLook,
     Input,
     Launched,
     LaunchPutOff,
@@ -52,6 +63,7 @@ from dflashd.supervisor.model.inputs import (
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.policy import RestartConfig
+from dflashd.supervisor.model.startup import startup_decide
 from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind
 
 LAUNCH_RETRY_S: Final = 1.0  # a launch deferred for want of descriptors is tried again after this
@@ -75,6 +87,7 @@ class DaemonState:
     deadlines: Deadlines = field(default_factory=Deadlines)
     ledger: Ledger = field(default_factory=Ledger)
     deferred_run_no: int | None = None  # a deferred launch keeps its number
+    hang: HangWatch = field(default_factory=HangWatch)  # the current run's hang evidence
 
 
 Step = tuple[DaemonState, tuple[Effect, ...]]
@@ -93,6 +106,7 @@ def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
                 ledger = replace(ledger, goodput=goodput)
             case RunLaunched(started_mono):
                 ledger = replace(ledger, goodput=ledger.goodput.launched(started_mono))
+                state = replace(state, hang=HangWatch())  # a new run: no evidence yet
                 out.append(effect)  # the shell's current run from now on
             case StopAsked(at):
                 loop = replace(loop, stop_requested=True)
@@ -197,6 +211,9 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return replace(state, deadlines=state.deadlines.changed()), ()
         case StatusWritten():
             return replace(state, deadlines=state.deadlines.published(now)), ()
+        case HangLook():
+            watch, effects = looked(state.hang, heard, now, state.deadlines.hang_at)
+            return replace(state, hang=watch), effects
 
 
 def _due(state: DaemonState, deadline: Deadline, now: float) -> tuple[Effect, ...]:
@@ -222,3 +239,42 @@ def step(state: DaemonState, heard: Input, now: float) -> Step:
         restart = state.deadlines.set(Deadline.RESTART, None)
         state = replace(state, deferred_run_no=None, deadlines=restart)
     return fold(state, effects, now)
+
+
+def looked(
+    watch: HangWatch, look: HangLook, now: float, hang_at: float | None
+) -> tuple[HangWatch, tuple[Effect, ...]]:
+    """The live run looked at (``step``'s arm): a sample that came back joins its round, then
+    the start-up decider (no first step yet) or the hang decider says what to do, and the arms
+    below carry it out.  A proven hang ends in :class:`EndRunHung` for the executor."""
+    if look.sample is not None:
+        watch = sampled(watch, *look.sample)
+    start = look.startup
+    if start is not None:  # no first step yet
+        available = start.stacks_available and watch.waiting is None
+        starting = startup_decide(
+            start.started_mono,
+            available,
+            watch.sampling,
+            watch.evidence(),
+            now,
+            stale_lock=start.stale_lock,
+        )
+        watch, effects, stuck = startup_arm(watch, starting, hang_at)
+        if stuck is None:
+            return watch, effects
+        held = [{"path": path, "age_s": age} for path, age in start.held]
+        watch, named = startup_named(watch, stuck.judgement, held, look.wall)
+        return watch, (*effects, *named, Publish())
+    if look.view is None:
+        return watch, ()
+    watch = after_progress(watch, look.view.last_progress)
+    view = replace(look.view, sampling=watch.sampling)
+    action = decide_hang(view, watch.evidence(), now, look.limits)
+    watch, effects = hang_arm(
+        watch, action, now, look.wall, hang_at, share=look.share, suspect=look.suspect
+    )
+    if isinstance(action, EndHung):
+        judged = action.judgement
+        effects = (*effects, EndRunHung(judged.why, judged.frames, action.hung_after_s))
+    return watch, effects

@@ -17,6 +17,7 @@ from dflashd.supervisor.model.goodput import RunTimes
 from dflashd.supervisor.model.gpuspin import PowerSeen
 from dflashd.supervisor.model.hang import Finding, HangWatch
 from dflashd.supervisor.model.lifecycle import Phase
+from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.model.world import WAITING, WORKING, Share, share_of
 from dflashd.supervisor.watch.elastic import ElasticState
@@ -71,7 +72,6 @@ class Run:
     diverged: dict[str, Any] | None = None  # its loss diverged: where, and why (status)
     end_wanted: EndedBy | None = None  # the observer asks the live run's control to end it
     flight_prefix: Path | None = None  # where its ranks' NCCL flight-recorder traces go
-    hang: HangWatch = field(default_factory=HangWatch)  # samples while suspect of a hang
     hung_after_s: float | None = None  # a proven hang: last step -> the decision
     extensions_root: Path | None = None  # where torch JIT-builds extensions for this run
     gpu_seen: str = "unknown"  # the run's GPUs at the last sample: busy, idle or unknown
@@ -142,13 +142,12 @@ class Run:
         return False
 
 
-def world_share(run: Run, now: float) -> Share | None:
+def world_share(run: Run, watch: HangWatch, now: float) -> Share | None:
     """What this node shares with the others at a round's first sample (model/world.py):
     a node of a c10d rendezvous, its last round's finding (waiting, working, or nothing)."""
     elastic = run.elastic
     if elastic is None or not elastic.job.many_nodes or elastic.job.rdzv_backend != "c10d":
         return None
-    watch = run.hang
     finding: tuple[str, float, str] | None = None
     if watch.last_kind is Finding.ELSEWHERE and watch.elsewhere_since is not None:
         finding = (WAITING, now - watch.elsewhere_since, watch.last_finding or "")
@@ -156,13 +155,14 @@ def world_share(run: Run, now: float) -> Share | None:
         finding = (WORKING, 0.0, watch.last_finding or "")
     job = elastic.job
     nodes = elastic.group_world_size if elastic.group_world_size is not None else job.max_nodes
-    return share_of(job.rdzv_endpoint, job.rdzv_id, node_rank(run), nodes, finding)
+    rank = node_rank(run, watch.last_dump)
+    return share_of(job.rdzv_endpoint, job.rdzv_id, rank, nodes, finding)
 
 
-def node_rank(run: Run) -> int | None:
-    """This node's group rank: torchrun's agent said it, or a worker's GROUP_RANK did."""
+def node_rank(run: Run, dump: StacksDump | None) -> int | None:
+    """This node's group rank: torchrun's agent said it, or a worker's GROUP_RANK did (in
+    ``dump``, the latest hang sample's stacks)."""
     if run.elastic is not None and run.elastic.group_rank is not None:
         return run.elastic.group_rank
-    dump = run.hang.last_dump
     ranks = [p.role.group_rank for p in (dump.processes if dump is not None else ())]
     return next((r for r in ranks if r is not None), None)
