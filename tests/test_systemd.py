@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import time
+from contextlib import closing
 from pathlib import Path
 
-from dflashd.logs import EventRecord, LineRecord, read_records
+from dflashd.logs import EventRecord, LineRecord, follow, read_records
 from tests.conftest import child, dflashd_argv, run_cli, write_config
 
 
@@ -96,3 +98,56 @@ def test_nothing_is_sent_without_notify_socket(tmp_path: Path) -> None:
         data = b""
     sd.close()
     assert data == b""
+
+
+def test_a_systemd_that_reads_nothing_never_freezes_the_daemon(tmp_path: Path) -> None:
+    """systemd's notify queue is full (a Unix datagram queue holds as few as 10 messages) and
+    nobody reads it: the daemon drops its READY, STATUS and WATCHDOG messages instead of
+    blocking in send, so the job runs, ``status`` answers and ``stop`` ends it at once."""
+    home = tmp_path / "home"
+    sd = listen(tmp_path / "systemd.sock")
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    filler.connect(str(tmp_path / "systemd.sock"))
+    filler.setblocking(False)
+    queued = 0
+    try:
+        while True:  # fill the queue until the kernel says it is full
+            filler.send(b"X=1")
+            queued += 1
+    except BlockingIOError:
+        pass
+    assert queued > 0
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "systemd.sock"), "WATCHDOG_USEC": "100000"}
+    argv = dflashd_argv(
+        "start",
+        "--foreground",
+        "--home",
+        str(home),
+        "--config",
+        str(config),
+        "--",
+        *child("print_env.py"),
+    )
+    daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        records = follow(
+            home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline
+        )
+        with closing(records):  # the first step in the log: the daemon runs its loop
+            first = next(
+                r for r in records if isinstance(r, EventRecord) and r.event == "first_step"
+            )
+        assert first is not None and daemon.poll() is None
+        status = run_cli("status", "--json", "--home", str(home))
+        assert status.returncode == 0 and json.loads(status.stdout)["state"] == "running"
+        stopped = run_cli("stop", "--home", str(home), "--timeout", "2")
+        assert stopped.returncode == 0, stopped.stderr
+        assert daemon.wait(30) == 0
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(10)
+        filler.close()
+        sd.close()

@@ -116,18 +116,31 @@ class NotifyServer:
             self._unlink()
 
 
-def send_notify(socket_path: str, message: str) -> bool:
-    """Send one sd_notify datagram (abstract ``@`` addresses included); False when it cannot be sent."""
+def send_notify(socket_path: str, message: str, wait_s: float = 0.0) -> bool:
+    """Send one sd_notify datagram (abstract ``@`` addresses included); False when it cannot
+    be sent.  Never blocks the daemon's loop on a receiver that does not read: a full queue
+    drops the datagram at once, or after ``wait_s`` (a Unix datagram queue holds as few as 10
+    messages, ``net.unix.max_dgram_qlen``, and a stuck receiver would freeze the loop)."""
     if not socket_path:
         return False
     address = "\0" + socket_path[1:] if socket_path.startswith("@") else socket_path
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            if wait_s > 0:
+                sock.settimeout(wait_s)
+            else:
+                sock.setblocking(False)
             sock.connect(address)
-            sock.sendall(message.encode())
-    except OSError:
+            sock.send(message.encode())
+    except OSError:  # no receiver, a full queue (BlockingIOError), or the wait ran out
         return False
     return True
+
+
+# READY=1 and STOPPING=1 tell systemd a state it waits for: worth a short wait for room in a
+# full queue; WATCHDOG=1 and STATUS= come again soon and are dropped rather than waited for.
+_WORTH_WAITING_FOR: Final = ("READY=1", "STOPPING=1")
+NOTIFY_WAIT_S: Final = 0.5
 
 
 class SystemdNotifier:
@@ -152,5 +165,8 @@ class SystemdNotifier:
         return bool(self.socket_path)
 
     def notify(self, message: str) -> bool:
-        """Send ``message`` if enabled."""
-        return send_notify(self.socket_path, message) if self.enabled else False
+        """Send ``message`` if enabled (never blocking for long: :func:`send_notify`)."""
+        if not self.enabled:
+            return False
+        wait = NOTIFY_WAIT_S if message.startswith(_WORTH_WAITING_FOR) else 0.0
+        return send_notify(self.socket_path, message, wait)
