@@ -217,7 +217,8 @@ _BAR_MIN_BYTES = 64 << 20  # below this, reading takes well under a second
     "written as a new file renamed into place, never through another user's symlink.",
 )
 def report(home: Path | None, which_run: str | None, output: Path) -> None:
-    """A picture of the recent runs: goodput, a timeline of runs, steps and loss over time, GPU memory."""
+    """A picture of the recent runs: goodput, one table of runs (each run's start, command and
+    error), a timeline coloured by how each run ended, steps and loss over time, GPU memory."""
     from dflashd.logs.logset import LogSetUnsettled
     from dflashd.logs.reader import RecordFilter, read_records
     from dflashd.supervisor.client.htmlreport import render_html, summarize, svg_document
