@@ -246,7 +246,8 @@ def looked(
 ) -> tuple[HangWatch, tuple[Effect, ...]]:
     """The live run looked at (``step``'s arm): a sample that came back joins its round, then
     the start-up decider (no first step yet) or the hang decider says what to do, and the arms
-    below carry it out.  A proven hang ends in :class:`EndRunHung` for the executor."""
+    of :mod:`hangwatch` carry it out.  A proven hang ends in :class:`EndRunHung` for the
+    executor."""
     if look.sample is not None:
         watch = sampled(watch, *look.sample)
     start = look.startup
