@@ -22,12 +22,12 @@ def listen(path: Path) -> socket.socket:
     return sock
 
 
-def test_ready_status_watchdog_and_the_child_never_sees_systemds_socket(tmp_path: Path) -> None:
-    """READY=1 after the first launch, STATUS lines, WATCHDOG=1 at WATCHDOG_USEC/2; the child gets dflashd's socket."""
-    home = tmp_path / "home"
-    sd = listen(tmp_path / "systemd.sock")
+def under_systemd(tmp_path: Path, home: Path, *, watchdog_usec: str) -> subprocess.Popen[bytes]:
+    """A foreground daemon whose NOTIFY_SOCKET is ``tmp_path/systemd.sock``, running a child
+    that prints the notify socket it got, says READY and idles."""
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "systemd.sock"), "WATCHDOG_USEC": "200000"}
+    socket_path = str(tmp_path / "systemd.sock")
+    env = {**os.environ, "NOTIFY_SOCKET": socket_path, "WATCHDOG_USEC": watchdog_usec}
     argv = dflashd_argv(
         "start",
         "--foreground",
@@ -38,7 +38,14 @@ def test_ready_status_watchdog_and_the_child_never_sees_systemds_socket(tmp_path
         "--",
         *child("print_env.py"),
     )
-    daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_ready_status_watchdog_and_the_child_never_sees_systemds_socket(tmp_path: Path) -> None:
+    """READY=1 after the first launch, STATUS lines, WATCHDOG=1 at WATCHDOG_USEC/2; the child gets dflashd's socket."""
+    home = tmp_path / "home"
+    sd = listen(tmp_path / "systemd.sock")
+    daemon = under_systemd(tmp_path, home, watchdog_usec="200000")
     try:
         messages: list[tuple[float, str]] = []
         deadline = time.monotonic() + 10
@@ -117,19 +124,7 @@ def test_a_systemd_that_reads_nothing_never_freezes_the_daemon(tmp_path: Path) -
     except BlockingIOError:
         pass
     assert queued > 0
-    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-    env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "systemd.sock"), "WATCHDOG_USEC": "100000"}
-    argv = dflashd_argv(
-        "start",
-        "--foreground",
-        "--home",
-        str(home),
-        "--config",
-        str(config),
-        "--",
-        *child("print_env.py"),
-    )
-    daemon = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    daemon = under_systemd(tmp_path, home, watchdog_usec="100000")
     try:
         deadline = time.monotonic() + 60
         records = follow(
