@@ -14,7 +14,6 @@ with ``run.ended_by`` saying who ended it and ``run.stacks`` where the dump is.
 from __future__ import annotations
 
 import signal
-import statistics
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -179,19 +178,8 @@ class LiveRunControl:
             node=node_rank(run, dump),
             gpu_power_share=run.gpu_power.share(),
         )
-        share, suspect = world_share(run, watch, now), self._suspect_fields(run, now)
-        self.look(run, HangLook(view, None, limits, wall, share, suspect, sample))
-
-    def _suspect_fields(self, run: Run, now: float) -> dict[str, object]:
-        """The ``hang_suspect`` record's fields: how long no step came, against the usual."""
-        progress = run.progress
-        gap = now - (progress.last_progress_mono or now)
-        typical = statistics.median(progress.intervals) if progress.intervals else None
-        return {
-            "no_step_for_s": round(gap, 3),
-            "step": progress.step,
-            "typical_interval_s": None if typical is None else round(typical, 3),
-        }
+        share = world_share(run, watch, now)
+        self.look(run, HangLook(view, None, limits, wall, share, progress.step, sample))
 
     def hang_sampled(self, run: Run | None, message: HangSampled) -> None:
         """A sample came back: kept with the run's evidence, and the decider asked at once."""

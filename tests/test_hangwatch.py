@@ -329,7 +329,7 @@ def test_a_steady_run_that_stops_stepping_is_sampled_proven_hung_and_ended() -> 
         nonlocal state
         dump = StacksDump(1, "hang", "py-spy")
         came = (sample, dump) if sample is not None else None
-        state, effects = step(state, HangLook(view, None, limits, WALL, None, {}, came), at)
+        state, effects = step(state, HangLook(view, None, limits, WALL, None, 9, came), at)
         return list(effects)
 
     assert names(look(55.0)) == []  # 5 s without a step: nothing yet (the look is set for 62)

@@ -115,15 +115,16 @@ class StartupView:
 class HangLook:
     """The live run looked at for a hang, or for a stuck start-up (``view`` None: no first
     step yet): what the shell knows of it now.  ``sample``: one that just came back (its
-    dump kept); ``share`` and ``suspect``: what a round that begins now shares with the other
-    nodes and says in its ``hang_suspect`` record.  The model keeps the run's hang watch."""
+    dump kept); ``share``: what a round that begins now shares with the other nodes;
+    ``step``: the run's step, for a round's ``hang_suspect`` record.  The model keeps the
+    run's hang watch."""
 
     view: HangView | None
     startup: StartupView | None
     limits: HangLimits
     wall: float
     share: Share | None = None
-    suspect: dict[str, object] | None = None
+    step: int | None = None
     sample: tuple[Sample, StacksDump] | None = None
 
 

@@ -10,6 +10,7 @@ answer back as the next input.  No clock, no I/O: ``now`` and the jitter come in
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Final
@@ -36,7 +37,7 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.ending import conclude
 from dflashd.supervisor.model.events import Event
-from dflashd.supervisor.model.hang import EndHung, HangWatch
+from dflashd.supervisor.model.hang import EndHung, HangWatch, TakeSample
 from dflashd.supervisor.model.hang import decide as decide_hang
 from dflashd.supervisor.model.hangwatch import (
     after_progress,
@@ -272,8 +273,16 @@ def looked(
     watch = after_progress(watch, look.view.last_progress)
     view = replace(look.view, sampling=watch.sampling)
     action = decide_hang(view, watch.evidence(), now, look.limits)
+    suspect = None
+    if isinstance(action, TakeSample) and not watch.samples:  # a round begins: say why
+        typical = statistics.median(view.intervals) if view.intervals else None
+        suspect = {
+            "no_step_for_s": round(now - (view.last_progress or now), 3),
+            "step": look.step,
+            "typical_interval_s": None if typical is None else round(typical, 3),
+        }
     watch, effects = hang_arm(
-        watch, action, now, look.wall, hang_at, share=look.share, suspect=look.suspect
+        watch, action, now, look.wall, hang_at, share=look.share, suspect=suspect
     )
     if isinstance(action, EndHung):
         judged = action.judgement
