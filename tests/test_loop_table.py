@@ -295,3 +295,24 @@ def _diverged_at(losses: list[float]) -> tuple[int | None, int | None]:
 )
 def test_when_a_loss_diverges(losses: list[float], diverged: tuple[int | None, int | None]) -> None:
     assert _diverged_at(losses) == diverged
+
+
+@pytest.mark.parametrize(
+    ("share", "base", "ratio", "named"),
+    [
+        (0.60, 0.30, 2.5, True),  # three hogs on the job's CPU
+        (0.45, 0.30, 2.5, False),  # a 2.5x slowdown needs the full fifth of a second
+        (0.42, 0.30, 1.2, True),  # a mild one: 0.12 s/s of wait explains half its 0.17
+        (0.36, 0.30, 1.2, False),  # 0.06 s/s does not
+        (0.36, 0.30, 1.05, True),  # 1.05x: the floor of 0.05 s/s
+        (0.33, 0.30, 1.05, False),
+        (0.90, 0.30, None, True),  # no ratio known: the fifth
+        (None, 0.0, 2.0, False),  # no CPU readings: nothing named
+    ],
+)
+def test_when_a_cpu_wait_explains_a_slowdown(
+    share: float | None, base: float, ratio: float | None, named: bool
+) -> None:
+    from dflashd.supervisor.watch.slowness import cpu_wait_explains
+
+    assert cpu_wait_explains(share, base, ratio) is named

@@ -52,6 +52,7 @@ def pace_effects(
             gpus=gpus,
             held=_held(run),
             since=pace.slow_since,
+            ratio=pace.ratio,
         )
         ratio = pace.ratio or 0.0
         fields: dict[str, Any] = {

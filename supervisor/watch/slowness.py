@@ -26,6 +26,24 @@ from dflashd.supervisor.watch.nvml import GpuReading
 
 CPU_EVERY_S: Final = 2.0  # the run's run-queue wait is read at most this often
 CPU_WAIT_RISE: Final = 0.2  # seconds waiting for a CPU per wall second, above the baseline's
+# ...or, for a mild slowdown, half the share of each second its steps now take over the
+# baseline (a 1.2x slowdown adds 0.17 s a second: 0.2 of CPU wait could never explain it)
+CPU_WAIT_EXPLAINS: Final = 0.5
+CPU_WAIT_MIN_RISE: Final = 0.05
+
+
+def cpu_wait_explains(share: float | None, base: float, ratio: float | None) -> bool:
+    """The run's threads waited for a CPU enough more than at its baseline to explain a
+    slowdown of ``ratio`` (its recent step time over its baseline's)."""
+    if share is None:
+        return False
+    bar = CPU_WAIT_RISE
+    if ratio is not None and ratio > 1.0:
+        extra = 1.0 - 1.0 / ratio  # the share of each second the steps now take in excess
+        bar = min(CPU_WAIT_RISE, max(CPU_WAIT_MIN_RISE, CPU_WAIT_EXPLAINS * extra))
+    return share - base >= bar
+
+
 CLOCK_DROP: Final = 0.85
 POWER_DROP: Final = 0.75
 TEMPERATURE_RISE_C: Final = 10.0
@@ -76,13 +94,15 @@ def slow_causes(
     gpus: tuple[GpuReading, ...],
     held: set[int],
     since: float,
+    ratio: float | None = None,
 ) -> list[str]:
-    """The causes that hold, each in words (``[UNKNOWN]`` when none does)."""
+    """The causes that hold, each in words (``[UNKNOWN]`` when none does); ``ratio``: how
+    much slower the run steps than its baseline."""
     causes = _gpu_intruders(gpus, held, belongs)
     causes += _gpu_off(evidence, gpus)
     share = evidence.wait_share(since)
     base = evidence.cpu_at_baseline[0] if evidence.cpu_at_baseline is not None else 0.0
-    if share is not None and share - base >= CPU_WAIT_RISE:
+    if share is not None and cpu_wait_explains(share, base, ratio):
         causes.append(
             f"waiting for CPU: the run's threads waited {share:.2f} s per second for a CPU "
             f"(at its baseline {base:.2f})"
