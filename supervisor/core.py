@@ -27,6 +27,7 @@ from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
+    EndRun,
     EndRunHung,
     KillHolders,
     KillRun,
@@ -50,7 +51,9 @@ from dflashd.supervisor.model.exitcodes import EXIT_FATAL
 from dflashd.supervisor.model.inputs import DeadlineDue, Decided, Input, StatusChanged
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState, State
+from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.model.step import DaemonState, step
+from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import Dumper
@@ -70,6 +73,8 @@ class Hands(Protocol):
     def stop_timed_out(self, run: Run | None) -> None: ...
 
     def end_hung(self, run: Run, hung: EndRunHung) -> None: ...
+
+    def end_run(self, run: Run, why: EndedBy) -> None: ...
 
     def settle(self, run: Run, *, kill_now: bool) -> None: ...
 
@@ -96,6 +101,8 @@ class DaemonCore:
     def __init__(self, state: DaemonState, clock: Clock, reporter: Recorder, hands: Hands) -> None:
         self.state, self.clock, self.reporter, self.hands = state, clock, reporter, hands
         self.run: Run | None = None  # the current (or last) run: the shell's handles
+        # the last facts of runs that are no longer current (their handles may still be asked)
+        self.retired: dict[int, RunState] = {}
 
     @property
     def loop(self) -> LoopState:
@@ -112,12 +119,24 @@ class DaemonCore:
         """The counters kept between runs."""
         return self.state.ledger
 
+    def facts_of(self, run_no: int) -> RunState:
+        """Run ``run_no``'s facts: the model's for the current run, the last ones of an
+        earlier run (the shell's :data:`~dflashd.supervisor.watch.run.FactsBook`)."""
+        current = self.state.run
+        if current is not None and current.run_no == run_no:
+            return current
+        return self.retired[run_no]
+
     # -- the one way in ----------------------------------------------------------------------
 
     def step(self, run: Run | None, heard: Input, *, run_no: int | None = None) -> Executed:
         """Hand ``heard`` to the model, keep the next state, carry out the effects (for
         ``run``; ``run_no``: a run with no handles, one a dead daemon lost)."""
+        before = self.state.run
         self.state, effects = step(self.state, heard, self.clock.monotonic())
+        after = self.state.run
+        if before is not None and (after is None or after.run_no != before.run_no):
+            self.retired = {before.run_no: before}  # its handles outlive it a while
         self.execute(run, effects, run_no=run_no)
         return Executed(effects)
 
@@ -158,10 +177,8 @@ class DaemonCore:
             case RecordHistory(run_no, ended_at, row):
                 self.reporter.record_history(lambda db: db.ended(run_no, ended_at=ended_at, **row))
             case SendAlert(kind, reason, fields):
-                step = run.progress.step if run is not None else None
+                step = run.facts.progress.step if run is not None else None
                 self.reporter.alert(number, step, kind, reason, fields, hands.gpus_seen())
-                if run is not None:
-                    run.alerted.add(kind)
             case SettleProcesses(kill_now):
                 if run is not None:
                     hands.settle(run, kill_now=kill_now)
@@ -201,6 +218,9 @@ class DaemonCore:
             case EndRunHung():
                 if run is not None:
                     hands.end_hung(run, effect)
+            case EndRun(why):
+                if run is not None:
+                    hands.end_run(run, why)
             case Publish():
                 hands.publish()
             case NotifySystemd(text):

@@ -25,7 +25,7 @@ from dflashd.supervisor.host.clock import SystemClock
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.groups import HostProcesses
 from dflashd.supervisor.host.home import Home
-from dflashd.supervisor.host.notify import NotifyMessage, SystemdNotifier
+from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.recovery import boot_id
 from dflashd.supervisor.host.spawn import set_child_subreaper
 from dflashd.supervisor.inbox import GpuSampled, Inbox, RunEmptied
@@ -45,6 +45,7 @@ from dflashd.supervisor.model.inputs import (
 )
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState
+from dflashd.supervisor.model.progress import Limits, NotifyMessage
 from dflashd.supervisor.model.stacks import StacksTaken
 from dflashd.supervisor.model.step import DaemonState, Rules
 from dflashd.supervisor.runs import FirstLaunch, LoopCallbacks, RunParts, Runs
@@ -59,7 +60,6 @@ from dflashd.supervisor.watch.gpuwatch import GpuSettings, GpuWatch
 from dflashd.supervisor.watch.linewatch import LineMatcher, LineWatcher
 from dflashd.supervisor.watch.nvml import NvmlSampler
 from dflashd.supervisor.watch.observe import RunObserver
-from dflashd.supervisor.watch.progress import Limits
 from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, StackDumps
 
@@ -98,15 +98,14 @@ class Daemon:
         emptied = lambda run_no: self.inbox.post(RunEmptied(run_no))  # noqa: E731
         self.ended_runs = EndedRuns(self.ops, self.reporter, emptied)
         self.core: DaemonCore  # made below, once the hands it acts through are
-        apply = lambda run, effects, publish=False: self.core.apply(run, effects, publish=publish)  # noqa: E731
+        look = lambda run, heard: self.core.step(run, heard)  # noqa: E731, PLW0108 (core: below)
         self.observer = RunObserver(
-            self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, apply, config.on_diverge
+            self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, look, config.on_diverge
         )
         self.dumps = doubles.dumps or StackDumps(
             home, self.reporter, self.inbox.post, clock.monotonic
         )
         table, hang = lambda: self.core.deadlines, lambda: self.core.state.hang
-        look = lambda run, heard: self.core.step(run, heard)  # noqa: E731, PLW0108 (core: below)
         live = (self._limits, self.dumps, table, hang, look)
         self.live = LiveRunControl(clock, self.observer, *live)
         tap = doubles.line_tap
@@ -114,10 +113,11 @@ class Daemon:
         launcher = Launcher(home, config, clock, self.ops, self.reporter, self.gpu, watcher)
         hands = (self.observer, launcher, self.live, self.ended_runs, self._systemd)
         parts = RunParts(self.ops, self.reporter, self.gpu, *hands)
-        callbacks = LoopCallbacks(self._drain_inbox, self._publish, hang, on_first_launch)
+        facts_of = lambda run_no: self.core.facts_of(run_no)  # noqa: E731, PLW0108 (core: below)
+        callbacks = LoopCallbacks(self._drain_inbox, self._publish, hang, facts_of, on_first_launch)
         self.runs = Runs(clock, parts, callbacks)
         every = self._systemd.watchdog_interval_s
-        rules = Rules(config.restart, config.alerts.on, every)
+        rules = Rules(config.restart, config.alerts.on, every, config.vram_grace_s)
         self.core = DaemonCore(DaemonState(rules), clock, self.reporter, self.runs)
         self.runs.current = lambda: self.core.run
         self.wakeups: Wakeups | None = None
@@ -243,9 +243,7 @@ class Daemon:
             elif isinstance(message, HangSampled):
                 self.live.hang_sampled(self.run, message)
             elif isinstance(message, GpuSampled):
-                end = self.observer.gpu_sample(self.run, message.sample, now)
-                if end is not None and self.run is not None:
-                    self.live.end(self.run, end)
+                self.observer.gpu_sample(self.run, message.sample, now)
                 self.core.changed()
             elif self.observer.lines(self.run, message, now):
                 self.core.changed()
@@ -279,7 +277,8 @@ class Daemon:
         stall = step_due = None
         if run is not None and run.alive:
             step_due = run.watcher.due() if run.watcher is not None else None  # a pending step
-            stall = None if run.ended_by_us else run.progress.stall_deadline(self._limits)
+            facts = run.facts
+            stall = None if facts.ended_by_us else facts.progress.stall_deadline(self._limits)
         return self.deadlines.next_timeout(self.clock.monotonic(), expiry, step_due, stall)
 
     def _on_wake(self) -> None:

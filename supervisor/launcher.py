@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -31,14 +32,15 @@ from dflashd.supervisor.host.spawn import (
     flight_recorder_env,
 )
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.progress import Progress
+from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.speak.diagnostics import bind_run, get_logger
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.speak.statusview import read_state
 from dflashd.supervisor.watch.elastic import ElasticState, scan_frame, torchrun_job
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.linewatch import LineWatcher
-from dflashd.supervisor.watch.progress import Progress
-from dflashd.supervisor.watch.run import Run
+from dflashd.supervisor.watch.run import FactsBook, Run
 
 log = get_logger("dflashd")
 
@@ -92,14 +94,15 @@ class Launcher:
     def launch(
         self,
         previous: Run | None,
+        book: FactsBook,
         *,
         clear_cache: bool,
         run_no: int | None = None,
         best_before: int | None = None,
         downtime_s: float | None = None,
-    ) -> tuple[Run, str | None]:
-        """Start the next run (or ``run_no`` again); the run, and the exec error when it could
-        not start.  Raises :class:`LaunchDeferred` when the host is out of descriptors or
+    ) -> tuple[Run, RunState, str | None]:
+        """Start the next run (or ``run_no`` again); the run's handles (``book`` keeps its
+        facts), what is known of it, and the exec error when it could not start.  Raises :class:`LaunchDeferred` when the host is out of descriptors or
         memory before the fork: no verdict, the daemon retries.  ``best_before``: the best
         step of the earlier runs (steps up to it are redone); ``downtime_s``: since the last
         run's death, for the ``spawn`` record (goodput)."""
@@ -115,16 +118,16 @@ class Launcher:
         progress = Progress(
             now, self.sees_steps, best_before=best_before, rendezvous=job is not None
         )
-        run = Run(run_no, self.config.command, now, self.clock.time(), progress)
-        if job is not None:
-            run.elastic = ElasticState(job, rendezvous_since=now)
-        run.gpu_baseline_mib = self.gpu.baseline()
+        argv = tuple(self.config.command)
+        facts = RunState(run_no, argv, now, self.clock.time(), progress)
+        elastic = ElasticState(job, rendezvous_since=now) if job is not None else None
+        facts = replace(facts, gpu_baseline_mib=self.gpu.baseline())
         if clear_cache:
             self._clear_cache(run_no)
         else:
             prepare_caches(self.home.cache, self.home.id)
         spawn_fields: dict[str, Any] = {
-            "argv": list(run.argv),
+            "argv": list(argv),
             "cwd": str(cwd),
             "env_keys": sorted(dflashd_env(spec)),
             "config_env_keys": sorted(self.config.env),
@@ -135,31 +138,30 @@ class Launcher:
         if job is not None:
             spawn_fields["torchrun"] = job.fields()
         self.reporter.record(run_no, Event.SPAWN, wait_s=SPAWN_ON_DISK_S, **spawn_fields)
-        argv_text = " ".join(run.argv)
+        argv_text = " ".join(argv)
         defaults = dict(LIVE_BARS_ENV) if self.config.builtin_formats else {}
         defaults.update(flight_recorder_env(self.home.logs / "flight" / f"run-{run_no}-rank"))
         env = child_environ(os.environ, self.config.env, spec, defaults)
-        run.flight_prefix = Path(env[FLIGHT_FILE])  # ours, or where the user's setting puts them
-        run.extensions_root = extensions_root(env)
+        flight = Path(env[FLIGHT_FILE])  # ours, or where the user's setting puts them
+        facts = replace(facts, flight_prefix=flight, extensions_root=extensions_root(env))
         with contextlib.suppress(OSError):
-            run.flight_prefix.parent.mkdir(parents=True, exist_ok=True)
+            flight.parent.mkdir(parents=True, exist_ok=True)
+        started_wall = facts.started_wall
         try:
-            launched = self.ops.spawn(run.argv, cwd=cwd, env=env, run_no=run_no)
+            launched = self.ops.spawn(argv, cwd=cwd, env=env, run_no=run_no)
         except OSError as exc:
             if exc.errno in TRANSIENT_ERRNOS and not isinstance(exc, FileNotFoundError):
                 raise LaunchDeferred(
                     run_no, f"{errno.errorcode.get(exc.errno or 0)}: {exc.strerror}"
                 ) from None
-            error = spawn_error_text(run.argv[0], exc)
+            error = spawn_error_text(argv[0], exc)
             log.error("spawn_failed", run=run_no, error=error)
-            run.spawn_error = error
             self.reporter.record_history(
-                lambda db: db.started(run_no, run.started_wall, None, argv_text)
+                lambda db: db.started(run_no, started_wall, None, argv_text)
             )
-            return run, error
-        run.launched = launched
-        run.saw({launched.pid})
-        run.create_time = self.ops.create_time(launched.pid)
+            return Run(run_no, book, elastic=elastic), replace(facts, spawn_error=error), error
+        create_time = self.ops.create_time(launched.pid)
+        facts = replace(facts, create_time=create_time).saw({launched.pid})
         bind_run(run=run_no, pid=launched.pid)
         custody = launched.custody
         self.reporter.record(
@@ -170,10 +172,10 @@ class Launcher:
             pgid=launched.pid,
             custody=custody.mode if custody is not None else None,
         )
-        callback = run.watcher = self._on_lines(run_no)
-        if run.elastic is not None:
+        callback = self._on_lines(run_no)
+        if elastic is not None:
             callback.agent_scan = scan_frame
-        run.drains = [
+        drains = tuple(
             PipeDrain(
                 fd,
                 run=run_no,
@@ -184,11 +186,12 @@ class Launcher:
                 on_lines=callback,
             )
             for fd, src in ((launched.stdout_fd, "stdout"), (launched.stderr_fd, "stderr"))
-        ]
-        self.reporter.record_history(
-            lambda db: db.started(run_no, run.started_wall, launched.pid, argv_text)
         )
-        return run, None
+        self.reporter.record_history(
+            lambda db: db.started(run_no, started_wall, launched.pid, argv_text)
+        )
+        run = Run(run_no, book, launched, drains, callback, elastic)
+        return run, facts, None
 
     def _clear_cache(self, run_no: int) -> None:
         # Only the directories dflashd made and marked (caches.py): never the user's own.

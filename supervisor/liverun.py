@@ -1,14 +1,16 @@
-"""Ending a live run: the one module that decides when dflashd ends a run that has not died.
+"""Ending a live run: the one module that carries out dflashd's end of a run that has not died.
 
-Four ways, each with its deadline kept here: ``dflashd stop`` (SIGTERM to the job's group,
-SIGKILL past ``stop_timeout_s``), a proven hang (:func:`dflashd.supervisor.model.hang.decide` says
-so from sampled stacks; this module applies it), a stall (the progress deadline passed and the
-evidence says stuck), and no GPU memory past its grace (the GPU watch's verdict).  Before every kill
-dflashd decides, it dumps the run's stacks with py-spy (the job keeps running meanwhile) and
-waits for the dump up to ``STACKS_BOUND_S``; where py-spy is missing or fails, it asks
-faulthandler for a dump instead (SIGABRT: ``PYTHONFAULTHANDLER=1``) and kills after
-``DUMP_GRACE_S``.  The run's death then takes the usual walk (reap -> conclude -> apply),
-with ``run.ended_by`` saying who ended it and ``run.stacks`` where the dump is.
+Four ways, each decided in the model and carried out here: ``dflashd stop`` (SIGTERM to the
+job's group, SIGKILL past ``stop_timeout_s``), a proven hang (``step``'s ``HangLook`` arm, from
+sampled stacks: :class:`~dflashd.supervisor.model.effects.EndRunHung`), a stall (the progress
+deadline passed; this module looks at the host, ``step``'s ``StallLook`` arm decides) and no
+GPU memory past its grace (``step``'s ``GpuSeen`` arm); the last two, and a diverged loss, come
+as :class:`~dflashd.supervisor.model.effects.EndRun`.  Before every kill dflashd decided, it
+dumps the run's stacks with py-spy (the job keeps running meanwhile) and waits for the dump up
+to ``STACKS_BOUND_S``; where py-spy is missing or fails, it asks faulthandler for a dump
+instead (SIGABRT: ``PYTHONFAULTHANDLER=1``) and kills after ``DUMP_GRACE_S``.  The run's death
+then takes the usual walk (reap -> conclude -> apply), with the run's facts saying who ended
+it (``ended_by``) and where the dump is (``stacks``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
     EndRunHung,
+    KeepStacks,
     KillRun,
     SetTimer,
     SignalRun,
@@ -38,12 +41,12 @@ from dflashd.supervisor.model.hang import (
     HangWatch,
     Sample,
 )
-from dflashd.supervisor.model.inputs import HangLook, Input, StartupView
+from dflashd.supervisor.model.inputs import HangLook, Input, Observed, StartupView
+from dflashd.supervisor.model.progress import Limits
 from dflashd.supervisor.model.stacks import StacksDump, StacksTaken, alert_lines
 from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.watch.observe import Apply, RunObserver
-from dflashd.supervisor.watch.pacewatch import straggler_effects
-from dflashd.supervisor.watch.progress import Limits
+from dflashd.supervisor.watch.pacewatch import straggler
 from dflashd.supervisor.watch.run import Run, node_rank, world_share
 from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper
 
@@ -76,11 +79,8 @@ class LiveRunControl:
 
     def stop(self, run: Run, timeout_s: float) -> None:
         """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
-        custody = run.custody
-        if custody is None:
+        if run.custody is None:
             return
-        if not run.ended_by_us:
-            run.ended_by = EndedBy.STOP
         self._act(
             run,
             WriteRecord(Event.STOPPING, {"signal": "SIGTERM", "timeout_s": timeout_s}),
@@ -90,21 +90,21 @@ class LiveRunControl:
         )
 
     def end(self, run: Run, why: EndedBy) -> None:
-        """dflashd ends the run (stall, first-step timeout, no GPU memory): a dump, then the kill."""
-        if run.custody is None or not run.alive or run.ended_by_us:
+        """The model ended the run (a stall, no GPU memory, a diverged loss): a dump, then the
+        kill."""
+        if run.custody is None or not run.alive:
             return
-        run.ended_by = why
         self._dump_then_kill(run, why.value, Event.ENDING_RUN)
 
     def _dump_then_kill(self, run: Run, why: str, event: Event) -> None:
         if not self.dumps.available:
             self._faulthandler(run, why, event, self.dumps.tool())
             return
-        run.dump_before_kill = dump_id = self.dumps.next_id(run)
+        dump_id = self.dumps.next_id(run)
         fields = {"why": why, "dump": "py-spy", "then": "SIGKILL", "bound_s": STACKS_BOUND_S}
         self._act(
             run,
-            DumpStacks(why, dump_id),
+            DumpStacks(why, dump_id, before_kill=True),
             WriteRecord(event, fields, log_level="warning"),
             SetTimer(Deadline.KILL, self.clock.monotonic() + STACKS_BOUND_S),  # the dump's bound
         )
@@ -130,23 +130,20 @@ class LiveRunControl:
         fields, level = self.dumps.taken(message, self.clock.time())
         said = WriteRecord(Event.STACKS, fields, log_level=level, run_no=message.run_no)
         if message.dump.trigger == "slow" and run is not None and run.run_no == message.run_no:
-            self._act(run, said, *straggler_effects(run, fields))  # the straggler, if any
+            facts, found = straggler(run.facts, fields)  # the straggler, if any
+            self.look(run, Observed(facts, (said, *found)))
             return
-        if run is None or run.run_no != message.run_no or run.dump_before_kill != message.dump_id:
+        ours = run is not None and run.run_no == message.run_no
+        if run is None or not ours or run.facts.dump_before_kill != message.dump_id:
             self._act(run, said)
             return
-        run.dump_before_kill = None
-        kept = ("dump_id", "path", "odd_rank_out", "odd_summary", "error")
-        run.stacks = {k: fields[k] for k in kept if fields.get(k) is not None}
-        run.stacks["top"] = alert_lines(fields)
+        kept = KeepStacks(kept_stacks(fields))
         if not run.alive or run.custody is None:
-            self._act(run, said)
+            self._act(run, said, kept)
         elif message.dump.ok:
-            self._act(run, said, SetTimer(Deadline.KILL, None), KillRun())
-        else:
-            self._act(
-                run, said
-            )  # py-spy could not read the run (a seccomp profile, say): faulthandler's dump
+            self._act(run, said, kept, SetTimer(Deadline.KILL, None), KillRun())
+        else:  # py-spy could not read the run (a seccomp profile, say): faulthandler's dump
+            self._act(run, said, kept)
             self._faulthandler(run, message.dump.trigger, Event.ENDING_RUN, message.dump.error)
 
     # -- hangs: the evidence decides (hang.py), this applies ---------------------------------
@@ -155,17 +152,18 @@ class LiveRunControl:
         """Hand the model what is known of the live run now (``sample``: one that just came
         back): it keeps the hang watch, decides, and says what follows."""
         watch = self.hang()
-        progress = run.progress
+        facts = run.facts
+        progress = facts.progress
         limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
         wall = self.clock.time()
         if not progress.reached_first_step:
-            root = run.extensions_root
+            root = facts.extensions_root
             # looked for only when a round is complete and about to be judged (a glob per
             # wake-up of a chatty start-up would be waste)
             judged = root is not None and len(watch.samples) + bool(sample) >= SAMPLES
-            locks = stale_build_locks(root, run.started_wall) if judged and root else ()
+            locks = stale_build_locks(root, facts.started_wall) if judged and root else ()
             held = tuple((path, age) for path in locks if (age := file_age(path, wall)))
-            start = StartupView(run.started_mono, self.dumps.available, bool(locks), held)
+            start = StartupView(facts.started_mono, self.dumps.available, bool(locks), held)
             self.look(run, HangLook(None, start, limits, wall, sample=sample))
             return
         dump = sample[1] if sample is not None else watch.last_dump
@@ -174,9 +172,9 @@ class LiveRunControl:
             progress.intervals,
             progress.reports_steps,
             self.dumps.available,
-            gpu_idle=run.gpu_seen == "idle",
+            gpu_idle=facts.gpu_seen == "idle",
             node=node_rank(run, dump),
-            gpu_power_share=run.gpu_power.share(),
+            gpu_power_share=facts.gpu_power.share(),
         )
         share = world_share(run, watch, now)
         self.look(run, HangLook(view, None, limits, wall, share, progress.step, sample))
@@ -186,58 +184,67 @@ class LiveRunControl:
         if run is None or run.run_no != message.run_no or not run.alive:
             return
         sample = (message.sample, message.dump)
-        if run.ended_by_us:  # kept, nothing more decided: the run is being ended
+        if run.facts.ended_by_us:  # kept, nothing more decided: the run is being ended
             limits = HangLimits(self.limits.hang_suspect_s, self.limits.remote_wait_s)
             self.look(run, HangLook(None, None, limits, self.clock.time(), sample=sample))
             return
         self._look(run, self.clock.monotonic(), sample)
 
     def end_hung(self, run: Run, hung: EndRunHung) -> None:
-        """A proven hang (the model's verdict): the sample that proved it is the run's dump
-        (its file and record), and the kill follows at once (no second dump)."""
+        """A proven hang (the model's verdict, its facts already say so): the sample that
+        proved it is the run's dump (its file and record), and the kill follows at once (no
+        second dump)."""
         if run.custody is None or not run.alive:
             return
-        run.ended_by = EndedBy.HUNG
-        run.hung_after_s = hung.hung_after_s
         dump = self.hang().last_dump
         said: tuple[Effect, ...] = ()
         if dump is not None:
             dump.trigger = "hung"
             taken = StacksTaken(run.run_no, "hang", dump)
             fields, level = self.dumps.taken(taken, self.clock.time())
-            said = (WriteRecord(Event.STACKS, fields, log_level=level),)
-            kept = ("dump_id", "path", "odd_rank_out", "odd_summary", "error")
-            run.stacks = {k: fields[k] for k in kept if fields.get(k) is not None}
-            run.stacks["top"] = alert_lines(fields)
+            said = (
+                WriteRecord(Event.STACKS, fields, log_level=level),
+                KeepStacks(kept_stacks(fields)),
+            )
         ending: dict[str, Any] = {"why": EndedBy.HUNG.value, "evidence": hung.why}
-        ending |= {"frames": list(hung.frames), "hung_after_s": run.hung_after_s}
+        ending |= {"frames": list(hung.frames), "hung_after_s": hung.hung_after_s}
         ending |= {"dump": "py-spy", "then": "SIGKILL"}
         self._act(run, *said, WriteRecord(Event.ENDING_RUN, ending, log_level="warning"), KillRun())
 
     def check(self, run: Run | None, now: float) -> None:
-        """The live run's deadlines: the kill after a dump, a hang, a stall."""
+        """The live run's deadlines: the kill after a dump, a hang, a stall (the model decides
+        the hang and the stall from what this hands it: ``step``'s hang and stall arms)."""
         live = run is not None and run.alive and run.pid is not None
         if live and run is not None:
             if self.deadlines().is_due(Deadline.KILL, now):
                 # a dump past its bound is not waited for any longer
                 self._act(run, SetTimer(Deadline.KILL, None), KillRun())
-            if run.end_wanted is not None and not run.ended_by_us:
-                self.end(run, run.end_wanted)  # the observer's ask (a diverged loss)
-            if not run.ended_by_us:
+            if not run.facts.ended_by_us:
                 self._look(run, now)
-            stall = None if run.ended_by_us else run.progress.stall_deadline(self.limits)
-            if stall is not None and now >= stall and (why := self.observer.stall_reason(run, now)):
-                self.end(run, why)
+            facts = run.facts
+            stall = None if facts.ended_by_us else facts.progress.stall_deadline(self.limits)
+            if stall is not None and now >= stall:
+                looked = self.observer.stall_look(run, now)
+                if looked is not None:
+                    self.look(run, looked)
 
     def stop_timed_out(self, run: Run | None) -> None:
         """The stop's grace is over: the stacks (py-spy), then SIGKILL."""
         live = run is not None and run.alive and run.pid is not None
-        if not live or run is None or run.dump_before_kill is not None:
+        if not live or run is None or run.facts.dump_before_kill is not None:
             return
         if self.dumps.available:
             self._dump_then_kill(run, "stop_timeout", Event.STOP_TIMEOUT)
         elif run.custody is not None:  # no py-spy: the stop's grace is over, no more waiting
             self._act(run, WriteRecord(Event.STOP_TIMEOUT, {"signal": "SIGKILL"}), KillRun())
+
+
+def kept_stacks(fields: dict[str, Any]) -> dict[str, Any]:
+    """What the run keeps of the dump taken before its kill: its file, the odd rank out, the
+    top frames (the exit record and the alert say them)."""
+    kept = ("dump_id", "path", "odd_rank_out", "odd_summary", "error")
+    stacks = {k: fields[k] for k in kept if fields.get(k) is not None}
+    return {**stacks, "top": alert_lines(fields)}
 
 
 def stacks_command(

@@ -15,8 +15,8 @@ from typing import Final
 from dflashd.supervisor.host.caches import stale_build_locks
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.model.advice import checkpoint_cost
-from dflashd.supervisor.model.ending import RunFacts
 from dflashd.supervisor.model.hang import HangWatch
+from dflashd.supervisor.model.runstate import RunFacts, RunState
 from dflashd.supervisor.model.verdicts import Observations
 from dflashd.supervisor.watch.run import Run
 
@@ -45,7 +45,7 @@ def mark_reaped(run: Run, status: int | None, ops: ProcessOps) -> float | None:
     return cpu_s
 
 
-def lived_s(run: Run, duration_s: float, cpu_s: float | None) -> float:
+def lived_s(run: RunState, duration_s: float, cpu_s: float | None) -> float:
     """From the launch to the last sign of life: output, notify or GPU activity; the whole
     duration when the run kept a tenth of a CPU busy over it (a silent CPU-bound job)."""
     progress = run.progress
@@ -67,30 +67,31 @@ def observations(
     cpu_s: float | None = None,
 ) -> Observations:
     """What the classifier may look at, from a reaped run and its wait status (None: unknown)."""
+    facts = run.facts
     return Observations(
         exit_code=os.WEXITSTATUS(status) if status is not None and os.WIFEXITED(status) else None,
         signal=os.WTERMSIG(status) if status is not None and os.WIFSIGNALED(status) else None,
-        ended_by=run.ended_by,
-        reached_first_step=run.progress.reached_first_step,
+        ended_by=facts.ended_by,
+        reached_first_step=facts.progress.reached_first_step,
         output_lines=sum(d.line_count for d in run.drains),
         stderr_tail=stderr_tail,
-        gpu_xids=tuple(run.gpu_xids),
+        gpu_xids=facts.gpu_xids,
         status_unknown=status is None,
         oom_kills=run.custody.oom_kills() if run.custody is not None else 0,
-        lived_s=lived_s(run, duration_s, cpu_s),
+        lived_s=lived_s(facts, duration_s, cpu_s),
         cpu_s=cpu_s or 0.0,
-        diverged=_diverged(run),
+        diverged=_diverged(facts),
     )
 
 
-def _diverged(run: Run) -> tuple[int | None, int | None] | None:
+def _diverged(run: RunState) -> tuple[int | None, int | None] | None:
     """Where the run's loss diverged and its last good step (None: it did not)."""
     watch = run.progress.losses
     return (watch.diverged_at, watch.last_good_step) if watch.diverged else None
 
 
 def reaped_facts(
-    run: Run,
+    handles: Run,
     status: int | None,
     *,
     died_mono: float,
@@ -100,9 +101,10 @@ def reaped_facts(
 ) -> RunFacts:
     """Everything :func:`~dflashd.supervisor.model.ending.conclude` needs about a reaped run
     (``watch``: its hang evidence, which the model keeps)."""
-    tails = {d.src: tuple(d.tail) for d in run.drains}
+    tails = {d.src: tuple(d.tail) for d in handles.drains}
+    run = handles.facts
     duration = died_mono - run.started_mono
-    obs = observations(run, status, tails.get("stderr", ()), duration, cpu_s)
+    obs = observations(handles, status, tails.get("stderr", ()), duration, cpu_s)
     first = run.progress.first_step_mono
     last = run.progress.last_progress_mono or first
     return RunFacts(
@@ -116,8 +118,8 @@ def reaped_facts(
         step=run.progress.step,
         epoch=run.progress.epoch,
         tail=tails.get("stderr") or tails.get("stdout") or (),
-        already_alerted=frozenset(run.alerted),
-        stacks=run.stacks,
+        already_alerted=run.alerted,
+        stacks=dict(run.stacks) if run.stacks is not None else None,
         flight_recorder=flight_traces(run),
         hung_after_s=run.hung_after_s,
         stale_build_locks=(
@@ -133,7 +135,7 @@ def reaped_facts(
     )
 
 
-def waited_elsewhere(run: Run, watch: HangWatch, died_mono: float) -> tuple[str, float] | None:
+def waited_elsewhere(run: RunState, watch: HangWatch, died_mono: float) -> tuple[str, float] | None:
     """A run that died (not ended by dflashd) within a round or two of waiting on work
     elsewhere: that wait and how long it lasted (its peer was likely lost)."""
     last = watch.elsewhere_last
@@ -143,7 +145,7 @@ def waited_elsewhere(run: Run, watch: HangWatch, died_mono: float) -> tuple[str,
     return why, max(seen, died_mono) - since
 
 
-def flight_traces(run: Run) -> tuple[str, ...]:
+def flight_traces(run: RunState) -> tuple[str, ...]:
     """The NCCL flight-recorder traces this run's ranks left (``TORCH_FR_DUMP_TEMP_FILE``)."""
     prefix = run.flight_prefix
     if prefix is None:
@@ -154,14 +156,14 @@ def flight_traces(run: Run) -> tuple[str, ...]:
         return ()
 
 
-def spawn_failed_facts(run: Run, error: str, *, ended_at: float) -> RunFacts:
+def spawn_failed_facts(run: RunState, error: str, *, ended_at: float) -> RunFacts:
     """A launch whose exec failed: nothing ran."""
     return RunFacts(
         run.run_no,
         Observations(spawn_error=error),
         0.0,
         ended_at=ended_at,
-        already_alerted=frozenset(run.alerted),
+        already_alerted=run.alerted,
         times=run.times(),
         died_mono=run.started_mono,
     )

@@ -33,11 +33,12 @@ from dflashd.supervisor.model.inputs import (
     LaunchPutOff,
     ReleaseLooked,
 )
+from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.reaped import mark_reaped, reaped_facts, spawn_failed_facts
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.observe import RunObserver
-from dflashd.supervisor.watch.run import Run
+from dflashd.supervisor.watch.run import FactsBook, Run
 from dflashd.supervisor.watch.stackdumps import Dumper
 
 # The child's final output is already in the pipes: framing them is quick, unless the log's
@@ -71,6 +72,7 @@ class LoopCallbacks:
     process_inbox: Callable[[], None]
     publish: Callable[[], str]
     hang_watch: Callable[[], HangWatch]  # the current run's hang evidence (the model's)
+    facts_of: FactsBook  # a run's facts (the model's)
     on_first_launch: FirstLaunch | None = None
 
 
@@ -92,8 +94,9 @@ class Runs:
     def launch(self, effect: Launch) -> tuple[Run | None, Input]:
         """The next run: ``spawn`` on disk, the fork; answers launched, put off or spawn failed."""
         try:
-            run, error = self.launcher.launch(
+            run, facts, error = self.launcher.launch(
                 self.current(),
+                self.callbacks.facts_of,
                 clear_cache=effect.clear_cache,
                 run_no=effect.run_no,
                 best_before=effect.best_before,
@@ -105,9 +108,9 @@ class Runs:
             return self.current(), put_off
         self.fd_reserve.take()
         if error is not None:
-            facts = spawn_failed_facts(run, error, ended_at=self.clock.time())
-            return run, ChildExited(facts, self._rng.random(), launched_at=run.started_mono)
-        return run, Launched(run.started_mono)
+            ended = spawn_failed_facts(facts, error, ended_at=self.clock.time())
+            return run, ChildExited(ended, self._rng.random(), launched=facts)
+        return run, Launched(facts)
 
     def after_launch(self, run: Run | None, answer: Input) -> None:
         """``start``'s wait is answered, and systemd told READY once the launch is on disk."""
@@ -144,6 +147,11 @@ class Runs:
     def end_hung(self, run: Run, hung: EndRunHung) -> None:
         """A proven hang: the live run's control ends it (its dump, then the kill)."""
         self.live.end_hung(run, hung)
+
+    def end_run(self, run: Run, why: EndedBy) -> None:
+        """The model ended the live run (a stall, no GPU memory, a diverged loss): its dump,
+        then the kill."""
+        self.live.end(run, why)
 
     def stop_timed_out(self, run: Run | None) -> None:
         """The stop's grace is over: the stacks, then SIGKILL."""
@@ -198,7 +206,7 @@ class Runs:
             run.watcher.flush()
         self.callbacks.process_inbox()  # ...and its steps counted before the verdict
         cpu_s = mark_reaped(run, status, self.ops)
-        if run.progress.unrecorded:
+        if run.facts.progress.unrecorded:
             self.observer.progress_record(run)  # the curve ends where the run did
         watch = self.callbacks.hang_watch()  # after the inbox: a sample that came in is in it
         ended_at = self.clock.time()

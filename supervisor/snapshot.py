@@ -18,10 +18,11 @@ from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.model.advice import AdviceInputs, checkpoint_cost, said
 from dflashd.supervisor.model.deadlines import Deadlines
-from dflashd.supervisor.model.goodput import Cost
+from dflashd.supervisor.model.goodput import Cost, RunTimes
 from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.speak.reporter import Reporter
 from dflashd.supervisor.speak.statusview import StatusView
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
@@ -73,10 +74,12 @@ def status_view(source: StatusSource) -> StatusView:
     run, ledger = source.run, source.ledger
     now_mono, now_wall = source.clock.monotonic(), source.clock.time()
     alive = run is not None and run.alive
-    progress = run.progress if run is not None else None
+    facts = run.facts if run is not None else None
+    progress = facts.progress if facts is not None else None
+    times = facts.times() if alive and facts is not None else None
     age: float | None = None
-    if run is not None and progress is not None and alive:
-        ref = progress.last_progress_mono or progress.last_alive_mono or run.started_mono
+    if facts is not None and progress is not None and alive:
+        ref = progress.last_progress_mono or progress.last_alive_mono or facts.started_mono
         age = round(now_mono - ref, 3)
     restart_at = source.deadlines.restart_at or source.deadlines.release_check_at
     view: StatusView = {
@@ -101,7 +104,7 @@ def status_view(source: StatusSource) -> StatusView:
         "fatal_reason": ledger.fatal_reason,
         "gpus": list(source.gpu.last),
         "gpu_checks": source.gpu.status,
-        "gpu_method": run.gpu_use.method if run is not None and run.gpu_use is not None else None,
+        "gpu_method": facts.gpu_use.method if facts and facts.gpu_use else None,
         "log": str(source.reporter.log_path),
         "home": str(source.home.root),
         "started_at": source.started_wall,
@@ -121,21 +124,23 @@ def status_view(source: StatusSource) -> StatusView:
         "log_codec": CODEC.implementation,
         "stop_timeout_s": source.config.restart.stop_timeout_s,
         "last_alert": source.reporter.last_alert,
-        "goodput": ledger.goodput.view(
-            run.times() if alive and run is not None else None, now_mono
-        ),
+        "goodput": ledger.goodput.view(times, now_mono),
         "waiting": source.hang_watch.waiting if alive else None,
-        "pace": _pace(run),
-        "slow": _slow(run, now_mono, now_wall) if alive else None,
-        "diverged": run.diverged if run is not None else None,
-        "checkpoint_advice": _advice(run, ledger, now_mono),
+        "pace": _pace(facts),
+        "slow": _slow(facts, now_mono, now_wall) if alive else None,
+        "diverged": dict(facts.diverged) if facts and facts.diverged else None,
+        "checkpoint_advice": _advice(facts, times, ledger, now_mono),
     }
-    if alive and run is not None and run.pid is not None:
-        view["child"] = {"pid": run.pid, "create_time": run.create_time, "boot_id": source.boot_id}
+    if alive and run is not None and run.pid is not None and facts is not None:
+        view["child"] = {
+            "pid": run.pid,
+            "create_time": facts.create_time,
+            "boot_id": source.boot_id,
+        }
     return view
 
 
-def _pace(run: Run | None) -> dict[str, Any] | None:
+def _pace(run: RunState | None) -> dict[str, Any] | None:
     """The run's own step time (its baseline, once learnt) and its recent one."""
     pace = run.progress.pace if run is not None else None
     if pace is None or pace.baseline_s is None:
@@ -150,7 +155,7 @@ def _pace(run: Run | None) -> dict[str, Any] | None:
     }
 
 
-def _slow(run: Run | None, now_mono: float, now_wall: float) -> dict[str, Any] | None:
+def _slow(run: RunState | None, now_mono: float, now_wall: float) -> dict[str, Any] | None:
     """The open slow incident, with the wall time it opened."""
     if run is None or run.slow is None:
         return None
@@ -161,10 +166,11 @@ def _slow(run: Run | None, now_mono: float, now_wall: float) -> dict[str, Any] |
     return out
 
 
-def _advice(run: Run | None, ledger: Ledger, now_mono: float) -> dict[str, Any] | None:
+def _advice(
+    run: RunState | None, times: RunTimes | None, ledger: Ledger, now_mono: float
+) -> dict[str, Any] | None:
     """The checkpoint interval that pays (model/advice.py), when it differs much from today's."""
-    alive = run is not None and run.alive
-    total = ledger.goodput.settled(run.times() if alive and run is not None else None, now_mono)
+    total = ledger.goodput.settled(times, now_mono)
     return said(
         AdviceInputs(
             failures=sum(ledger.restarts_by_verdict.values()) + ledger.agent_restarts,
@@ -180,10 +186,11 @@ def goodput_totals(source: StatusSource) -> tuple[Cost, int | None]:
     """The goodput ledger's settled totals now, and the best step a relaunch must pass."""
     run, book = source.run, source.ledger.goodput
     alive = run is not None and run.alive
+    facts = run.facts if run is not None else None
     totals = book.settled(
-        run.times() if alive and run is not None else None, source.clock.monotonic()
+        facts.times() if alive and facts is not None else None, source.clock.monotonic()
     )
-    steps = (source.ledger.history.best_step, run.progress.step if run is not None else None)
+    steps = (source.ledger.history.best_step, facts.progress.step if facts is not None else None)
     return totals, book.best_before(max((s for s in steps if s is not None), default=None))
 
 

@@ -17,7 +17,6 @@ from dflashd.supervisor.model.effects import (
     EnterState,
     KillHolders,
     Launch,
-    RunLaunched,
     SetTimer,
     StopAsked,
     UpdateLedger,
@@ -27,15 +26,17 @@ from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import GoodputLedger
 from dflashd.supervisor.model.inputs import (
     Input,
+    Launched,
     LaunchPutOff,
     ReleaseLooked,
     Started,
     StopRequested,
 )
 from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.progress import Progress
+from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, deferred_launch, stop_effects
 from dflashd.supervisor.watch.gpuwatch import ReleaseCheck
-from dflashd.supervisor.watch.progress import Progress
 from dflashd.supervisor.watch.run import Run
 
 NOW_WALL = 1_800_000_000.0
@@ -150,9 +151,11 @@ class Written:
         return len(self.records)
 
 
-def _run(run_no: int, clock: ManualClock) -> Run:
+def _run(core: DaemonCore, run_no: int, clock: ManualClock) -> tuple[Run, RunState]:
+    """A run's handles (its facts kept by ``core``) and its facts at launch."""
     now = clock.monotonic()
-    return Run(run_no, ("job",), now, clock.time(), Progress(started_mono=now))
+    facts = RunState(run_no, ("job",), now, clock.time(), Progress(started_mono=now))
+    return Run(run_no, core.facts_of), facts
 
 
 class Hands:
@@ -202,12 +205,14 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
     tmp_path: Path,
 ) -> None:
     core, written, clock, hands = _core(tmp_path)
-    run = _run(3, clock)
+    run, facts = _run(core, 3, clock)
     before, t = core.state, clock.monotonic()
+    core.step(run, Launched(facts))  # the run is current: its facts are the state's
+    assert hands.done == ["publish"] and core.facts_of(3) is facts
+    hands.done.clear()
     core.apply(
         run,
         (
-            RunLaunched(run.started_mono),
             EnterState(State.RUNNING),
             SetTimer(Deadline.STOP, t + 40.0),
             SetTimer(Deadline.RELEASE_CHECK, t + 41.0),
@@ -240,8 +245,8 @@ def test_the_core_counts_the_launch_gap_and_the_end_into_goodput(tmp_path: Path)
     core, _written, clock, _hands = _core(tmp_path)
     core.apply(None, (UpdateLedger(goodput=GoodputLedger(0.0, gap_since=clock.monotonic())),))
     clock.advance(2.0)
-    run = _run(1, clock)
-    core.apply(run, (RunLaunched(run.started_mono),))
+    run, facts = _run(core, 1, clock)
+    core.step(run, Launched(facts))
     assert core.ledger.goodput.closed.downtime_s == pytest.approx(2.0)
     assert core.ledger.goodput.gap_since is None  # the run is the open stretch now
 

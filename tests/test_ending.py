@@ -11,13 +11,14 @@ import signal
 import pytest
 
 from dflashd.supervisor.model.effects import RecordHistory, SendAlert, SettleProcesses, WriteRecord
-from dflashd.supervisor.model.ending import RunFacts, conclude, lost_facts
+from dflashd.supervisor.model.ending import conclude, lost_facts
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.exitcodes import EXIT_FATAL
 from dflashd.supervisor.model.incidents import passed, resumed
 from dflashd.supervisor.model.ledger import Ledger, UpdateLedger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartConfig, RestartHistory
+from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.verdicts import (
     DEFAULT_ALERTS,
     AlertKind,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dflashd.logs import EventRecord, LineRecord
-from dflashd.supervisor.model.formats import global_step, match_line
+from dflashd.supervisor.model.formats import match_line
+from dflashd.supervisor.model.progress import global_step, stall_window
 from dflashd.supervisor.model.verdicts import reason_from_output
-from dflashd.supervisor.watch.progress import stall_window
 from tests.conftest import Daemon, child, run_cli
 
 Start = Callable[..., Daemon]

@@ -24,8 +24,8 @@ from dflashd.supervisor.model.goodput import (
     view_from_json,
 )
 from dflashd.supervisor.model.policy import RestartConfig, RestartHistory, decide
+from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.verdicts import Verdict
-from dflashd.supervisor.watch.progress import Progress
 
 # launch at 0, first step at 10, steps to 100: the same run under each ending
 RUN = RunTimes(launched=0.0, first_step=10.0, last_progress=100.0, stepped=True)

@@ -36,6 +36,7 @@ from dflashd.supervisor.model.hangwatch import (
 from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.startup import StartupAction, StartupStuck
 from dflashd.supervisor.model.world import Share
+from tests.tables import launch_heard
 
 NOW, WALL = 100.0, 1_800_000_100.0
 SAMPLE = Sample(at=90.0, processes=())
@@ -317,11 +318,11 @@ def test_a_steady_run_that_stops_stepping_is_sampled_proven_hung_and_ended() -> 
     samples as they come back and ends the run as hung; the shell never holds the watch."""
     from dflashd.supervisor.model.effects import EndRunHung
     from dflashd.supervisor.model.hang import HangLimits, HangView
-    from dflashd.supervisor.model.inputs import HangLook, Launched, Started
+    from dflashd.supervisor.model.inputs import HangLook, Started
     from dflashd.supervisor.model.step import DaemonState, step
 
     state, _ = step(DaemonState(), Started(), 0.0)
-    state, _ = step(state, Launched(0.1), 0.1)
+    state, _ = step(state, launch_heard(0.1), 0.1)
     view = HangView(50.0, (1.0,) * 10, True, True)
     limits = HangLimits(12.0, 300.0)
 
@@ -346,5 +347,5 @@ def test_a_steady_run_that_stops_stepping_is_sampled_proven_hung_and_ended() -> 
     end = next(e for e in ended if isinstance(e, EndRunHung))
     assert end.hung_after_s == 18.5 and "acquire" in " ".join(end.frames)
     assert state.hang.last_finding == end.why
-    state, _ = step(state, Launched(70.0), 70.0)  # the next run starts with no evidence
+    state, _ = step(state, launch_heard(70.0), 70.0)  # the next run starts with no evidence
     assert state.hang == HangWatch()

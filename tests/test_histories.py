@@ -30,7 +30,6 @@ from dflashd.supervisor.model.effects import (
     UpdateLedger,
     WriteRecord,
 )
-from dflashd.supervisor.model.ending import RunFacts
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import GoodputLedger, RunTimes
 from dflashd.supervisor.model.inputs import (
@@ -39,7 +38,6 @@ from dflashd.supervisor.model.inputs import (
     Decided,
     Emptied,
     Input,
-    Launched,
     LaunchPutOff,
     ReleaseLooked,
     Started,
@@ -48,8 +46,10 @@ from dflashd.supervisor.model.inputs import (
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartConfig
+from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, Rules, step
 from dflashd.supervisor.model.verdicts import EndedBy, Notice, Observations, Verdict
+from tests.tables import launch_heard, run_state
 
 POLICY = RestartConfig(early_retries=2, runtime_retries=5, backoff_initial_s=2.0)
 CRASH = Observations(signal=signal.SIGSEGV, reached_first_step=True, output_lines=9)
@@ -93,7 +93,7 @@ def test_a_crash_mid_training_is_relaunched_after_the_backoff_once_released() ->
         fresh(),
         [
             (0.0, Started()),
-            (0.1, Launched(0.1)),
+            (0.1, launch_heard(0.1)),
             (60.0, died(1, CRASH, 60.0, started=0.1)),
             (62.0, DeadlineDue(Deadline.RESTART)),
             (62.1, ReleaseLooked(None, (), ready=True)),
@@ -117,7 +117,7 @@ def test_a_crash_mid_training_is_relaunched_after_the_backoff_once_released() ->
 
 def test_the_backoff_is_a_deadline_and_the_run_deadlines_die_with_the_run() -> None:
     state = fresh()
-    for now, heard in ((0.0, Started()), (0.1, Launched(0.1))):
+    for now, heard in ((0.0, Started()), (0.1, launch_heard(0.1))):
         state, _ = step(state, heard, now)
     state = step(state, DeadlineDue(Deadline.HANG), 5.0)[0]
     state, _ = step(
@@ -132,7 +132,9 @@ def test_the_backoff_is_a_deadline_and_the_run_deadlines_die_with_the_run() -> N
 
 
 def test_a_completed_job_ends_the_daemon_and_launches_nothing() -> None:
-    state, said = play(fresh(), [(0.0, Started()), (0.1, Launched(0.1)), (9.0, died(1, DONE, 9.0))])
+    state, said = play(
+        fresh(), [(0.0, Started()), (0.1, launch_heard(0.1)), (9.0, died(1, DONE, 9.0))]
+    )
     assert "Launch" not in kinds(said[-1]) and "SettleProcesses" in kinds(said[-1])
     assert state.loop.state is State.COMPLETED and state.loop.done and state.loop.exit_code == 0
     assert state.deadlines.restart_at is None
@@ -143,7 +145,7 @@ def test_early_deaths_past_the_budget_end_fatal_with_one_alert_each_kind() -> No
     alerts: list[str] = []
     at = 0.0
     for run_no in range(1, 5):
-        state, _ = step(state, Launched(at), at)
+        state, _ = step(state, launch_heard(at), at)
         at += 3.0
         state, effects = step(state, died(run_no, EARLY, at, started=at - 3.0), at)
         alerts += [e.kind.value for e in effects if isinstance(e, SendAlert)]
@@ -160,7 +162,7 @@ def test_early_deaths_past_the_budget_end_fatal_with_one_alert_each_kind() -> No
 @pytest.mark.parametrize("alive", [True, False])
 def test_a_stop_ends_the_live_run_or_the_daemon_at_once(alive: bool) -> None:
     state, said = play(
-        fresh(), [(0.0, Started()), (0.1, Launched(0.1)), (5.0, StopRequested(7.0, alive))]
+        fresh(), [(0.0, Started()), (0.1, launch_heard(0.1)), (5.0, StopRequested(7.0, alive))]
     )
     stop = said[-1]
     assert kinds(stop) == (
@@ -179,7 +181,7 @@ def test_a_stopped_run_ends_the_daemon_and_is_not_relaunched() -> None:
         fresh(),
         [
             (0.0, Started()),
-            (0.1, Launched(0.1)),
+            (0.1, launch_heard(0.1)),
             (5.0, StopRequested(7.0, alive=True)),
             (6.0, died(1, STOPPED, 6.0, started=0.1)),
         ],
@@ -193,7 +195,7 @@ def test_the_stop_timeout_asks_for_the_stacks_then_the_kill() -> None:
         fresh(),
         [
             (0.0, Started()),
-            (0.1, Launched(0.1)),
+            (0.1, launch_heard(0.1)),
             (5.0, Decided((SetTimer(Deadline.STOP, 12.0),))),
             (12.0, DeadlineDue(Deadline.STOP)),
         ],
@@ -241,7 +243,7 @@ def test_the_watchdog_pets_systemd_and_sets_its_next_deadline() -> None:
 def test_a_spawn_failure_is_current_and_concluded_in_one_step() -> None:
     state = step(fresh(), Started(), 0.0)[0]
     facts = RunFacts(1, Observations(spawn_error="No such file"), 0.0, ended_at=1000.0)
-    state, effects = step(state, ChildExited(facts, 0.0, launched_at=0.0), 0.0)
+    state, effects = step(state, ChildExited(facts, 0.0, launched=run_state(0.0)), 0.0)
     assert isinstance(effects[0], RunLaunched)  # the run is the current one from now on
     assert any(isinstance(e, WriteRecord) and e.event is Event.EXIT for e in effects)
     assert any(isinstance(e, RecordHistory) for e in effects) and effects[-1] == Publish()

@@ -355,19 +355,47 @@ def run_field_writes(tree: ast.AST) -> set[str]:
     return fields
 
 
-def test_every_field_of_a_run_has_one_writer() -> None:
-    """Who may set ``run.ended_by``? One module per field (besides ``run.py`` itself):
-    the launcher what a launch made, the live run's control its end, the observer and the
-    GPU watch the evidence, ``reaped`` the reap, the core the alerts sent."""
+def test_a_runs_facts_are_a_value_replaced_by_the_model() -> None:
+    """What is known of a run (its progress, evidence, who ended it) is a frozen ``RunState``
+    in the daemon's state, replaced by ``step`` only; the shell's ``Run`` holds handles, and
+    the one change made to it after construction is the reap (``reaped``, by ``reaped``)."""
+    import dataclasses
+
+    from dflashd.supervisor.model.runstate import RunFacts, RunState
+    from dflashd.supervisor.watch.run import Run
+    from tests.tables import run_state
+
+    for value in (run_state(0.0), RunFacts(1, None, 0.0)):  # type: ignore[arg-type]
+        try:
+            value.run_no = 2
+        except dataclasses.FrozenInstanceError:
+            continue
+        raise AssertionError(f"{type(value).__name__} can be changed in place")
+    facts = {f.name for f in dataclasses.fields(RunState)}
     writers: dict[str, set[str]] = {}
     for name, path in modules().items():
         if not name.startswith("dflashd.supervisor") or name == "dflashd.supervisor.watch.run":
             continue
         for field_name in run_field_writes(ast.parse(path.read_text())):
             writers.setdefault(field_name, set()).add(name.rsplit(".", 1)[-1])
-    shared = {f: sorted(m) for f, m in writers.items() if len(m) > 1}
-    assert shared == {}
-    assert writers["reaped"] == {"reaped"} and "kill_at_mono" not in writers  # in the table
+    assert writers == {"reaped": {"reaped"}}
+    assert facts & {f.name for f in dataclasses.fields(Run)} == {"run_no"}  # nothing twice
+
+
+def test_the_stall_and_no_gpu_deciders_are_called_from_steps_arms_only() -> None:
+    """The live run's deciders are the model's: the hang and start-up deciders, the stall
+    decider and the no-GPU-memory rule are called in ``model/`` only."""
+    deciders = {"stall_decide", "stall_reason", "holds_no_gpu_memory", "startup_decide"}
+    callers: dict[str, set[str]] = {}
+    for name, path in modules().items():
+        if not name.startswith("dflashd.supervisor") or ".model." in name:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if called in deciders:
+                    callers.setdefault(str(called), set()).add(name)
+    assert callers == {}
 
 
 def test_the_run_write_finder_finds_writes() -> None:

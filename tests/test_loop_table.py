@@ -15,7 +15,6 @@ import pytest
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect, WriteRecord
-from dflashd.supervisor.model.ending import RunFacts
 from dflashd.supervisor.model.exitcodes import worker_exit_code
 from dflashd.supervisor.model.goodput import GoodputLedger, RunTimes
 from dflashd.supervisor.model.incidents import alert_decision
@@ -24,7 +23,6 @@ from dflashd.supervisor.model.inputs import (
     DeadlineDue,
     Emptied,
     Input,
-    Launched,
     LaunchPutOff,
     ReleaseLooked,
     Started,
@@ -34,6 +32,7 @@ from dflashd.supervisor.model.inputs import (
 )
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.policy import RestartConfig
+from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.step import DaemonState, Rules, step
 from dflashd.supervisor.model.verdicts import (
     DEFAULT_ALERTS,
@@ -42,6 +41,7 @@ from dflashd.supervisor.model.verdicts import (
     Observations,
     Verdict,
 )
+from tests.tables import launch_heard
 
 POLICY = RestartConfig(backoff_initial_s=2.0)
 
@@ -58,23 +58,23 @@ FATAL_78 = _death(Observations(exit_code=78, reached_first_step=True), 60.0)
 # The states, each reached by what the loop heard (at these times).
 HISTORIES: dict[str, list[tuple[float, Input]]] = {
     "fresh": [],
-    "running": [(0.0, Started()), (0.1, Launched(0.1))],
-    "backoff": [(0.0, Started()), (0.1, Launched(0.1)), (60.0, CRASH_NO_PROGRESS)],
+    "running": [(0.0, Started()), (0.1, launch_heard(0.1))],
+    "backoff": [(0.0, Started()), (0.1, launch_heard(0.1)), (60.0, CRASH_NO_PROGRESS)],
     "restart due": [
         (0.0, Started()),
-        (0.1, Launched(0.1)),
+        (0.1, launch_heard(0.1)),
         (60.0, CRASH_NO_PROGRESS),
         (62.0, DeadlineDue(Deadline.RESTART)),
     ],
     "waiting for release": [
         (0.0, Started()),
-        (0.1, Launched(0.1)),
+        (0.1, launch_heard(0.1)),
         (60.0, CRASH_NO_PROGRESS),
         (62.0, DeadlineDue(Deadline.RESTART)),
         (62.0, ReleaseLooked(70.0)),
     ],
-    "stopping": [(0.0, Started()), (0.1, Launched(0.1)), (5.0, StopRequested(30.0, True))],
-    "fatal": [(0.0, Started()), (0.1, Launched(0.1)), (60.0, FATAL_78)],
+    "stopping": [(0.0, Started()), (0.1, launch_heard(0.1)), (5.0, StopRequested(30.0, True))],
+    "fatal": [(0.0, Started()), (0.1, launch_heard(0.1)), (60.0, FATAL_78)],
 }
 
 

@@ -22,21 +22,21 @@ from dflashd.supervisor.model.effects import (
     SendAlert,
     WriteRecord,
 )
-from dflashd.supervisor.model.ending import RunFacts
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import GoodputLedger, RunTimes
 from dflashd.supervisor.model.inputs import (
     ChildExited,
     DeadlineDue,
-    Launched,
     ReleaseLooked,
     Started,
     StopRequested,
 )
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.policy import RestartConfig
+from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.step import DaemonState, Rules, step
 from dflashd.supervisor.model.verdicts import EndedBy, Observations
+from tests.tables import launch_heard
 
 POLICY = RestartConfig(
     early_retries=2, runtime_retries=5, backoff_initial_s=2.0, no_progress_restarts=3
@@ -85,7 +85,7 @@ def play(
     effects: tuple[Effect, ...] = ()
     for number, end in enumerate(ends, start=1):
         now += 0.1
-        state, _ = step(state, Launched(now), now)
+        state, _ = step(state, launch_heard(now), now)
         started = now
         if stop_before_last and number == len(ends):
             state, _ = step(state, StopRequested(30.0, alive=True), now + 50.0)

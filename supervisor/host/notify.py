@@ -12,33 +12,15 @@ import contextlib
 import os
 import socket
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from dflashd.supervisor.host.home import held_path
 from dflashd.supervisor.model.bounds import bounded_int
+from dflashd.supervisor.model.progress import NotifyMessage
 
 _MAX_DATAGRAM: Final = 4096
 _CREDS: Final = struct.Struct("iII")
-
-
-@dataclass(frozen=True, slots=True)
-class NotifyMessage:
-    """One datagram's worth of assignments, with what dflashd understands pulled out."""
-
-    ready: bool = False
-    stopping: bool = False
-    watchdog: bool = False
-    step: int | None = None
-    status: str | None = None
-    extend_timeout_us: int | None = None
-    sender_pid: int | None = None
-
-    @property
-    def is_progress(self) -> bool:
-        """READY, STEP or WATCHDOG: the child is alive and moving."""
-        return self.ready or self.watchdog or self.step is not None
 
 
 def parse_notify(data: bytes, sender_pid: int | None = None) -> NotifyMessage:

@@ -28,10 +28,11 @@ from dflashd.supervisor.host.cgroups import CgroupBase
 from dflashd.supervisor.host.custody import end_proven, end_stale_cgroup
 from dflashd.supervisor.host.procfs import all_stats, carries_mark, create_time, process_mark
 from dflashd.supervisor.model.effects import Effect, UpdateLedger, WriteRecord
-from dflashd.supervisor.model.ending import RunFacts, lost_facts
+from dflashd.supervisor.model.ending import lost_facts
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import LoggedRun, restored_ledger
 from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.runstate import RunFacts
 
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 _SAME_CREATE_TIME_S: Final = 0.05  # create times are in clock ticks (1/100 s)

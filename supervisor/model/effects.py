@@ -13,6 +13,7 @@ one executor (:class:`~dflashd.supervisor.core.DaemonCore`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import Cost, GoodputLedger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartHistory
-from dflashd.supervisor.model.verdicts import AlertKind
+from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
 from dflashd.supervisor.model.world import Share
 
 
@@ -122,7 +123,8 @@ class StopAsked:
 @dataclass(frozen=True, slots=True)
 class RunLaunched:
     """The run the effects are applied for was launched at ``started_mono`` (or failed to
-    spawn): it is the current run from now on, and the gap before it closes (goodput)."""
+    spawn): it is the current run from now on (its facts are the state's), and the gap
+    before it closes (goodput)."""
 
     started_mono: float
 
@@ -189,6 +191,23 @@ class DumpStacks:
     trigger: str
     dump_id: str
     native: bool = False
+    before_kill: bool = False  # dflashd ends the run: the kill waits for this dump
+
+
+@dataclass(frozen=True, slots=True)
+class KeepStacks:
+    """The dump taken before dflashd ended the run, kept with its facts (its file, the odd
+    rank out, the top frames): the run's ``stacks``; the kill waits for no dump any more."""
+
+    stacks: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EndRun:
+    """dflashd ends the live run for ``why`` (a stall, no GPU memory, a diverged loss): a
+    stacks dump, then the kill.  Dropped where dflashd already ends it."""
+
+    why: EndedBy
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +270,8 @@ Effect = (
     | SignalRun
     | KillRun
     | DumpStacks
+    | KeepStacks
+    | EndRun
     | SampleStacks
     | EndRunHung
     | Publish

@@ -34,10 +34,11 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.exitcodes import EXIT_FATAL, worker_exit_code
-from dflashd.supervisor.model.goodput import Cost, RunTimes, run_cost
+from dflashd.supervisor.model.goodput import Cost, run_cost
 from dflashd.supervisor.model.incidents import alert_decision, extended, repeats
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import Action, Decision, RestartConfig, RestartHistory, decide
+from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.verdicts import (
     AlertKind,
     Classification,
@@ -51,34 +52,6 @@ from dflashd.supervisor.model.verdicts import (
 )
 
 EXIT_RECORD_WAIT_S: Final = 0.1  # the exit record is waited onto disk before the bookkeeping
-
-
-@dataclass(frozen=True, slots=True)
-class RunFacts:
-    """What is known about a run when it has ended."""
-
-    run_no: int
-    obs: Observations
-    duration_s: float | None
-    ended_at: float = 0.0  # wall clock
-    first_step_after_s: float | None = None
-    progress_s: float = 0.0
-    step: int | None = None
-    epoch: float | None = None
-    tail: tuple[str, ...] = ()
-    already_alerted: frozenset[AlertKind] = frozenset()
-    stop_requested: bool = False
-    stacks: dict[str, Any] | None = None  # the dump taken before dflashd ended the run
-    flight_recorder: tuple[str, ...] = ()  # NCCL flight-recorder traces the ranks left
-    hung_after_s: float | None = None  # a proven hang: from the last step to the decision
-    stale_build_locks: tuple[str, ...] = ()  # JIT-build locks older than the run (early deaths)
-    times: RunTimes | None = None  # its launch, first step, progress (goodput); None: lost
-    died_mono: float | None = None
-    stop_at: float | None = None  # monotonic: when the user asked to stop
-    # the hang rounds found it waiting on work elsewhere when it died: (the wait, for how long)
-    waited_elsewhere: tuple[str, float] | None = None
-    hang_evidence: str | None = None  # why a proven hang was proven (the world's wait named)
-    pause_s: float | None = None  # its pauses between steps (a checkpoint's cost; advice.py)
 
 
 @dataclass(frozen=True, slots=True)

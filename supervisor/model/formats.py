@@ -264,13 +264,6 @@ def _with_epoch(found: StepLine, match: re.Match[str], fmt: _Format, line: str) 
     return replace(found, epoch=epoch) if epoch is not None else found
 
 
-def global_step(epoch_index: int, batch: int, batches: int, full_batches: int) -> int:
-    """An epoch-structured bar's global step: epochs done times a full epoch's batches, plus
-    the batch in this one.  ``full_batches`` is the largest epoch total seen, so a shorter
-    last epoch (a bar whose total shrinks) still counts its epochs at full length."""
-    return epoch_index * max(batches, full_batches) + batch
-
-
 def _keyword_lines(text: _T, keywords: Sequence[_T], newline: _T) -> Iterator[str]:
     """Up to ``_LINES_TRIED`` lines that hold a keyword, last first (lazily).
 

@@ -6,12 +6,15 @@ answer to an effect it carried out) into one of these; the model decides what fo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect
-from dflashd.supervisor.model.ending import RunFacts
+from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.hang import HangLimits, HangView, Sample
+from dflashd.supervisor.model.runstate import RunFacts, RunState
 from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.world import Share
 
@@ -27,15 +30,15 @@ class ChildExited:
 
     facts: RunFacts
     jitter: float  # the backoff's jitter, in [0, 1)
-    launched_at: float | None = None  # the launch itself failed at this time: current from now on
+    launched: RunState | None = None  # the launch itself failed: this run is current from now on
     publish: bool = True  # False: a run lost with a dead daemon, concluded before the first launch
 
 
 @dataclass(frozen=True, slots=True)
 class Launched:
-    """A launch succeeded: the run's root lives."""
+    """A launch succeeded: the run's root lives; ``facts``, what is known of it."""
 
-    started_mono: float
+    facts: RunState
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,37 @@ class Decided:
 
 
 @dataclass(frozen=True, slots=True)
+class Observed:
+    """An adapter read new evidence of the live run (its output lines, a notify datagram, the
+    stacks taken at a slowdown): the run's next facts and what the reading says, in order."""
+
+    facts: RunState
+    effects: tuple[Effect, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSeen:
+    """A GPU sample joined with the live run: its next facts (GPU use, XIDs, activity as
+    progress), the sample's records, and the GPUs as the sample saw them (for the snapshot
+    that the no-GPU-memory verdict writes) and what the run holds on them."""
+
+    facts: RunState
+    effects: tuple[Effect, ...] = ()
+    gpus: tuple[Mapping[str, Any], ...] = ()
+    use: ChildGpuUse | None = None  # this sample's join: what the run's processes hold now
+
+
+@dataclass(frozen=True, slots=True)
+class StallLook:
+    """The live run passed its progress deadline: what the host says of it now (one of its
+    processes is runnable; the CPU time of all of them, None: not known)."""
+
+    run_no: int
+    runnable: bool
+    cpu_used_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class StatusChanged:
     """Something status shows changed: state.json is written within the throttle."""
 
@@ -138,6 +172,9 @@ Input = (
     | ReleaseLooked
     | Emptied
     | Decided
+    | Observed
+    | GpuSeen
+    | StallLook
     | StatusChanged
     | StatusWritten
     | HangLook

@@ -11,22 +11,26 @@ answer back as the next input.  No clock, no I/O: ``now`` and the jitter come in
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Any, Final
 
 from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
+    DumpStacks,
     Effect,
+    EndRun,
     EndRunHung,
     EnterState,
     ExitDaemon,
+    KeepStacks,
     Launch,
     LookForRelease,
     NotifySystemd,
     Publish,
     RestartIn,
     RunLaunched,
+    SendAlert,
     SetTimer,
     SettleGoodput,
     StopAsked,
@@ -37,6 +41,7 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.ending import conclude
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
 from dflashd.supervisor.model.hang import EndHung, HangWatch, TakeSample
 from dflashd.supervisor.model.hang import decide as decide_hang
 from dflashd.supervisor.model.hangwatch import (
@@ -51,11 +56,14 @@ from dflashd.supervisor.model.inputs import (
     DeadlineDue,
     Decided,
     Emptied,
+    GpuSeen,
     HangLook,
     Input,
     Launched,
     LaunchPutOff,
+    Observed,
     ReleaseLooked,
+    StallLook,
     Started,
     StatusChanged,
     StatusWritten,
@@ -64,8 +72,9 @@ from dflashd.supervisor.model.inputs import (
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.policy import RestartConfig
+from dflashd.supervisor.model.runstate import RunState, stall_decide
 from dflashd.supervisor.model.startup import startup_decide
-from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind
+from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy
 
 LAUNCH_RETRY_S: Final = 1.0  # a launch deferred for want of descriptors is tried again after this
 
@@ -77,6 +86,7 @@ class Rules:
     policy: RestartConfig = field(default_factory=RestartConfig)
     alerts_on: tuple[AlertKind, ...] = DEFAULT_ALERTS
     watchdog_every_s: float | None = None  # systemd's WatchdogSec, halved (None: no watchdog)
+    vram_grace_s: float = 300.0  # a run with no first step holding no GPU memory past it ends
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,7 @@ class DaemonState:
     ledger: Ledger = field(default_factory=Ledger)
     deferred_run_no: int | None = None  # a deferred launch keeps its number
     hang: HangWatch = field(default_factory=HangWatch)  # the current run's hang evidence
+    run: RunState | None = None  # the current (or last) run's facts
 
 
 Step = tuple[DaemonState, tuple[Effect, ...]]
@@ -96,10 +107,30 @@ Step = tuple[DaemonState, tuple[Effect, ...]]
 
 def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
     """Fold the effects that change the state into it; return it and the rest, in order."""
-    loop, deadlines, ledger = state.loop, state.deadlines, state.ledger
+    loop, deadlines, ledger, run = state.loop, state.deadlines, state.ledger, state.run
     out: list[Effect] = []
     for effect in effects:
         match effect:
+            case SendAlert(kind):
+                run = run.alerted_of(kind) if run is not None else None
+                out.append(effect)
+            case StopRun():
+                if run is not None and not run.ended_by_us:
+                    run = run.ending(EndedBy.STOP)
+                out.append(effect)
+            case EndRun(why):
+                if run is None or run.ended_by_us:
+                    continue  # dflashd ends it already: one end, its first reason
+                run = run.ending(why)
+                out.append(effect)
+            case EndRunHung(hung_after_s=hung_after_s):
+                run = run.ending(EndedBy.HUNG, hung_after_s=hung_after_s) if run else None
+                out.append(effect)
+            case DumpStacks(dump_id=dump_id, before_kill=True):
+                run = replace(run, dump_before_kill=dump_id) if run is not None else None
+                out.append(effect)
+            case KeepStacks(stacks):
+                run = replace(run, stacks=stacks, dump_before_kill=None) if run else None
             case UpdateLedger():
                 ledger = ledger.took(effect)
             case SettleGoodput(cost, died_mono, relaunch):
@@ -125,7 +156,7 @@ def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
                 deadlines = deadlines.set(Deadline.STOP, None)
             case _:
                 out.append(effect)
-    return replace(state, loop=loop, deadlines=deadlines, ledger=ledger), tuple(out)
+    return replace(state, loop=loop, deadlines=deadlines, ledger=ledger, run=run), tuple(out)
 
 
 def launch_effects(state: DaemonState, now: float) -> tuple[Effect, ...]:
@@ -168,12 +199,13 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
     match heard:
         case Started():
             return state, launch_effects(state, now)
-        case Launched(started_mono):
-            return state, (RunLaunched(started_mono), EnterState(State.RUNNING), Publish())
+        case Launched(facts):  # its facts are the current run's from now on
+            launched = (RunLaunched(facts.started_mono), EnterState(State.RUNNING), Publish())
+            return replace(state, run=facts), launched
         case LaunchPutOff(run_no, error, freed, clear):
             effects = deferred_launch(run_no, error, freed=freed, clear_cache=clear, now=now)
             return replace(state, deferred_run_no=run_no), effects
-        case ChildExited(facts, jitter, launched_at, publish):
+        case ChildExited(facts, jitter, launched, publish):
             ledger = state.ledger
             stopping, stop_at = state.loop.stop_requested, ledger.goodput.stop_at
             facts = replace(facts, stop_requested=stopping, stop_at=stop_at)
@@ -186,9 +218,10 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
                 incident=ledger.incident,
             )
             cleared = tuple(SetTimer(d, None) for d in RUN_DEADLINES)
-            first = () if launched_at is None else (RunLaunched(launched_at),)
+            first = () if launched is None else (RunLaunched(launched.started_mono),)
             tail = (Publish(),) if publish else ()
-            return state, (*first, *cleared, *outcome.effects, *tail)
+            current = state if launched is None else replace(state, run=launched)
+            return current, (*first, *cleared, *outcome.effects, *tail)
         case StopRequested(timeout_s, alive):
             if state.loop.stop_requested or state.loop.done:
                 return state, ()
@@ -208,6 +241,17 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, ()
         case Decided(effects):
             return state, effects
+        case Observed(facts, effects):
+            return observed(state, facts), effects
+        case GpuSeen(facts, effects, gpus, use):
+            state = observed(state, facts)
+            return state, (*effects, *no_gpu_memory(state, use, gpus, now))
+        case StallLook(run_no, runnable, cpu_used_s):
+            run = state.run
+            if run is None or run.run_no != run_no or run.ended_by_us:
+                return state, ()
+            run, why = stall_decide(run, runnable=runnable, cpu_used_s=cpu_used_s, now=now)
+            return replace(state, run=run), (() if why is None else (EndRun(why),))
         case StatusChanged():
             return replace(state, deadlines=state.deadlines.changed()), ()
         case StatusWritten():
@@ -228,6 +272,38 @@ def _due(state: DaemonState, deadline: Deadline, now: float) -> tuple[Effect, ..
             return (StopTimedOut(),)
         case _:  # the live run's own (kill, hang): its control reads the table
             return ()
+
+
+def observed(state: DaemonState, facts: RunState) -> DaemonState:
+    """An adapter's reading of the current run's new evidence: its next facts (a reading of a
+    run that is no longer current changes nothing)."""
+    current = state.run
+    if current is None or current.run_no != facts.run_no:
+        return state
+    return replace(state, run=facts)
+
+
+def no_gpu_memory(
+    state: DaemonState,
+    use: ChildGpuUse | None,
+    gpus: tuple[Mapping[str, Any], ...],
+    now: float,
+) -> tuple[Effect, ...]:
+    """``step``'s GPU arm: a live run with no first step that holds no GPU memory past its
+    grace (``use``: what a sample found it holds) is ended, its GPUs' snapshot said first."""
+    run = state.run
+    if run is None or use is None or run.ended_by_us:
+        return ()
+    if not holds_no_gpu_memory(
+        use,
+        started_mono=run.started_mono,
+        grace_s=state.rules.vram_grace_s,
+        reached_first_step=run.progress.reached_first_step,
+        now=now,
+    ):
+        return ()
+    snapshot = {"gpus": [dict(g) for g in gpus], "method": use.method}
+    return (WriteRecord(Event.GPU_SNAPSHOT, snapshot), EndRun(EndedBy.NO_GPU_MEMORY))
 
 
 def step(state: DaemonState, heard: Input, now: float) -> Step:

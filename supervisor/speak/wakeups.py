@@ -15,7 +15,8 @@ from typing import Any, Final
 
 from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.host.home import Home
-from dflashd.supervisor.host.notify import NotifyMessage, NotifyServer
+from dflashd.supervisor.host.notify import NotifyServer
+from dflashd.supervisor.model.progress import NotifyMessage
 from dflashd.supervisor.speak.control import ControlServer
 from dflashd.supervisor.speak.diagnostics import get_logger
 

@@ -1,9 +1,9 @@
 """GPU watch: the daemon's view of the GPUs, joined with the current run.
 
 It turns each :class:`GpuSample` (from the poller thread) into what the daemon acts on:
-records to write, whether the run holds no GPU memory past its grace, whether its GPUs
-have been busy long enough to count as training, and, before a relaunch, whether the dead
-run's memory has been released.  Every method takes ``now``; it signals nothing itself
+records to write, what the run holds on which GPU (the model judges whether it holds none
+past its grace), whether its GPUs have been busy long enough to count as training, and,
+before a relaunch, whether the dead run's memory has been released.  Every method takes ``now``; it signals nothing itself
 (what :meth:`GpuWatch.release_check` finds is effects: its records, the dead run's holders
 to kill, the next look; the core carries them out, the kill through the run's custody).
 
@@ -26,8 +26,8 @@ from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect, KillHolders, SetTimer, WriteRecord
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.watch.nvml import (
-    ChildGpuUse,
     GpuPoller,
     GpuReading,
     GpuSample,
@@ -56,7 +56,6 @@ class GpuSettings:
     """The config keys the watch uses."""
 
     poll_s: float
-    vram_grace_s: float
     release_timeout_s: float
     busy_pct: float
     busy_s: float
@@ -66,7 +65,6 @@ class GpuSettings:
         """The GPU keys of the config."""
         return cls(
             config.gpu_poll_s,
-            config.vram_grace_s,
             config.gpu_release_timeout_s,
             config.gpu_busy_pct,
             config.gpu_busy_s,
@@ -78,10 +76,13 @@ class GpuUpdate:
     """What one sample means for the run."""
 
     records: list[WriteRecord] = field(default_factory=list)
-    no_gpu_memory: bool = False  # alive past the grace before its first step, holding nothing
     busy_for_s: float | None = None  # set once the run's GPUs were busy for gpu_busy_s in a row
     active: bool = False  # a kernel ran on the run's GPUs: liveness
     power_w: float | None = None  # the power the run's GPUs draw together (None: unknown)
+    tree: frozenset[int] = frozenset()  # the run's pids on the GPUs (remembered for the join)
+    use: ChildGpuUse | None = None  # the run's GPU use, where its pids are on the GPUs
+    xids: tuple[int, ...] = ()  # XID errors on the GPUs the run holds memory on
+    judged: ChildGpuUse | None = None  # this sample's join for a live run (the no-GPU verdict)
 
 
 @dataclass
@@ -193,19 +194,21 @@ class GpuWatch:
         update = GpuUpdate()
         tree: set[int] = set()
         alive = run is not None and run.alive and run.launched is not None
-        if alive and run is not None and run.launched is not None:
-            tree = gpu_pids_of_run(sample.readings, run.launched.pid, run.pids_seen)
-            run.saw(tree)
-        use = join_with_tree(sample.readings, tree, run.gpu_baseline_mib if run else {})
+        facts = run.facts if alive and run is not None else None
+        if facts is not None and run is not None and run.launched is not None:
+            tree = gpu_pids_of_run(sample.readings, run.launched.pid, set(facts.pids_seen))
+            update.tree = frozenset(tree)
+        baseline = dict(facts.gpu_baseline_mib) if facts is not None else {}
+        use = join_with_tree(sample.readings, tree, baseline)
         self.last = tuple(
             reading_to_dict(r, use.per_gpu_mib.get(r.index) if tree else None)
             for r in sample.readings
         )
         xids = [x for r in sample.readings for x in r.xids]
         if run is not None and tree:
-            run.gpu_use = use
+            update.use = use
             if xids:
-                run.gpu_xids.extend(xids)
+                update.xids = tuple(xids)
                 update.records.append(
                     WriteRecord(Event.GPU_XID, {"xids": xids, "gpus": list(self.last)})
                 )
@@ -227,13 +230,14 @@ class GpuWatch:
                 )
             )
         if alive and run is not None:
-            self._judge_run(run, use, now, update)
+            update.judged = use
+            self._judge_run(use, now, update)
             held = [r.power_w for r in sample.readings if use.per_gpu_mib.get(r.index)]
             if held and all(w is not None for w in held):
                 update.power_w = sum(w for w in held if w is not None)
         return update
 
-    def _judge_run(self, run: Run, use: ChildGpuUse, now: float, update: GpuUpdate) -> None:
+    def _judge_run(self, use: ChildGpuUse, now: float, update: GpuUpdate) -> None:
         busy = self._busy(use)
         update.active = busy
         if busy:
@@ -242,17 +246,6 @@ class GpuWatch:
                 update.busy_for_s = now - self._busy_since
         else:
             self._busy_since = None
-        if run.progress.reached_first_step or run.ended_by_us:
-            return
-        if now - run.started_mono < self.settings.vram_grace_s:
-            return
-        total = use.total_mib
-        if total is None or total > 0:
-            return  # unknown is not zero; memory held means it is doing something
-        update.no_gpu_memory = True
-        update.records.append(
-            WriteRecord(Event.GPU_SNAPSHOT, {"gpus": list(self.last), "method": use.method})
-        )
 
     def _busy(self, use: ChildGpuUse) -> bool:
         for entry in self.last:
@@ -281,6 +274,7 @@ class GpuWatch:
         if self._samples == samples_then and now - since < self.settings.poll_s:
             return ReleaseCheck(False, retry_at=now + FRESH_SAMPLE_WAIT_S)
         check = ReleaseCheck(False)
+        seen = run.facts.pids_seen
         ours: list[dict[str, Any]] = []
         foreign: list[dict[str, Any]] = []
         for reading in sample.readings:
@@ -295,7 +289,7 @@ class GpuWatch:
                 }
                 # Seen as the run's before (NVML may list a dead pid): named and waited for;
                 # only a pid the custody proves now is ever signalled.
-                mine = proc.pid in run.pids_seen or run.belongs(proc.pid)
+                mine = proc.pid in seen or run.belongs(proc.pid)
                 (ours if mine else foreign).append(entry)
         if foreign and not self._foreign_reported:
             self._foreign_reported = True

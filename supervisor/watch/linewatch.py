@@ -6,7 +6,7 @@ run's callback on its drain threads: it matches frames (every one until the firs
 at most 50 a second and the newest before each post) and posts a :class:`LinesSeen` message
 to the loop's inbox (the first step at once, later ones at most four times a second, bare
 output as liveness at most once a second).  The loop turns those messages
-into :class:`~dflashd.supervisor.watch.progress.Progress` (:mod:`observe`).
+into :class:`~dflashd.supervisor.model.progress.Progress` (:mod:`observe`).
 """
 
 from __future__ import annotations

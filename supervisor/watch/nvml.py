@@ -11,8 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
+
+from dflashd.supervisor.model.gpuuse import ChildGpuUse
 
 _MIB: Final = 1024 * 1024
 
@@ -189,22 +191,6 @@ class NvmlSampler:
 
 
 # -- the pure join ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ChildGpuUse:
-    """How much GPU memory the child's process tree holds, per GPU, and how we know."""
-
-    per_gpu_mib: dict[int, float | None] = field(default_factory=dict)
-    method: str = "process"  # "process": NVML pids matched the tree; "device": baseline fallback
-
-    @property
-    def total_mib(self) -> float | None:
-        """Sum over GPUs; None when any GPU's figure is unknown and none is known to be positive."""
-        known = [v for v in self.per_gpu_mib.values() if v is not None]
-        if any(v is None for v in self.per_gpu_mib.values()) and not any(v > 0 for v in known):
-            return None
-        return sum(known)
 
 
 def join_with_tree(

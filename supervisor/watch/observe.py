@@ -1,12 +1,13 @@
 """Watching the live run: output lines, sd_notify messages and GPU samples become progress.
 
-The :class:`RunObserver` takes each piece of evidence with ``now``, updates the run's
-:class:`~dflashd.supervisor.watch.progress.Progress` and phase, and writes what it means
-(``first_step``, ``progress``, ``child_status``, ``gpu`` records).
-It never signals anything: when the evidence says the run must end (no GPU memory past
-the grace, a stall), it returns the reason and :mod:`liverun` ends the run.  The
-``recovered`` alert is decided by :func:`~dflashd.supervisor.model.incidents.resumed` and carried out
-by the daemon's one applier.
+The :class:`RunObserver` reads each piece of evidence with ``now`` into a :class:`Reading`:
+the run's next facts (its :class:`~dflashd.supervisor.model.progress.Progress`, GPU use,
+open incidents) and what they mean (``first_step``, ``progress``, ``child_status``, ``gpu``
+records, the ``recovered`` alert decided by
+:func:`~dflashd.supervisor.model.incidents.resumed`), handed to the model as one input.  It
+never changes the run's facts, signals or records itself; whether a run that holds no GPU
+memory or passed its progress deadline must end is decided by the model (``step``'s GPU and
+stall arms), from what this module read of the host.
 """
 
 from __future__ import annotations
@@ -15,20 +16,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
-from dflashd.supervisor.host.notify import NotifyMessage
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.procfs import CLK_TCK, read_stat
-from dflashd.supervisor.model.effects import Effect, UpdateLedger, WriteRecord
+from dflashd.supervisor.model.effects import Effect, Publish, UpdateLedger, WriteRecord
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.incidents import passed, resumed
+from dflashd.supervisor.model.inputs import Decided, GpuSeen, Input, Observed, StallLook
 from dflashd.supervisor.model.ledger import Incident, Ledger
-from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.model.progress import GPU, Change, NotifyMessage, Progress
+from dflashd.supervisor.model.verdicts import AlertKind
 from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid, ElasticState
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.watch.nvml import GpuSample
-from dflashd.supervisor.watch.pacewatch import loss_effects, pace_effects
-from dflashd.supervisor.watch.progress import GPU, Change
+from dflashd.supervisor.watch.pacewatch import PaceWatch, loss_effects
 from dflashd.supervisor.watch.run import Run
 
 _LAST_LINE_CHARS = 500
@@ -44,6 +45,33 @@ class Apply(Protocol):
         ...
 
 
+class Reading:
+    """One piece of evidence being read: the run's next facts and what they say, built up in
+    order and handed to the model together (:class:`~dflashd.supervisor.model.inputs.Observed`).
+    A scratch value of one call, never kept."""
+
+    def __init__(self, run: Run) -> None:
+        self.run, self.facts = run, run.facts
+        self.effects: list[Effect] = []
+
+    @property
+    def progress(self) -> Progress:
+        """The run's progress as read so far."""
+        return self.facts.progress
+
+    def moved(self, progress: Progress) -> None:
+        """The run's progress is now ``progress``."""
+        self.facts = replace(self.facts, progress=progress)
+
+    def say(self, *effects: Effect) -> None:
+        """What the evidence says, after what was said before."""
+        self.effects.extend(effects)
+
+    def observed(self) -> Observed:
+        """The reading as the model's input."""
+        return Observed(self.facts, tuple(self.effects))
+
+
 # agent lines that say torchrun restarts the run's workers itself (goodput: downtime, redone)
 _RESTARTING: Final = (
     AgentSaid.WORKER_FAILED,
@@ -53,7 +81,7 @@ _RESTARTING: Final = (
 
 
 class RunObserver:
-    """Evidence in, progress and records out."""
+    """Evidence in, the run's next facts and records out, through the model."""
 
     def __init__(
         self,
@@ -61,37 +89,50 @@ class RunObserver:
         ops: ProcessOps,
         ledger: Callable[[], Ledger],
         alerts_on: tuple[AlertKind, ...],
-        apply: Apply,
+        step: Callable[[Run | None, Input], object],
         on_diverge: str = "alert",
     ) -> None:
         self.gpu, self.ops, self.ledger = gpu, ops, ledger
         self.alerts_on, self.on_diverge = alerts_on, on_diverge
-        # The model and the one executor (:meth:`~dflashd.supervisor.core.DaemonCore.apply`):
-        # the ledger is read here, never written; what changes and what is said go as effects.
-        self.apply = apply
+        # The model and the one executor (:meth:`~dflashd.supervisor.core.DaemonCore.step`):
+        # the ledger and the run's facts are read here, never written; a reading goes to the
+        # model as one input, the run's next facts with what they say.
+        self.step = step
+        self.pace = PaceWatch()  # the slowness evidence of the current run (its CPU waits)
+
+    def apply(
+        self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
+    ) -> None:
+        """Effects an adapter decided, through the model (``publish``: then the status)."""
+        self.step(run, Decided((*effects, *((Publish(),) if publish else ()))))
+
+    def _hand_in(self, reading: Reading) -> None:
+        self.step(reading.run, reading.observed())
 
     def lines(self, run: Run | None, seen: LinesSeen, now: float) -> bool:
         """Output from the run's pipes; True when something changed."""
         if run is None or run.run_no != seen.run_no or not run.alive:
             return False
+        r = Reading(run)
         if seen.last_line is not None:
-            run.progress = replace(run.progress, last_line=seen.last_line[:_LAST_LINE_CHARS])
-        completed = [s for s in seen.agent if self._agent_said(run, s, now)]
+            r.moved(replace(r.progress, last_line=seen.last_line[:_LAST_LINE_CHARS]))
+        completed = [s for s in seen.agent if self._agent_said(r, s, now)]
         if completed and run.elastic is not None:  # after the batch: its world lines are in
-            self._rendezvous_record(run, run.elastic, completed[-1].fields)
+            r.say(rendezvous_record(run.elastic, completed[-1].fields))
         found = seen.progress
         if found is None:
-            run.progress = run.progress.on_alive(now)
+            r.moved(r.progress.on_alive(now))
         else:
-            self._stepped(run, found, now)
+            self._stepped(r, found, now)
         if any(said.said in _RESTARTING for said in seen.agent):
             # after the batch's step: it is the failed worker's last one, posted with the
             # agent's line (a restarted worker needs far longer than a post to step again)
-            run.progress = run.progress.workers_restarting(now)
+            r.moved(r.progress.workers_restarting(now))
+        self._hand_in(r)
         return True
 
-    def _stepped(self, run: Run, found: LineProgress, now: float) -> None:
-        run.progress, change = run.progress.on_step(
+    def _stepped(self, r: Reading, found: LineProgress, now: float) -> None:
+        progress, change = r.progress.on_step(
             now,
             step=found.step,
             first=found.first,
@@ -102,11 +143,8 @@ class RunObserver:
             batches=found.batches,
             bad_loss=found.bad_loss,
         )
-        self._progressed(run, change, now)
-
-    def _say(self, run: Run, *effects: Effect) -> None:
-        """What the observer decided, through the model and the one executor."""
-        self.apply(run, effects)
+        r.moved(progress)
+        self._progressed(r, change, now)
 
     def notify(self, run: Run | None, msg: NotifyMessage, now: float) -> bool:
         """One sd_notify datagram; ignored unless its sender belongs to the live run."""
@@ -114,155 +152,159 @@ class RunObserver:
             return False
         if msg.sender_pid is not None and not run.belongs(msg.sender_pid):
             return False  # a leftover of an earlier run, or a stranger: not this run's progress
+        r = Reading(run)
+        if msg.sender_pid is not None:
+            r.facts = r.facts.saw({msg.sender_pid})  # remembered for the GPU join
         if run.elastic is not None and msg.sender_pid not in (None, run.pid):
-            self._workers_running(run, now)  # a worker speaks: the agent's rendezvous is over
-        run.progress, change = run.progress.on_notify(msg, now)
+            self._workers_running(r, now)  # a worker speaks: the agent's rendezvous is over
+        progress, change = r.progress.on_notify(msg, now)
+        r.moved(progress)
         if change.status is not None:
-            self._say(run, WriteRecord(Event.CHILD_STATUS, {"status": change.status}))
-        self._progressed(run, change, now)
+            r.say(WriteRecord(Event.CHILD_STATUS, {"status": change.status}))
+        self._progressed(r, change, now)
+        self._hand_in(r)
         return True
 
-    def gpu_sample(self, run: Run | None, sample: GpuSample, now: float) -> EndedBy | None:
-        """A GPU sample: records, GPU activity as progress, and whether the run must end."""
+    def gpu_sample(self, run: Run | None, sample: GpuSample, now: float) -> None:
+        """A GPU sample: records, the run's GPU evidence, GPU activity as progress; the model
+        decides whether a run holding no GPU memory ends (``step``'s GPU arm)."""
         update = self.gpu.on_sample(sample, run, now)
-        self.apply(run, update.records)
         if run is None or not run.alive:
-            return None
-        run.gpu_seen = "busy" if update.active else "idle"  # the hang decider's GPU evidence
-        last_step = run.progress.last_progress_mono
+            self.apply(run, update.records)
+            return
+        r = Reading(run)
+        r.say(*update.records)
+        r.facts = r.facts.saw(update.tree)
+        if update.use is not None:
+            xids = r.facts.gpu_xids + update.xids
+            r.facts = replace(r.facts, gpu_use=update.use, gpu_xids=xids)
+        busy = "busy" if update.active else "idle"  # the hang decider's GPU evidence
+        last_step = r.progress.last_progress_mono
         stepping = last_step is not None and now - last_step <= 5.0
-        run.gpu_power = run.gpu_power.take(update.power_w, stepping)
-        if update.busy_for_s is not None and not run.progress.reached_first_step:
-            run.progress, change = run.progress.on_step(now, step=None, first=True, source=GPU)
-            self._progressed(run, change, now)
+        power = r.facts.gpu_power.take(update.power_w, stepping)
+        r.facts = replace(r.facts, gpu_seen=busy, gpu_power=power)
+        if update.busy_for_s is not None and not r.progress.reached_first_step:
+            progress, change = r.progress.on_step(now, step=None, first=True, source=GPU)
+            r.moved(progress)
+            self._progressed(r, change, now)
         elif update.active:
-            run.progress = run.progress.on_alive(now)
-        return EndedBy.NO_GPU_MEMORY if update.no_gpu_memory else None
+            r.moved(r.progress.on_alive(now))
+        # the model decides on this sample's join whether the run holds no GPU memory
+        self.step(run, GpuSeen(r.facts, tuple(r.effects), self.gpu.last, update.judged))
 
-    def stall_reason(self, run: Run, now: float) -> EndedBy | None:
-        """The run passed its deadline: why it ends, or None when it turns out not to be stuck.
-
-        A torchrun agent that launched workers is past its rendezvous even if nothing said so
-        (at torchrun's default log level the rendezvous is silent): the process tree decides.
-        """
-        progress = run.progress
+    def stall_look(self, run: Run, now: float) -> StallLook | None:
+        """The run passed its progress deadline: what the host says of it, for the model's
+        stall decider (None: a torchrun agent whose workers run, past its rendezvous even if
+        nothing said so: at torchrun's default log level the rendezvous is silent)."""
+        facts = run.facts
+        progress = facts.progress
         if progress.rendezvous and run.pid is not None and self.ops.live_children(run.pid):
-            self._workers_running(run, now)
+            r = Reading(run)
+            self._workers_running(r, now)
+            self._hand_in(r)
             return None
-        if self._busy_on_cpu(run):
-            # silent but computing: alive, looked at again a period later
-            run.progress = progress.on_alive(now)
-            return None
-        return progress.stall_reason()
-
-    @staticmethod
-    def _busy_on_cpu(run: Run) -> bool:
-        """Before its first step, with no way to see steps, a silent run that computes is alive.
-
-        Computing is judged by what the run does, never by how much CPU the machine gives
-        it: one of its processes is runnable (state R), or the CPU time of all of them (the
-        run cgroup's ``cpu.stat``, else their ``/proc`` stats) grew at all since the last
-        look.  A job blocked in a wait uses none and is not alive by this rule.
-        """
-        progress = run.progress
-        if progress.reached_first_step or progress.sees_steps or progress.rendezvous:
-            return False
+        watching = not (progress.reached_first_step or progress.sees_steps or progress.rendezvous)
         custody = run.custody
-        if custody is None:
-            return False
+        if not watching or custody is None:
+            return StallLook(run.run_no, False, None)
         stats = [found for pid in custody.members() if (found := read_stat(pid)) is not None]
         used = custody.cpu_time_s()
         if used is None:
             used = sum(found.cpu_ticks for found in stats) / CLK_TCK
-        before, run.cpu_seen_s = run.cpu_seen_s, used
-        runnable = any(found.state == "R" for found in stats)
-        return runnable or used > (before if before is not None else 0.0)
+        return StallLook(run.run_no, any(found.state == "R" for found in stats), used)
 
-    def _agent_said(self, run: Run, said: AgentLine, now: float) -> bool:
+    def _agent_said(self, r: Reading, said: AgentLine, now: float) -> bool:
         """Apply one agent line and record it; True for a completed rendezvous (recorded later)."""
-        state = run.elastic
+        state = r.run.elastic
         if state is None or not state.take(said, now):
             return False
-        if not run.progress.reached_first_step:  # after it, the stall rule decides alone
-            run.progress = replace(run.progress, rendezvous=state.rendezvous == "waiting")
+        if not r.progress.reached_first_step:  # after it, the stall rule decides alone
+            r.moved(replace(r.progress, rendezvous=state.rendezvous == "waiting"))
         if said.said is AgentSaid.RENDEZVOUS_DONE:
             return True
         fields: dict[str, Any] = dict(said.fields)
         if said.said is AgentSaid.WORKER_FAILED:
             fields["worker_failures"] = state.worker_failures
             failed = WriteRecord(Event.WORKER_FAILED, fields, log_level="warning")
-            self._say(run, UpdateLedger(agent_worker_failures=1), failed)
+            r.say(UpdateLedger(agent_worker_failures=1), failed)
         elif said.said in (AgentSaid.GROUP_RESTART, AgentSaid.MEMBERSHIP_RESTART):
             cause = "failure" if said.said is AgentSaid.GROUP_RESTART else "node_joined"
             fields = {"by": "torchrun", "cause": cause, "restarts": state.group_restarts, **fields}
             restarted = WriteRecord(Event.WORKERS_RESTARTED, fields, log_level="warning")
-            self._say(run, UpdateLedger(agent_restarts=1), restarted)
+            r.say(UpdateLedger(agent_restarts=1), restarted)
         elif said.said is AgentSaid.RENDEZVOUS_TIMEOUT:
-            self._say(
-                run, WriteRecord(Event.RENDEZVOUS, {"state": "timeout", **state.job.fields()})
-            )
+            r.say(WriteRecord(Event.RENDEZVOUS, {"state": "timeout", **state.job.fields()}))
         else:
-            self._rendezvous_record(run, state, fields)
+            r.say(rendezvous_record(state, fields))
         return False
 
-    def _workers_running(self, run: Run, now: float) -> None:
-        state = run.elastic
-        run.progress = replace(run.progress, rendezvous=False)
+    def _workers_running(self, r: Reading, now: float) -> None:
+        state = r.run.elastic
+        r.moved(replace(r.progress, rendezvous=False))
         if state is None or state.rendezvous == "complete":
             return
         state.workers_running()
-        self._rendezvous_record(run, state, {"evidence": "workers_running"})
+        r.say(rendezvous_record(state, {"evidence": "workers_running"}))
 
-    def _rendezvous_record(self, run: Run, state: ElasticState, fields: dict[str, Any]) -> None:
-        fields = {"state": state.rendezvous, **fields}
-        if state.rendezvous == "complete":
-            fields.setdefault("group_rank", state.group_rank)
-            fields.setdefault("group_world_size", state.group_world_size)
-        self._say(run, WriteRecord(Event.RENDEZVOUS, fields))
-
-    def _progressed(self, run: Run, change: Change, now: float) -> None:
-        progress = run.progress
-        self._say(run, *pace_effects(run, change, self.gpu.readings, now))
+    def _progressed(self, r: Reading, change: Change, now: float) -> None:
+        run = r.run
+        progress = r.progress
+        r.facts, said = self.pace.effects(run, r.facts, change, self.gpu.readings, now)
+        r.say(*said)
         if change.diverged:
             before = self.ledger().diverged_at
-            said = loss_effects(run, on_diverge=self.on_diverge, diverged_before=before)
+            r.facts, said = loss_effects(r.facts, on_diverge=self.on_diverge, before=before)
             began = progress.losses.diverged_at
-            self._say(
-                run, *said, *((UpdateLedger(diverged_at=began),) if began is not None else ())
-            )
+            r.say(*said, *((UpdateLedger(diverged_at=began),) if began is not None else ()))
         if change.first_step and run.elastic is not None:
-            self._workers_running(run, progress.first_step_mono or run.started_mono)
+            self._workers_running(r, progress.first_step_mono or r.facts.started_mono)
         if change.first_step and progress.first_step_mono is not None:
-            after = round(progress.first_step_mono - run.started_mono, 3)
+            after = round(progress.first_step_mono - r.facts.started_mono, 3)
             source = progress.first_step_source
             fields = {"after_s": after, "step": progress.step, "source": source}
-            self._say(run, WriteRecord(Event.FIRST_STEP, fields, log_level="info"))
-        self._maybe_recovered(run)
+            r.say(WriteRecord(Event.FIRST_STEP, fields, log_level="info"))
+        self._maybe_recovered(r)
         if change.progress_record:
-            self.progress_record(run)
+            self._progress_record(r)
 
-    def _maybe_recovered(self, run: Run) -> None:
+    def _maybe_recovered(self, r: Reading) -> None:
         """Training passed the step of the open incident (a stall, a fatal, a crash loop):
         closed, with the ``recovered`` alert where it was a stall or a fatal."""
         ledger = self.ledger()
         incident = ledger.incident
         if incident is None and ledger.recovering_from is not None:
             incident = Incident(ledger.recovering_from, None)  # a fatal before this daemon
-        if not run.progress.reached_first_step or not passed(incident, run.progress.step):
+        if not r.progress.reached_first_step or not passed(incident, r.progress.step):
             return
-        already = frozenset(run.alerted)
-        recovering = ledger.recovering_from
-        effects = resumed(recovering, alerts_on=self.alerts_on, already_alerted=already)
-        self.apply(run, effects, publish=True)
+        effects = resumed(
+            ledger.recovering_from, alerts_on=self.alerts_on, already_alerted=r.facts.alerted
+        )
+        r.say(*effects, Publish())
 
     def progress_record(self, run: Run) -> None:
-        """A ``progress`` record of where the run is (rate-limited by Progress; also the last
-        point of a run that ends between two records)."""
-        progress = run.progress
+        """A ``progress`` record of where the run is (the last point of a run that ends
+        between two records)."""
+        r = Reading(run)
+        self._progress_record(r)
+        self._hand_in(r)
+
+    @staticmethod
+    def _progress_record(r: Reading) -> None:
+        """A ``progress`` record of where the run is (rate-limited by Progress)."""
+        progress = r.progress
         fields: dict[str, Any] = {"step": progress.step, "source": progress.step_source}
         if progress.loss is not None:
             fields["loss"] = progress.loss
         if progress.epoch is not None:
             fields["epoch"] = progress.epoch
-        run.progress = progress.recorded_now()
-        self._say(run, WriteRecord(Event.PROGRESS, fields))
+        r.moved(progress.recorded_now())
+        r.say(WriteRecord(Event.PROGRESS, fields))
+
+
+def rendezvous_record(state: ElasticState, fields: dict[str, Any]) -> WriteRecord:
+    """The ``rendezvous`` record of the agent's state now."""
+    fields = {"state": state.rendezvous, **fields}
+    if state.rendezvous == "complete":
+        fields.setdefault("group_rank", state.group_rank)
+        fields.setdefault("group_world_size", state.group_world_size)
+    return WriteRecord(Event.RENDEZVOUS, fields)

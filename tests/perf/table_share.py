@@ -70,9 +70,15 @@ REAL = {
 }
 
 
+CALLED_ONLY = {"run"}  # a world only where called: ``h.run()``, never ``state.run`` (the facts)
+
+
 def _touches(node: ast.AST) -> bool:
     """Does this code name something of the world (a process, a file, a socket...)?"""
+    called = {id(sub.func) for sub in ast.walk(node) if isinstance(sub, ast.Call)}
     for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and sub.attr in CALLED_ONLY and id(sub) not in called:
+            continue
         name = (
             sub.id
             if isinstance(sub, ast.Name)

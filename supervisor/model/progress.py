@@ -29,10 +29,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Final
 
-from dflashd.supervisor.host.notify import NotifyMessage
 from dflashd.supervisor.model.bounds import bounded_int, finite_float
 from dflashd.supervisor.model.divergence import LossWatch, watched
-from dflashd.supervisor.model.formats import global_step
 from dflashd.supervisor.model.goodput import Recovery
 from dflashd.supervisor.model.pace import STEADY, Pace, PaceChange, paced
 from dflashd.supervisor.model.verdicts import EndedBy
@@ -43,6 +41,31 @@ NOTIFY: Final = "notify"
 PATTERN: Final = "pattern"
 GPU: Final = "gpu"
 OUTPUT: Final = "output"
+
+
+def global_step(epoch_index: int, batch: int, batches: int, full_batches: int) -> int:
+    """An epoch-structured bar's global step: epochs done times a full epoch's batches, plus
+    the batch in this one.  ``full_batches`` is the largest epoch total seen, so a shorter
+    last epoch (a bar whose total shrinks) still counts its epochs at full length."""
+    return epoch_index * max(batches, full_batches) + batch
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyMessage:
+    """One datagram's worth of assignments, with what dflashd understands pulled out."""
+
+    ready: bool = False
+    stopping: bool = False
+    watchdog: bool = False
+    step: int | None = None
+    status: str | None = None
+    extend_timeout_us: int | None = None
+    sender_pid: int | None = None
+
+    @property
+    def is_progress(self) -> bool:
+        """READY, STEP or WATCHDOG: the child is alive and moving."""
+        return self.ready or self.watchdog or self.step is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,20 @@
+"""Values the table tests hand the model: no process, file, pipe or clock behind them."""
+
+from __future__ import annotations
+
+from dflashd.supervisor.model.inputs import Launched
+from dflashd.supervisor.model.progress import Progress
+from dflashd.supervisor.model.runstate import RunState
+
+WALL_AT_ZERO = 1_700_000_000.0  # the wall clock when the monotonic one reads 0
+
+
+def run_state(at: float, run_no: int = 1, *, sees_steps: bool = False) -> RunState:
+    """A run launched at ``at`` (monotonic), as the model knows it before any evidence."""
+    progress = Progress(at, sees_steps)
+    return RunState(run_no, ("python", "train.py"), at, WALL_AT_ZERO + at, progress)
+
+
+def launch_heard(at: float, run_no: int = 1) -> Launched:
+    """The launch of run ``run_no`` at ``at``, as the loop hears it."""
+    return Launched(run_state(at, run_no))
