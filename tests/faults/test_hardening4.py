@@ -248,7 +248,9 @@ def test_restart_on_a_damaged_record_of_the_last_start_launches_nothing(
     assert not lock_is_held(home / "dflashd.lock")
     assert len(_events(home / "logs", "spawn")) == spawns
     # told what to run, it runs that (the damaged record is not needed)
-    told = run_cli("restart", "--home", str(home), "--", *child("prints_then_waits.py"))
+    told = run_cli(
+        "restart", "--home", str(home), "--no-wait", "--", *child("prints_then_waits.py")
+    )
     assert told.returncode == 0, told.stderr
     assert len(_events(home / "logs", "spawn")) == spawns + 1
     run_cli("stop", "--home", str(home))
