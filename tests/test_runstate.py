@@ -230,6 +230,9 @@ def test_a_reading_of_a_run_that_is_no_longer_current_changes_nothing() -> None:
     after, said = step(state, Observed(stale, (record,)), 51.0)
     assert after.run == state.run and said == (record,)
     assert after.run is not None and after.run.run_no == 2
+    # nor does run 1's last GPU sample end run 2, whatever run 1 held
+    late = GpuSeen(run_state(0.0), (), ({"index": 0},), NOTHING_HELD)
+    assert step(state, late, 50.0 + GRACE + 1) == (state, ())
 
 
 def test_a_diverged_loss_with_stop_ends_the_run_through_the_model() -> None:

@@ -244,8 +244,9 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
         case Observed(facts, effects):
             return observed(state, facts), effects
         case GpuSeen(facts, effects, gpus, use):
+            ours = state.run is not None and state.run.run_no == facts.run_no
             state = observed(state, facts)
-            return state, (*effects, *no_gpu_memory(state, use, gpus, now))
+            return state, (*effects, *(no_gpu_memory(state, use, gpus, now) if ours else ()))
         case StallLook(run_no, runnable, cpu_used_s):
             run = state.run
             if run is None or run.run_no != run_no or run.ended_by_us:
