@@ -3,9 +3,10 @@
 It turns each :class:`GpuSample` (from the poller thread) into what the daemon acts on:
 records to write, what the run holds on which GPU (the model judges whether it holds none
 past its grace), whether its GPUs have been busy long enough to count as training, and,
-before a relaunch, whether the dead run's memory has been released.  Every method takes ``now``; it signals nothing itself
-(what :meth:`GpuWatch.release_check` finds is effects: its records, the dead run's holders
-to kill, the next look; the core carries them out, the kill through the run's custody).
+before a relaunch, whether the dead run's memory has been released.  Every method takes
+``now``; it signals nothing itself (what :meth:`GpuWatch.release_check` finds is effects: its
+records, the dead run's holders to kill, the next look; the core carries them out, the kill
+through the run's custody).
 
 GPU activity as evidence of training: a GPU counts as *busy* for the run when the run's
 processes hold at least ``BUSY_MIN_MIB`` on it and NVML's utilisation (the share of the
@@ -231,13 +232,13 @@ class GpuWatch:
             )
         if alive and run is not None:
             update.judged = use
-            self._judge_run(use, now, update)
+            self._busy_streak(use, now, update)
             held = [r.power_w for r in sample.readings if use.per_gpu_mib.get(r.index)]
             if held and all(w is not None for w in held):
                 update.power_w = sum(w for w in held if w is not None)
         return update
 
-    def _judge_run(self, use: ChildGpuUse, now: float, update: GpuUpdate) -> None:
+    def _busy_streak(self, use: ChildGpuUse, now: float, update: GpuUpdate) -> None:
         busy = self._busy(use)
         update.active = busy
         if busy:
