@@ -88,8 +88,9 @@ class Emptied:
 
 @dataclass(frozen=True, slots=True)
 class Decided:
-    """Effects an adapter decided (the observer's incidents, the GPU watch, the live run's
-    control, start-up recovery): their changes to the state are folded in, the rest acted on."""
+    """Effects an adapter decided (the GPU watch's records of a sample with no live run, the
+    live run's control, start-up recovery): their changes to the state are folded in, the rest
+    acted on."""
 
     effects: tuple[Effect, ...]
 
