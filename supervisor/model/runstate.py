@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 from dflashd.supervisor.model.goodput import RunTimes
@@ -24,8 +23,6 @@ from dflashd.supervisor.model.gpuspin import PowerSeen
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.verdicts import AlertKind, EndedBy, Observations
-
-NO_FIELDS: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
