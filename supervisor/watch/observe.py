@@ -196,16 +196,14 @@ class RunObserver:
         """The run passed its progress deadline: what the host says of it, for the model's
         stall decider (None: a torchrun agent whose workers run, past its rendezvous even if
         nothing said so: at torchrun's default log level the rendezvous is silent)."""
-        facts = run.facts
-        progress = facts.progress
+        progress = run.facts.progress
         if progress.rendezvous and run.pid is not None and self.ops.live_children(run.pid):
             r = Reading(run)
             self._workers_running(r, now)
             self._hand_in(r)
             return None
-        watching = not (progress.reached_first_step or progress.sees_steps or progress.rendezvous)
-        custody = run.custody
-        if not watching or custody is None:
+        custody = run.custody  # whether the CPU counts as a sign of life is the model's rule
+        if custody is None:
             return StallLook(run.run_no, False, None)
         stats = [found for pid in custody.members() if (found := read_stat(pid)) is not None]
         used = custody.cpu_time_s()
