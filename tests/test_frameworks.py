@@ -76,6 +76,15 @@ Start = Callable[..., Daemon]
         ("ValueError: bad value at step 31", None),
         ("saved a checkpoint after step 30", None),
         ("step 12 loss 2.31", {"format": "plain", "step": 12, "loss": 2.31}),
+        # an evaluation's own step and loss are never the run's (issue 50)
+        ("[eval] step 10 loss 3.2", None),
+        ("Validation step 3: loss nan", None),
+        ("step 250: val loss 2.5, train loss 1.9", {"step": 250, "loss": 1.9}),
+        ("step 250: train loss 1.9, val loss nan", {"step": 250, "loss": 1.9}),
+        ("step 100 | eval_loss nan | val_loss inf", {"step": 100, "loss": None}),
+        ("step 100 eval loss: nan", {"step": 100, "loss": None}),
+        # Hugging Face's evaluation bar has no description: its total says it (Progress)
+        (" 80%|████████  | 40/50 [00:01<00:00, 30.1it/s]", {"format": "tqdm", "total": 50}),
     ],
 )
 def test_real_lines(line: str, expected: dict[str, Any] | None) -> None:
@@ -254,3 +263,29 @@ def test_torch_extensions_stay_in_torchs_own_directory(start_daemon: Start) -> N
     assert "TORCH_EXTENSIONS_DIR" not in spawn.fields["env_keys"]
     assert "TORCHINDUCTOR_CACHE_DIR" in spawn.fields["env_keys"]
     assert isinstance(spawn, EventRecord)
+
+
+def test_an_evaluation_bar_nested_in_training_is_alive_not_steps() -> None:
+    """Hugging Face's Trainer draws its evaluation bar (no description, its own total) under
+    the training bar: its batches never move the run's step back, nor feed the pace."""
+    from dflashd.supervisor.model.progress import Progress
+
+    p = Progress(started_mono=0.0)
+    for now, (step, total) in enumerate(
+        [(100, 1000), (200, 1000), (10, 50), (40, 50), (300, 1000)]
+    ):
+        p, _change = p.on_step(float(now), step=step, first=True, source="tqdm", bar_total=total)
+        assert p.step == (step if total == 1000 else 200)
+    assert p.bar_total == 1000 and p.last_alive_mono == 4.0
+    assert len(p.intervals) == 2  # 100 -> 200 -> 300; the evaluation's batches are not steps
+
+
+def test_an_evaluation_bar_beside_printed_steps_is_alive_not_steps() -> None:
+    """A job that prints ``step N loss X`` and draws a bar to evaluate: the bar's batches
+    never take the run's step back."""
+    from dflashd.supervisor.model.progress import Progress
+
+    p = Progress(started_mono=0.0)
+    p, _ = p.on_step(0.0, step=100, first=True, source="plain", loss=2.0)
+    p, _ = p.on_step(1.0, step=50, first=True, source="tqdm", bar_total=50)
+    assert p.step == 100 and p.step_source == "plain" and p.last_alive_mono == 1.0

@@ -254,6 +254,7 @@ def test_a_torchrun_jobs_first_failed_worker_code(tail: tuple[str, ...], code: i
 
 
 FLAT = [2.0 + 0.01 * (i % 3) for i in range(20)]  # a steady loss around 2
+NAN, INF = float("nan"), float("inf")
 
 
 def _diverged_at(losses: list[float]) -> tuple[int | None, int | None]:
@@ -269,9 +270,14 @@ def _diverged_at(losses: list[float]) -> tuple[int | None, int | None]:
 @pytest.mark.parametrize(
     ("losses", "diverged"),
     [
-        ([*FLAT, float("nan")], (21, 20)),  # NaN: at once, at its step
-        ([float("inf")], (1, None)),  # even the first loss
-        ([*FLAT[:3], float("-inf")], (4, 3)),  # in the warm-up too
+        ([*FLAT, *[NAN] * 3], (21, 20)),  # a NaN that stays: at its first step
+        ([*FLAT, NAN], (None, None)),  # one NaN: a loss scaler's skipped step
+        ([*FLAT, NAN, 2.0, NAN, NAN, 2.01, INF, 2.0, NAN], (None, None)),  # fp16 skips, back
+        ([INF] * 3, (1, None)),  # even from the first loss
+        ([*FLAT[:3], *[-INF] * 3], (4, 3)),  # in the warm-up too
+        ([*FLAT, *[40.0] * 3, NAN, 40.0], (21, 20)),  # out, then NaN: out five times
+        ([-1.0 - 0.05 * i + 0.02 * (i % 4) for i in range(60)], (None, None)),  # an NLL < 0
+        ([0.3 - 0.02 * i + 0.01 * (i % 5) for i in range(60)], (None, None)),  # crosses zero
         ([*FLAT, *[40.0] * 5], (21, 20)),  # out and stays out: where it began
         ([*FLAT, *[40.0] * 4], (None, None)),  # not yet: four out is a spike still
         ([*FLAT, *[40.0] * 4, 2.0, *[40.0] * 4], (None, None)),  # back in between: two spikes
@@ -281,9 +287,14 @@ def _diverged_at(losses: list[float]) -> tuple[int | None, int | None]:
         ([*FLAT, 2.1, 2.2, 2.3, 2.4, 2.5], (None, None)),  # a drift within a few spreads
     ],
     ids=[
-        "nan",
+        "nan that stays",
+        "one nan",
+        "fp16 skipped steps",
         "inf first",
         "-inf in warm-up",
+        "out then nan",
+        "negative nll",
+        "crosses zero",
         "out and stays",
         "four out",
         "two spikes",

@@ -100,10 +100,31 @@ def feed(losses: list[float], start_step: int = 1) -> tuple[LossWatch, int | Non
     return watch, fired_at
 
 
-def test_a_nan_loss_diverges_at_its_step() -> None:
-    watch, fired = feed([2.0, 1.9, 1.8, math.nan, 1.7])
-    assert fired == 4 and watch.diverged_at == 4 and watch.last_good_step == 3
+def test_a_nan_loss_that_stays_diverges_at_its_first_step() -> None:
+    watch, fired = feed([2.0, 1.9, 1.8, math.nan, math.nan, math.nan, 1.7])
+    assert fired == 6 and watch.diverged_at == 4 and watch.last_good_step == 3
     assert "nan" in (watch.why or "")
+
+
+def test_a_loss_scalers_skipped_steps_are_no_divergence() -> None:
+    """fp16 with a dynamic loss scale: a NaN (or inf) now and then, two in a row at worst,
+    the next loss finite again, for hundreds of steps."""
+    rng = random.Random(5)
+    curve = [2.5 * math.exp(-i / 400) + 1.0 + rng.gauss(0, 0.05) for i in range(800)]
+    for i in range(40, 800, 37):
+        curve[i] = math.nan if i % 2 else math.inf
+        if i % 3 == 0:
+            curve[i + 1] = math.nan
+    watch, fired = feed(curve)
+    assert fired is None and not watch.diverged
+
+
+def test_a_contrastive_loss_with_a_recovering_spike_is_no_divergence() -> None:
+    rng = random.Random(9)
+    curve = [math.log(256) * math.exp(-i / 300) + 0.4 + rng.gauss(0, 0.08) for i in range(600)]
+    curve[300:304] = [9.0, 8.0, 6.0, 4.0]  # a spike, four losses out, then back in range
+    watch, fired = feed(curve)
+    assert fired is None and not watch.diverged
 
 
 def test_a_loss_that_leaves_its_range_and_stays_out_diverges_where_it_began() -> None:

@@ -2,7 +2,10 @@
 
 The rule (docs/design.md, "Diverged"):
 
-- A loss that is NaN or infinite diverged at once, at its step.
+- A loss that is NaN or infinite is out of range.  :data:`STAY_NONFINITE` of them in a row
+  (none finite between) is a divergence: a NaN that stays.  One now and then is a loss
+  scaler's skipped step (fp16/bf16: the scale halves and the next loss is finite again), and a
+  finite loss after it, in range, ends the streak.
 - After :data:`WARMUP_LOSSES` losses (the first ones fall fast and say little), each loss is
   judged against the range of the last :data:`WINDOW_LOSSES` losses that were in range: it is
   *out* when it is above the range's top by more than :data:`OUT_SPREADS` times the range's
@@ -28,6 +31,10 @@ WINDOW_LOSSES: Final = 50
 OUT_SPREADS: Final = 3.0
 MIN_SPREAD_SHARE: Final = 0.1
 STAY_OUT: Final = 5
+# A NaN that stays: three logged losses in a row.  A loss scaler skips one step (now and then
+# a handful), the finite loss after it ends the streak; a job that logs every step a second
+# is judged in 2-3 s.
+STAY_NONFINITE: Final = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,7 @@ class LossWatch:
     window: tuple[float, ...] = ()  # the last in-range losses
     out: int = 0  # losses out of range in a row
     out_since: int | None = None  # the step of the first of them
+    nonfinite: int = 0  # NaN/infinite losses in a row
     last_good_step: int | None = None
     diverged_at: int | None = None  # the step where the divergence began (once, then kept)
     why: str | None = None
@@ -62,13 +70,13 @@ def watched(watch: LossWatch, loss: float, step: int | None) -> tuple[LossWatch,
         return watch, False
     watch = replace(watch, last_step=step)
     if not math.isfinite(loss):
-        began = watch.out_since if watch.out else step
-        why = f"the loss is {loss} at step {step}"
-        return replace(watch, diverged_at=began, why=why), True
+        return _nonfinite(watch, loss, step)
+    watch = replace(watch, nonfinite=0)
     seen = watch.seen + 1
     if seen <= WARMUP_LOSSES or len(watch.window) < WARMUP_LOSSES:
         window = (*watch.window, loss)[-WINDOW_LOSSES:]
-        return replace(watch, seen=seen, window=window, last_good_step=step), False
+        warm = replace(watch, seen=seen, window=window, out=0, out_since=None)
+        return replace(warm, last_good_step=step), False
     level = bar(watch.window)
     if loss <= level:
         window = (*watch.window, loss)[-WINDOW_LOSSES:]
@@ -82,5 +90,21 @@ def watched(watch: LossWatch, loss: float, step: int | None) -> tuple[LossWatch,
     why = (
         f"the loss left its range ({min(watch.window):.4g}..{max(watch.window):.4g}) at step "
         f"{since} and stayed out for {out} logged losses (now {loss:.4g}, the bar {level:.4g})"
+    )
+    return replace(nxt, diverged_at=since, why=why), True
+
+
+def _nonfinite(watch: LossWatch, loss: float, step: int | None) -> tuple[LossWatch, bool]:
+    """A NaN or an infinite loss: out of range, and a divergence once it stays."""
+    since = watch.out_since if watch.out_since is not None else step
+    streak = watch.nonfinite + 1
+    nxt = replace(watch, out=watch.out + 1, out_since=since, nonfinite=streak)
+    if streak < STAY_NONFINITE and nxt.out < STAY_OUT:
+        return nxt, False
+    why = (
+        f"the loss is {loss} at step {step}, non-finite for {streak} logged losses in a row"
+        if streak >= STAY_NONFINITE
+        else f"the loss left its range at step {since} and stayed out for {nxt.out} logged "
+        f"losses (now {loss})"
     )
     return replace(nxt, diverged_at=since, why=why), True

@@ -37,7 +37,8 @@ _LINES_TRIED: Final = 4  # keyword lines tried per frame, from the end
 _TAIL_LINES: Final = 64  # only a frame's last lines are searched: the latest step is near its end
 # colours (torchtitan) and cursor moves
 _ANSI_ESCAPE: Final = re.compile(r"\x1b\[[0-9;?]{0,32}[A-Za-z]")
-_NUM: Final = r"([0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][+-]?[0-9]{1,4})?|nan|inf)"
+# a loss may be negative (a log-likelihood, a contrastive bound)
+_NUM: Final = r"(-?(?:[0-9]{1,30}(?:\.[0-9]{1,30})?(?:[eE][+-]?[0-9]{1,4})?|nan|inf))"
 # Matching is linear in the line and bounded: only a line's head is matched, every
 # quantifier between literals is bounded, and a digit run can only start where a run
 # starts ((?<![0-9])), so no pattern retries a long run from each of its positions.
@@ -55,6 +56,9 @@ class StepLine:
     epoch: float | None = None  # epochs done, with the fraction where the line gives one
     epoch_index: int | None = None  # an epoch-structured bar: its epoch (0-based)...
     batches: int | None = None  # ...and the epoch's total (``step`` is then the batch in it)
+    total: int | None = (
+        None  # a tqdm bar's total (an evaluation bar nested in training has its own)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +154,7 @@ FORMATS: Final[tuple[_Format, ...]] = (
     _tqdm(
         r"(?<![0-9])[0-9]{1,3}%\|[^|]{0,200}\|"
         + _SP
-        + r"(?P<step>[0-9]{1,15})/[0-9]{1,15} \[[0-9:]{1,20}<"
+        + r"(?P<step>[0-9]{1,15})/(?P<bar_total>[0-9]{1,15}) \[[0-9:]{1,20}<"
     ),
     _tqdm(r"(?<![0-9])(?P<step>[0-9]{1,15})it \[[0-9:]{1,20},"),  # an unknown total: n it [elapsed,
     _Format(
@@ -181,6 +185,12 @@ _ERROR_LINE: Final = re.compile(
     r"[A-Za-z](?:Error|Exception)\b|\bTraceback\b|\b(?:error|ERROR|Error|failed|FAILED)\b[:!]?"
 )
 _NOT_TRAINING_DESC: Final = re.compile(r"eval|valid|test|sanity|predict", re.IGNORECASE)
+# what precedes a step or a loss that is not training's: "[eval] step 10", "Validation step 3",
+# "val loss 2.5", "test/loss: 3.1" (an evaluation's own step and loss, never the run's)
+_EVAL_BEFORE: Final = re.compile(
+    r"(?:\beval|\bval|valid|validation|\btest)\w{0,8}[\s_/:|\]-]{0,3}$", re.I
+)
+_EVAL_PREFIX: Final = re.compile(r"\beval|\bval\b|\bvalid|\btest(?:ing)?\b", re.IGNORECASE)
 
 
 def _training_bar(desc: str) -> bool:
@@ -209,6 +219,8 @@ def match_line(line: str) -> StepLine | None:
             continue
         if fmt.training_desc_only and not _training_bar(line[: found.start()]):
             continue  # "Map:", "Loading checkpoint shards:", "Sanity Checking…": not training
+        if fmt.name == "plain" and _EVAL_PREFIX.search(line, 0, found.start()) is not None:
+            return None  # "[eval] step 10 loss 3.2": an evaluation's own count, not a step
         step: int | None = None
         if fmt.step_group is not None:
             named = found.groupdict().get("step")
@@ -219,17 +231,24 @@ def match_line(line: str) -> StepLine | None:
             if fmt.zero_is_start and step == 0:
                 return None
         loss = _loss(fmt.loss_pattern, line)
-        return _with_epoch(StepLine(fmt.name, step, loss), found, fmt, line)
+        total = found.groupdict().get("bar_total")
+        shape = StepLine(fmt.name, step, loss, total=bounded_int(total) if total else None)
+        return _with_epoch(shape, found, fmt, line)
     return None
 
 
 def _loss(pattern: re.Pattern[str] | None, line: str) -> float | None:
     """A loss: a finite number, or NaN/infinity as printed (a divergence is evidence too)."""
-    found = pattern.search(line) if pattern is not None else None
+    if pattern is None:
+        return None
+    # the first loss that is training's: "val loss 2.5" or "eval/loss: nan" is evaluation's
+    found = next(
+        (m for m in pattern.finditer(line) if not _EVAL_BEFORE.search(line, 0, m.start())), None
+    )
     if found is None:
         return None
     text = found.group(1)
-    if text in ("nan", "inf"):
+    if text.lstrip("-") in ("nan", "inf"):
         return float(text)
     return finite_float(text)
 

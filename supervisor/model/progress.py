@@ -130,6 +130,7 @@ class Progress:
     rendezvous: bool = False  # a torchrun agent waiting for its peers: warm-up, not silence
     epoch: float | None = None  # epochs done, where the output says
     full_batches: int = 0  # the largest epoch total an epoch-structured bar showed
+    bar_total: int = 0  # the largest total a tqdm bar showed (training's; evaluation's is less)
     intervals: tuple[float, ...] = ()  # the last CADENCE_INTERVALS intervals between steps
     best_before: int | None = None  # the best step of every earlier run (goodput: redone)
     passed_best_mono: float | None = None  # when a step beyond ``best_before`` was first seen
@@ -166,6 +167,7 @@ class Progress:
         epoch_index: int | None = None,
         batches: int | None = None,
         bad_loss: tuple[int | None, float] | None = None,
+        bar_total: int | None = None,
     ) -> tuple[Progress, Change]:
         """A step (or a first-step marker) from notify, a pattern, a format or the GPUs.
 
@@ -173,16 +175,24 @@ class Progress:
         liveness only (their numbers may count something else, a bar's batches say).
         """
         p = self
+        if bar_total is not None and step is not None and source != NOTIFY:
+            behind = p.step is not None and step <= p.step
+            if behind and (bar_total < p.bar_total or p.step_source != source):
+                # a bar below training's (Hugging Face's evaluation loop draws one with no
+                # description and its own, smaller total; a job that prints its steps may
+                # draw one to evaluate): its batches are not the run's steps; it is alive
+                return p.on_alive(now), NOTHING
+            p = replace(p, bar_total=max(p.bar_total, bar_total))
         diverged = False
         if bad_loss is not None:  # the first NaN among the lines posted together: it began there
             bad_step, bad = bad_loss
             at = bad_step if bad_step is not None else step
             losses, diverged = watched(p.losses, bad, at if at is not None else p.step)
             p = replace(p, losses=losses)
-        elif loss is not None:
+        if loss is not None:  # then the newest (a finite one ends a loss scaler's NaN streak)
             at = step if step is not None else p.step
-            losses, diverged = watched(p.losses, loss, at)
-            p = replace(p, losses=losses)
+            losses, now_diverged = watched(p.losses, loss, at)
+            p, diverged = replace(p, losses=losses), diverged or now_diverged
         if loss is not None:
             loss = loss if math.isfinite(loss) else None  # status, metrics and JSON: finite only
         quiet = Change(diverged=True) if diverged else NOTHING

@@ -40,6 +40,7 @@ class LineProgress:
     # the earliest non-finite loss since the last post, with its step (a divergence begins
     # there, even when later lines were posted together with it)
     bad_loss: tuple[int | None, float] | None = None
+    total: int | None = None  # a tqdm bar's total
 
 
 def _to_int(value: str) -> int | None:
@@ -80,6 +81,7 @@ class LineMatcher:
             found.epoch_index,
             found.batches,
             self._first_bad_loss(frame),
+            found.total,
         )
 
     def _first_bad_loss(self, frame: Frame) -> tuple[int | None, float] | None:
@@ -136,6 +138,7 @@ def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:
         epoch=newer.epoch if newer.epoch is not None else older.epoch,
         epoch_index=newer.epoch_index if newer.step is not None else older.epoch_index,
         batches=newer.batches if newer.step is not None else older.batches,
+        total=newer.total if newer.step is not None else older.total,
     )
 
 

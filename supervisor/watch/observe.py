@@ -142,6 +142,7 @@ class RunObserver:
             epoch_index=found.epoch_index,
             batches=found.batches,
             bad_loss=found.bad_loss,
+            bar_total=found.total,
         )
         r.moved(progress)
         self._progressed(r, change, now)
