@@ -153,15 +153,21 @@ def start(
     signal.signal(signal.SIGINT, signal.default_int_handler if foreground else start_interrupted)
     where = resolve_home(home)
     config = prepare(where, config_path, tuple(command))
-    if ready_fd is None and (mixed := another_jobs_home(where, config.command)) is not None:
-        click.echo(f"dflashd: {mixed}", err=True)
+    # the one-home warning is decided now (before this start rewrites the home's state) and
+    # said only once the start goes ahead: a refused start says its one line and no more
+    mixed = another_jobs_home(where, config.command) if ready_fd is None else None
     if foreground:
         if ready_fd is None and lock_is_held(where.lock):
             fail(already_running_message(where), 1)
         invocation = (config_path, tuple(command))
-        sys.exit(run_foreground(where, config, ready_fd, echo=not quiet, raw=raw, saved=invocation))
+        code = run_foreground(
+            where, config, ready_fd, echo=not quiet, raw=raw, saved=invocation, warning=mixed
+        )
+        sys.exit(code)
     # detached: the daemon records the invocation once it holds the lock (a refused start never)
-    sys.exit(start_detached(where, config, config_path, tuple(command), wait=not no_wait))
+    sys.exit(
+        start_detached(where, config, config_path, tuple(command), wait=not no_wait, warning=mixed)
+    )
 
 
 @main.command()

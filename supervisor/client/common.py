@@ -67,8 +67,11 @@ def resolve_home(path: Path | None) -> Home:
 
 
 def fail(message: str, code: int) -> NoReturn:
-    """One line on stderr, then exit ``code``."""
-    click.echo(f"dflashd: {message}", err=True)
+    """One line on stderr, then exit ``code``: a path or a command in it that holds a newline
+    or an escape sequence is shown escaped (one line, nothing that reprograms a terminal)."""
+    from dflashd.supervisor.speak.echo import escape_controls
+
+    click.echo(f"dflashd: {escape_controls(message)}", err=True)
     sys.exit(code)
 
 

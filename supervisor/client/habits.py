@@ -60,7 +60,8 @@ def another_jobs_home(home: Home, command: tuple[str, ...]) -> str | None:
 
 def _job_name(command: tuple[str, ...]) -> str:
     """A home's name for a job: its script's stem (``train.py`` -> ``dflashd-train``)."""
-    words = [w for w in command if not w.startswith("-")]
+    # a file's name, never code (``python -c "import time; ..."`` names no script)
+    words = [w for w in command if not w.startswith("-") and not any(c.isspace() for c in w)]
     script = next((w for w in words[1:] if "." in Path(w).name), words[-1] if words else "job")
     stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in Path(script).stem)
     return f"dflashd-{stem or 'job'}"

@@ -18,6 +18,7 @@ from typing import Any
 
 from dflashd.supervisor.host.home import Home, default_home, lock_is_held
 from dflashd.supervisor.model.goodput import duration_text
+from dflashd.supervisor.speak.echo import escape_controls
 from dflashd.supervisor.speak.statusview import read_state
 
 
@@ -114,7 +115,8 @@ def table(rows: list[dict[str, Any]], *, users: bool) -> str:
             goodput += f" of {duration_text(float(r['wall_s']))}"
         cells = [r["home"], *([r["user"]] if users else []), str(r["state"])]
         cells += [_dash(r["run"]), _dash(r["step"]), goodput, str(r["command"])[:60]]
-        lines.append(cells)
+        # a home path or a command may hold a newline or an escape sequence: one row, escaped
+        lines.append([escape_controls(str(c)) for c in cells])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
     return "\n".join(
         "  ".join([*(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)), line[-1]])

@@ -224,6 +224,7 @@ def report(home: Path | None, which_run: str | None, output: Path) -> None:
     from dflashd.supervisor.client.htmlreport import render_html, summarize, svg_document
     from dflashd.supervisor.client.output import UnsafeOutput, write_output
     from dflashd.supervisor.client.reportdata import collect
+    from dflashd.supervisor.speak.echo import escape_controls, escape_controls_but_lines
 
     if output.suffix.lower() not in (".html", ".htm", ".svg"):
         fail(
@@ -251,10 +252,14 @@ def report(home: Path | None, which_run: str | None, output: Path) -> None:
         if output.suffix == ".svg"
         else render_html(data, f"dflashd runs on {where.root}")
     )
+    # the job's lines, its command and the home's path are another's text: a page read with
+    # `cat` or `less -R` shows them escaped, never as a terminal's controls
+    text = escape_controls_but_lines(text)
     try:  # a new file renamed into place: never written through a link (client/output.py)
         write_output(output, text.encode())
     except UnsafeOutput as exc:
         fail(str(exc), 1)
     info = summarize(data)
     verdicts = ", ".join(f"{k} {v}" for k, v in sorted(info["verdicts"].items()))
-    click.echo(f"{output}: {info['runs']} runs ({verdicts}), {info['gpu_points']} GPU points")
+    shown = escape_controls(str(output))
+    click.echo(f"{shown}: {info['runs']} runs ({verdicts}), {info['gpu_points']} GPU points")

@@ -13,7 +13,7 @@ from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import goodput_line, view_from_json
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.verdicts import Verdict
-from dflashd.supervisor.speak.echo import escape_controls
+from dflashd.supervisor.speak.echo import escape_controls, escaped_values
 
 _STYLES: Final[dict[str, dict[str, Any]]] = {
     "red": {"fg": "red"},
@@ -93,7 +93,12 @@ def _mib(value: Any) -> str:
 
 
 def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> str:
-    """The readable ``dflashd status``: aligned label/value rows."""
+    """The readable ``dflashd status``: aligned label/value rows.  Every string of the state
+    is shown escaped (a home path, a command, a job's line: another user or the job shaped
+    them), before any colour is added."""
+    escaped = escaped_values(status)
+    assert isinstance(escaped, dict)
+    status = escaped
     rows: list[tuple[str, str]] = []
     state = str(status.get("state", "unknown"))
     daemon = f"{paint(state, STATE_COLOR.get(state))}"

@@ -98,11 +98,13 @@ def run_foreground(
     raw: bool = False,
     sampler_factory: Any = None,
     saved: tuple[Path | None, tuple[str, ...]] | None = None,
+    warning: str | None = None,
 ) -> int:
     """The daemon in this process until it ends; its exit code.
 
     ``saved``: the config path and command ``dflashd restart`` repeats, recorded only once
-    this process holds the home's lock (a refused start records nothing).
+    this process holds the home's lock (a refused start records nothing); ``warning`` is
+    said then too (a refused start says only why).
     """
     from dflashd.logs.writer import LogWriterError
     from dflashd.supervisor.daemon import Daemon
@@ -122,6 +124,8 @@ def run_foreground(
         fail(str(exc), EXIT_USAGE)
     if saved is not None:
         save_invocation(home, *saved)
+    if warning is not None:
+        click.echo(f"dflashd: {warning}", err=True)
     configure_logging(foreground=ready_fd is None)
     if ready_fd is not None and is_daemon_log(2, home.daemon_log):  # detached: bound daemon.log
         logs = config.logs
@@ -201,16 +205,18 @@ def start_detached(
     command: tuple[str, ...],
     *,
     wait: bool = True,
+    warning: str | None = None,
 ) -> int:
     """Launch the daemon in its own session; report the launch, then wait (``wait``) for the
-    job's first step, its death or ``start_wait_s``.
+    job's first step, its death or ``start_wait_s``.  ``warning`` is said once the daemon
+    holds the home and launched (a refused start says only why).
 
     Ctrl-C, at any moment and however often, ends this command with one line and exit 130
     (:func:`start_interrupted`): the job keeps running in the daemon's own session, or
     nothing was started when it came before the launch.
     """
     signal.signal(signal.SIGINT, start_interrupted)
-    return _launch(home, config, config_path, command, wait, _LAUNCHED)
+    return _launch(home, config, config_path, command, wait, _LAUNCHED, warning)
 
 
 # What a Ctrl-C of ``start`` reports: a daemon spawned yet, and its run once launched.
@@ -241,6 +247,7 @@ def _launch(
     command: tuple[str, ...],
     wait: bool,
     launched: dict[str, Any],
+    warning: str | None,
 ) -> int:
     if lock_is_held(home.lock):
         fail(already_running_message(home), 1)
@@ -280,11 +287,17 @@ def _launch(
     finally:
         os.close(write_fd)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    return _after_launch(home, config, read_fd, after_seq, wait, launched)
+    return _after_launch(home, config, read_fd, after_seq, wait, launched, warning)
 
 
 def _after_launch(
-    home: Home, config: Config, read_fd: int, after_seq: int, wait: bool, launched: dict[str, Any]
+    home: Home,
+    config: Config,
+    read_fd: int,
+    after_seq: int,
+    wait: bool,
+    launched: dict[str, Any],
+    warning: str | None = None,
 ) -> int:
     """The daemon's launch report, then (``wait``) its first step; ``launched`` gets the run."""
     info = _read_ready(read_fd)
@@ -294,13 +307,20 @@ def _after_launch(
         error = str(info.get("error"))
         if info.get("code") in (EXIT_USAGE, EXIT_ALREADY_RUNNING) or not info.get("run"):
             fail(error, int(info.get("code") or 1))
+        _warn(warning)
         print_launch(info)
         return EXIT_FATAL
     launched["run"] = info["run"]
+    _warn(warning)
     print_launch(info)
     if not wait:
         return 0
     return wait_for_first_step(home, int(info["run"]), config.start_wait_s, after_seq)
+
+
+def _warn(warning: str | None) -> None:
+    if warning is not None:
+        click.echo(f"dflashd: {warning}", err=True)
 
 
 def _read_ready(fd: int) -> dict[str, Any] | None:

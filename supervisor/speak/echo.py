@@ -18,8 +18,11 @@ from typing import BinaryIO, Final
 from dflashd.logs.framer import Frame
 
 MAX_QUEUED_FRAMES: Final = 256
-_CONTROL: Final = {c: f"\\x{c:02x}" for c in (*range(9), *range(10, 32), 127)}
-_CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# C0 (tab aside), DEL and C1 (0x9b is a one-character CSI to some terminals)
+_CONTROL: Final = {c: f"\\x{c:02x}" for c in (*range(9), *range(10, 32), *range(127, 160))}
+_CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_LINES_KEPT: Final = {c: v for c, v in _CONTROL.items() if c != 10}
+_CONTROL_BUT_LINES_RE: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def escape_controls(text: str) -> str:
@@ -27,6 +30,25 @@ def escape_controls(text: str) -> str:
     if _CONTROL_RE.search(text) is None:
         return text
     return text.translate(_CONTROL)
+
+
+def escape_controls_but_lines(text: str) -> str:
+    """The same for a document of lines (a report): its newlines kept."""
+    if _CONTROL_BUT_LINES_RE.search(text) is None:
+        return text
+    return text.translate(_LINES_KEPT)
+
+
+def escaped_values(value: object) -> object:
+    """A decoded JSON value with every string in it escaped (keys too): what a person's
+    terminal is shown of state another user or the job could shape."""
+    if isinstance(value, str):
+        return escape_controls(value)
+    if isinstance(value, dict):
+        return {escape_controls(str(k)): escaped_values(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [escaped_values(v) for v in value]
+    return value
 
 
 class Echo:
