@@ -175,6 +175,8 @@ class LiveRunControl:
             gpu_idle=facts.gpu_seen == "idle",
             node=node_rank(run, dump),
             gpu_power_share=facts.gpu_power.share(),
+            worker_rounds=len(progress.recoveries),
+            restarted_at=progress.recoveries[-1].failed if progress.recoveries else None,
         )
         share = world_share(run, watch, now)
         self.look(run, HangLook(view, None, limits, wall, share, progress.step, sample))

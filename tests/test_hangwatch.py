@@ -139,11 +139,22 @@ ROWS: list[tuple[str, HangWatch, HangAction, float | None, list[str], Check]] = 
     ),
     (
         "back to work: the wait elsewhere is over",
-        replace(ROUND, elsewhere_since=50.0, elsewhere_alerted=True, waiting={"kind": "elsewhere"}),
+        replace(
+            ROUND,
+            elsewhere_since=50.0,
+            elsewhere_alerted=True,
+            waiting={"kind": "elsewhere"},
+            elsewhere_last=("barrier", 50.0, 90.0),
+        ),
         NewRound(WORKING, 115.0),
         None,
         ["look at 115.0", "record hang_check"],
-        lambda w: w.elsewhere_since is None and not w.elsewhere_alerted and w.waiting is None,
+        lambda w: (
+            w.elsewhere_since is None
+            and not w.elsewhere_alerted
+            and w.waiting is None
+            and w.elsewhere_last is None
+        ),  # a crash after it is the job's, never a lost peer's
     ),
     (
         "a GPU wait: remembered from now",
@@ -230,6 +241,30 @@ def test_a_wait_elsewhere_says_since_when_in_wall_time() -> None:
             80.0,
             lambda w: w.samples == (SAMPLE,),
         ),  # older step
+        (
+            HangWatch(
+                waiting={"kind": "elsewhere"},
+                elsewhere_since=10.0,
+                elsewhere_alerted=True,
+                elsewhere_last=("a lock held by pid 9", 10.0, 40.0),
+                rounds=3,
+            ),
+            45.0,
+            lambda w: (
+                (w.elsewhere_since, w.elsewhere_last, w.waiting) == (None, None, None)
+                and not w.elsewhere_alerted
+            ),
+        ),  # a step after the wait's last round: it ended (the next wait is timed afresh)
+        (
+            HangWatch(
+                waiting={"kind": "elsewhere"},
+                elsewhere_since=10.0,
+                elsewhere_last=("a lock held by pid 9", 10.0, 40.0),
+                rounds=3,
+            ),
+            35.0,
+            lambda w: w.elsewhere_since == 10.0 and w.elsewhere_last is not None,
+        ),  # the step before it: the wait goes on
     ],
     ids=[
         "startup wait over",
@@ -238,6 +273,8 @@ def test_a_wait_elsewhere_says_since_when_in_wall_time() -> None:
         "hang round kept",
         "stale round",
         "fresh round",
+        "wait ended by a step",
+        "wait goes on",
     ],
 )
 def test_what_a_new_step_leaves_of_the_watch(

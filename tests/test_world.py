@@ -118,3 +118,144 @@ def test_the_helper_shares_and_hears_through_a_real_tcpstore() -> None:
     assert gone is not None
     unreachable = heard_from(share_and_hear(share_request(gone), sys.executable), 2)
     assert unreachable.error is not None and world_stuck(unreachable, 0, 1e6, 60.0) is None
+
+
+W = "10.0.0.1:29500/job"  # this round's world (model/world.py's world_of)
+
+
+def _item(**over: object) -> dict[str, object]:
+    item: dict[str, object] = {
+        "node": 1,
+        "state": WAITING,
+        "waited_s": 70.0,
+        "why": "recv",
+        "age_s": 5.0,
+        "world": W,
+    }
+    return {**item, **over}
+
+
+@pytest.mark.parametrize(
+    ("item", "kept"),
+    [
+        (_item(), True),
+        (_item(world="10.0.0.1:29511/job"), False),  # an earlier restart round (a new port)
+        (_item(world="10.0.0.9:29500/other"), False),  # another job sharing the store and id
+        (_item(world=None), False),  # a report with no round: not this one's
+        (_item(age_s=-3600.0), False),  # dated an hour ahead: fresh for ever otherwise
+        (_item(age_s=-2.0), True),  # a clock two seconds ahead: read as fresh now
+        (_item(waited_s=float("inf")), False),
+        (_item(waited_s=float("nan")), False),
+        (_item(age_s=float("nan")), False),
+        (_item(waited_s=-5.0), False),
+        (_item(waited_s=1e12), False),
+        (_item(node=7), False),  # no such node in a world of 2
+        (_item(node=True), False),
+        (_item(node="1"), False),
+        (_item(state="hung"), False),
+        (_item(why=["x"]), False),
+        ("a string", False),
+        (["a", "list"], False),
+        (None, False),
+    ],
+    ids=[
+        "this round",
+        "earlier round",
+        "another job",
+        "no round",
+        "from the future",
+        "small skew",
+        "inf wait",
+        "nan wait",
+        "nan age",
+        "negative wait",
+        "absurd wait",
+        "no such node",
+        "bool node",
+        "text node",
+        "unknown state",
+        "odd why",
+        "string",
+        "list",
+        "null",
+    ],
+)
+def test_a_store_value_is_evidence_only_when_it_is_this_worlds(item: object, kept: bool) -> None:
+    heard = heard_from({"reports": [item]}, 2, W)
+    assert (len(heard.reports), heard.left_out) == ((1, 0) if kept else (0, 1))
+    if kept:
+        assert heard.reports[0].age_s >= 0.0
+
+
+def test_stale_future_and_foreign_keys_never_end_a_healthy_rank_nor_hide_a_stuck_world() -> None:
+    """Node 1's only report is another round's (or dated ahead): the world is not stuck, since
+    node 1 said nothing of this round.  Beside a junk value, every node's own report of this
+    round still finds a truly stuck world."""
+    here = _item(node=0)
+    for stale in (_item(world="10.0.0.1:29511/job"), _item(age_s=-3600.0)):
+        heard = heard_from({"reports": [here, stale]}, 2, W)
+        assert world_stuck(heard, 0, 1e5, 60.0) is None
+    junk = {"reports": [here, _item(), {"node": 1, "state": "waiting"}], "skipped": 3}
+    heard = heard_from(junk, 2, W)
+    assert heard.left_out == 4 and world_stuck(heard, 0, 70.0, 60.0) is not None
+
+
+@pytest.mark.trainer
+def test_the_helper_reads_every_node_past_malformed_and_oversized_values() -> None:
+    """A real TCPStore holding, in dflashd's keys, a value that is not JSON, one that is not
+    an object, one of 1 MiB and one dated in the future beside node 0's real report: the
+    helper answers (never fails on one value), the daemon keeps node 0's report only."""
+    torch_distributed = pytest.importorskip("torch.distributed")
+    from datetime import timedelta
+
+    store = torch_distributed.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
+    endpoint = f"127.0.0.1:{store.port}"
+    store.set("dflashd/t/node/1", "not json {")
+    store.set("dflashd/t/node/2", "[1, 2]")
+    store.set("dflashd/t/node/3", "x" * (1 << 20))
+    future = (
+        '{"node": 4, "state": "waiting", "waited_s": 90, "why": "x", "world": "%s", "at": 1e12}'
+    )
+    store.set("dflashd/t/node/4", future % W)
+    share = share_of(endpoint, "t", 0, 5, (WAITING, 70.0, "recv"), W)
+    assert share is not None
+    heard = heard_from(share_and_hear(share_request(share), sys.executable), 5, W)
+    assert heard.error is None, heard
+    assert [r.node for r in heard.reports] == [0] and heard.left_out == 4
+    assert world_stuck(heard, 0, 1e5, 60.0) is None
+
+
+@pytest.mark.trainer
+def test_a_frozen_store_host_is_an_error_in_bounded_time_never_a_dead_world() -> None:
+    """The store's host frozen with SIGSTOP: the helper's answer is an error within its bound,
+    and an error never ends a rank (no world is stuck on a store that cannot be read)."""
+    import signal
+    import subprocess
+    import time
+
+    pytest.importorskip("torch.distributed")
+    code = (
+        "import sys, time\nfrom datetime import timedelta\n"
+        "from torch.distributed import TCPStore\n"
+        "s = TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False,"
+        " timeout=timedelta(seconds=30))\nprint(s.port, flush=True)\ntime.sleep(600)\n"
+    )
+    host = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout is not None
+        port = int(host.stdout.readline())
+        share = share_of(f"127.0.0.1:{port}", "t", 0, 2, (WAITING, 70.0, "recv"), W)
+        assert share is not None
+        host.send_signal(signal.SIGSTOP)
+        began = time.monotonic()
+        heard = heard_from(share_and_hear(share_request(share), sys.executable), 2, W)
+        took = time.monotonic() - began
+        assert heard.error is not None and took < 45.0, (heard, took)
+        assert world_stuck(heard, 0, 1e6, 60.0) is None
+        print(f"a frozen store host: an error after {took:.1f} s")
+    finally:
+        host.send_signal(signal.SIGCONT)
+        host.kill()
+        host.communicate()

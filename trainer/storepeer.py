@@ -14,12 +14,15 @@ it must not import dflashd (the job's environment may not have it): the standard
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from typing import Any
 
 STORE_TIMEOUT_S = 10.0
 C10D_DEFAULT_PORT = 29400  # torchrun's c10d rendezvous port when the endpoint names none
+MAX_NODES = 4096  # the most keys read (a request naming more is cut)
+MAX_VALUE_BYTES = 16384  # a node's report is a few hundred bytes; a larger value is not ours
 
 
 def store_address(endpoint: str) -> tuple[str, int] | None:
@@ -52,20 +55,39 @@ def _helper(request: dict[str, Any]) -> dict[str, Any]:
         timeout=timedelta(seconds=STORE_TIMEOUT_S),
         wait_for_workers=False,
     )
-    space, nodes = str(request["key_space"]), int(request["nodes"])
+    space, nodes = str(request["key_space"]), min(int(request["nodes"]), MAX_NODES)
     now = time.time()
     if request.get("state"):
-        mine = {k: request[k] for k in ("node", "state", "waited_s", "why")}
+        mine = {k: request.get(k) for k in ("node", "state", "waited_s", "why", "world")}
         store.set(f"{space}/node/{int(request['node'])}", json.dumps({**mine, "at": now}))
-    reports = []
+    reports, skipped = [], 0
     for node in range(nodes):
         key = f"{space}/node/{node}"
         if not store.check([key]):
             continue
-        found = json.loads(store.get(key))
-        found["age_s"] = max(0.0, now - float(found.pop("at", now)))
-        reports.append(found)
-    return {"reports": reports}
+        found = _report(store.get(key), now)  # one bad value never hides the others
+        if found is None:
+            skipped += 1
+        else:
+            reports.append(found)
+    return {"reports": reports, "skipped": skipped}
+
+
+def _report(raw: bytes, now: float) -> dict[str, Any] | None:
+    """One node's value as written by this helper, else None (another writer's, a value too
+    large, not JSON, not an object).  ``age_s`` is by this host's clock and may be negative
+    (a writer's clock ahead of ours): the daemon judges it (model/world.py)."""
+    if len(raw) > MAX_VALUE_BYTES:
+        return None
+    try:
+        found = json.loads(raw)
+        at = float(found.pop("at"))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if not isinstance(found, dict) or not math.isfinite(at):
+        return None
+    found["age_s"] = now - at
+    return found
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import orjson
 from dflashd.supervisor.host.custody import end_own_child_session
 from dflashd.supervisor.host.procfs import environ_values, read_stat
 from dflashd.supervisor.model.stacks import ProcessStacks, Role, parse_pyspy
+from dflashd.supervisor.model.world import world_of
 
 PROCESS_BOUND_S: Final = 4.0  # one process's dump (py-spy is killed past it)
 MAX_PARALLEL: Final = 8  # 8 processes dump at once: a node's workers within the 5 s bound
@@ -34,6 +35,8 @@ _ROLE_KEYS: Final = (
     "LOCAL_WORLD_SIZE",
     "GROUP_RANK",
     "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
 )
 RUNNING_DUMPS: set[int] = set()  # py-spy processes at work: the daemon's orphan reaper leaves them
 
@@ -71,6 +74,9 @@ def role_of(pid: int, root_pid: int | None, torchrun: bool) -> Role:
             int(world) if world and world.isdigit() else None,
             int(here) if here and here.isdigit() else None,
             int(group) if group and group.isdigit() else None,
+            world_of(
+                env.get("MASTER_ADDR"), env.get("MASTER_PORT"), env.get("TORCHELASTIC_RUN_ID")
+            ),
         )
     if pid == root_pid:
         return Role("agent" if torchrun else "root")

@@ -225,6 +225,10 @@ class HangView:
     gpu_idle: bool = False  # the run's GPUs were idle at the last sample (False: busy or unknown)
     node: int | None = None  # this node's group rank in a job of many nodes (None: unknown)
     gpu_power_share: float | None = None  # its GPUs' power now / while stepping (gpuspin.py)
+    # restarts its launcher handled (torchrun re-formed the group), and when the last began:
+    # each starts the judgment afresh (model/hangwatch.py's ``afresh``)
+    worker_rounds: int = 0
+    restarted_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +272,7 @@ class HangWatch:
     # otherwise (a crash's round) until a new step: a run that dies of a lost peer says so
     elsewhere_last: tuple[str, float, float] | None = None
     gpu_wait: tuple[int, float] | None = None  # the same unmoved wait on a busy GPU, since
+    worker_rounds: int = 0  # the launcher's restarts this watch has judged since
 
     def evidence(self) -> Evidence:
         """The deciders' view of it."""

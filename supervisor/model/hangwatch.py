@@ -63,7 +63,32 @@ def after_progress(watch: HangWatch, last_progress: float | None) -> HangWatch:
         watch = replace(watch, next_round_at=None)
     if watch.samples and (last_progress or 0.0) >= watch.samples[0].at:
         watch = replace(watch, samples=(), next_round_at=None, gpu_wait=None, elsewhere_last=None)
+    last = watch.elsewhere_last
+    if last is not None and last_progress is not None and last_progress > last[2]:
+        watch = wait_over(watch)  # a step after the last round that found the wait: it ended
     return watch
+
+
+def afresh(watch: HangWatch, worker_rounds: int) -> HangWatch:
+    """The launcher restarted the workers (torchrun re-formed the group): what the rounds
+    found of the old workers is not evidence about the new ones; the judgment starts again
+    (a real hang of the new group is still found, from its own rounds)."""
+    waiting = watch.waiting if (watch.waiting or {}).get("kind") != "elsewhere" else None
+    return replace(
+        HangWatch(rounds=watch.rounds, sampling=watch.sampling, last_dump=watch.last_dump),
+        waiting=waiting,
+        worker_rounds=worker_rounds,
+    )
+
+
+def wait_over(watch: HangWatch) -> HangWatch:
+    """A wait elsewhere that ended (a step came, or a round found the run working): over.
+    A later wait is a new one, timed from its own start (two short waits on a sibling's lock
+    are not one long wait), and a later crash is the job's own, never a lost peer's."""
+    waiting = watch.waiting if (watch.waiting or {}).get("kind") != "elsewhere" else None
+    return replace(
+        watch, elsewhere_since=None, elsewhere_alerted=False, elsewhere_last=None, waiting=waiting
+    )
 
 
 def hang_arm(
@@ -138,7 +163,11 @@ def _waiting_elsewhere(
     """A round found the run waiting on work outside it (a remote rank, another job's lock):
     never ended for that; after ``remote_wait_s`` one alert names the wait, and the stall
     window stays the last word if nothing ever moves."""
+    if judgement.finding in (Finding.WORKING, Finding.GPU_WAIT):
+        return replace(wait_over(watch), waiting=None), ()  # it works: the wait is over
     if judgement.finding is not Finding.ELSEWHERE:
+        # a round that could not tell (a crash's round): the last wait is kept for the end's
+        # reason, the run waits on nothing now
         return replace(watch, elsewhere_since=None, elsewhere_alerted=False, waiting=None), ()
     since = watch.elsewhere_since if watch.elsewhere_since is not None else now
     waiting = {"kind": "elsewhere", "on": judgement.why, "since": wall - (now - since)}

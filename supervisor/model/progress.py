@@ -166,7 +166,7 @@ class Progress:
         epoch: float | None = None,
         epoch_index: int | None = None,
         batches: int | None = None,
-        bad_loss: tuple[int | None, float] | None = None,
+        bad_loss: tuple[tuple[int | None, float], ...] = (),
         bar_total: int | None = None,
     ) -> tuple[Progress, Change]:
         """A step (or a first-step marker) from notify, a pattern, a format or the GPUs.
@@ -184,11 +184,12 @@ class Progress:
                 return p.on_alive(now), NOTHING
             p = replace(p, bar_total=max(p.bar_total, bar_total))
         diverged = False
-        if bad_loss is not None:  # the first NaN among the lines posted together: it began there
-            bad_step, bad = bad_loss
+        # from the first NaN among the lines posted together on, each loss in order: the
+        # divergence began at the first, and a finite one between ends a NaN streak
+        for bad_step, bad in bad_loss:
             at = bad_step if bad_step is not None else step
-            losses, diverged = watched(p.losses, bad, at if at is not None else p.step)
-            p = replace(p, losses=losses)
+            losses, now_diverged = watched(p.losses, bad, at if at is not None else p.step)
+            p, diverged = replace(p, losses=losses), diverged or now_diverged
         if loss is not None:  # then the newest (a finite one ends a loss scaler's NaN streak)
             at = step if step is not None else p.step
             losses, now_diverged = watched(p.losses, loss, at)

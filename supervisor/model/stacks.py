@@ -67,6 +67,7 @@ class Role:
     world_size: int | None = None  # WORLD_SIZE: every rank of the job, on every node
     local_world_size: int | None = None  # LOCAL_WORLD_SIZE: the ranks on this node
     group_rank: int | None = None  # GROUP_RANK: this node's rank among the job's nodes
+    world: str | None = None  # the rendezvous round it belongs to (model/world.py's world_of)
 
     @property
     def remote_peers(self) -> bool:

@@ -45,6 +45,7 @@ from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
 from dflashd.supervisor.model.hang import EndHung, HangWatch, TakeSample
 from dflashd.supervisor.model.hang import decide as decide_hang
 from dflashd.supervisor.model.hangwatch import (
+    afresh,
     after_progress,
     hang_arm,
     sampled,
@@ -347,8 +348,13 @@ def looked(
         return watch, (*effects, *named, Publish())
     if look.view is None:
         return watch, ()
-    watch = after_progress(watch, look.view.last_progress)
-    view = replace(look.view, sampling=watch.sampling)
+    view = look.view
+    if view.worker_rounds != watch.worker_rounds:
+        watch = afresh(watch, view.worker_rounds)
+    if view.restarted_at is not None and (view.last_progress or 0.0) < view.restarted_at:
+        view = replace(view, last_progress=view.restarted_at)  # suspect from the restart on
+    watch = after_progress(watch, view.last_progress)
+    view = replace(view, sampling=watch.sampling)
     action = decide_hang(view, watch.evidence(), now, look.limits)
     suspect = None
     if isinstance(action, TakeSample) and not watch.samples:  # a round begins: say why

@@ -16,6 +16,7 @@ for at least ``remote_wait_s``, recently.  A node that works, a node that said n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -25,6 +26,11 @@ from dflashd.supervisor.model.stacks import ProcessStacks
 # A node's report older than this (by the reading node's clock) no longer counts: a node
 # reports once a round (15 s) while it is suspect, so two rounds missed mean it moved on.
 FRESH_S: Final = 60.0
+# A report dated this far ahead of the reader's clock is not evidence (a writer's clock that
+# is wrong, or a value that is not a node's): it would stay "fresh" for ever.  Clocks of one
+# cluster agree within milliseconds under NTP; seconds of skew are still read as fresh now.
+FUTURE_S: Final = 10.0
+MAX_WAITED_S: Final = 30 * 86400.0  # a wait longer than a month is not a value a node wrote
 WAITING: Final = "waiting"
 WORKING: Final = "working"
 
@@ -38,6 +44,7 @@ class NodeReport:
     waited_s: float  # how long it had been waiting when it wrote (0 when working)
     why: str  # the wait in words: which collective, which ranks
     age_s: float  # how long ago it wrote, by the reader's clock
+    world: str | None = None  # the round it judged (:func:`world_of`); another round's is stale
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +55,7 @@ class WorldHeard:
     nodes: int
     reports: tuple[NodeReport, ...] = ()
     error: str | None = None
+    left_out: int = 0  # values in dflashd's keys that were not a node's report of this round
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +70,7 @@ class Share:
     state: str
     waited_s: float
     why: str
+    world: str | None = None  # this round's identity (:func:`world_of`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +164,7 @@ def share_of(
     node: int | None,
     nodes: int | None,
     finding: tuple[str, float, str] | None,
+    world: str | None = None,
 ) -> Share | None:
     """What this node shares at its next round: ``finding`` is (WAITING or WORKING, waited
     seconds, why), or None to only hear.  None when there is no store or no place in it."""
@@ -162,7 +172,17 @@ def share_of(
         return None
     state, waited_s, why = finding if finding is not None else ("", 0.0, "")
     space = f"dflashd/{job_id or 'none'}"
-    return Share(endpoint, space, node, nodes, state, waited_s, why)
+    return Share(endpoint, space, node, nodes, state, waited_s, why, world)
+
+
+def world_of(master: str | None, port: str | None, run_id: str | None) -> str | None:
+    """One round of one job: the workers' ``MASTER_ADDR:MASTER_PORT`` (torchrun's agents
+    agree on it at each rendezvous, a new round picks a new one) and ``TORCHELASTIC_RUN_ID``.
+    Keys left by an earlier round or run, or by another job sharing the store under the same
+    rendezvous id, name another world: never evidence about this one."""
+    if not master or not port:
+        return None
+    return f"{master}:{port}/{run_id or ''}"[:300]
 
 
 def share_request(share: Share) -> dict[str, object]:
@@ -175,29 +195,56 @@ def share_request(share: Share) -> dict[str, object]:
         "state": share.state,
         "waited_s": round(share.waited_s, 3),
         "why": share.why[:400],
+        "world": share.world,
     }
 
 
-def heard_from(answer: dict[str, object], nodes: int) -> WorldHeard:
-    """The helper's answer as a :class:`WorldHeard` (a malformed report is left out)."""
+def heard_from(answer: dict[str, object], nodes: int, world: str | None = None) -> WorldHeard:
+    """The helper's answer as a :class:`WorldHeard`.  The store is evidence, not truth: a
+    report is kept only when it is a node's of this world (``world``: this round's identity;
+    another round's, run's or job's is left out), names a node of it, says a known state,
+    carries finite numbers in range, and is not dated ahead of this clock; each report left
+    out is counted (a world with one gone is never judged stuck: every node must speak)."""
     error = answer.get("error")
     if error is not None:
         return WorldHeard(nodes, error=str(error)[:300])
     reports: list[NodeReport] = []
     raw = answer.get("reports")
-    for item in raw if isinstance(raw, list) else []:
-        try:
-            report = NodeReport(
-                int(item["node"]),
-                str(item["state"]),
-                float(item["waited_s"]),
-                str(item["why"])[:400],
-                float(item["age_s"]),
-            )
-        except (KeyError, TypeError, ValueError):
-            continue
-        reports.append(report)
-    return WorldHeard(nodes, tuple(reports))
+    items = raw if isinstance(raw, list) else []
+    skipped = answer.get("skipped")
+    left_out = skipped if isinstance(skipped, int) and not isinstance(skipped, bool) else 0
+    for item in items:
+        report = _report(item, nodes, world)
+        if report is None:
+            left_out += 1
+        else:
+            reports.append(report)
+    return WorldHeard(nodes, tuple(reports), left_out=max(0, left_out))
+
+
+def _report(item: object, nodes: int, world: str | None) -> NodeReport | None:
+    """One node's report, validated (None: not evidence about this world)."""
+    if not isinstance(item, dict):
+        return None
+    node, state, why = item.get("node"), item.get("state"), item.get("why")
+    written = item.get("world")
+    if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < nodes:
+        return None
+    if state not in (WAITING, WORKING) or not isinstance(why, str):
+        return None
+    if written != world or (written is not None and not isinstance(written, str)):
+        return None
+    waited, age = _finite(item.get("waited_s")), _finite(item.get("age_s"))
+    if waited is None or age is None or not 0.0 <= waited <= MAX_WAITED_S or age < -FUTURE_S:
+        return None
+    return NodeReport(node, state, waited, why[:400], max(0.0, age), written)
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
 
 
 def world_summary(heard: WorldHeard | None) -> str | None:

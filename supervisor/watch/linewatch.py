@@ -24,6 +24,7 @@ from dflashd.supervisor.model.formats import FormatMatcher
 from dflashd.supervisor.watch.elastic import AgentLine
 
 PATTERN: Final = "pattern"
+MAX_LOSS_MARKS: Final = 8  # losses kept from a NaN on, per post (the rule needs three)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +38,10 @@ class LineProgress:
     epoch: float | None = None  # epochs done (a fraction where the line says)
     epoch_index: int | None = None  # an epoch-structured bar: ``step`` is the batch in this epoch
     batches: int | None = None  # ...of this many
-    # the earliest non-finite loss since the last post, with its step (a divergence begins
-    # there, even when later lines were posted together with it)
-    bad_loss: tuple[int | None, float] | None = None
+    # from the earliest non-finite loss since the last post on, every loss with its step, in
+    # order (bounded): a divergence begins at the first, and whether the NaN stayed or a
+    # finite loss came back between is judged on them, not on the post's newest alone
+    bad_loss: tuple[tuple[int | None, float], ...] = ()
     total: int | None = None  # a tqdm bar's total
 
 
@@ -84,18 +86,25 @@ class LineMatcher:
             found.total,
         )
 
-    def _first_bad_loss(self, frame: Frame) -> tuple[int | None, float] | None:
-        """The first line of the frame whose loss is NaN or infinite, with its step (a frame
-        read at once may hold several steps; the divergence begins at the first)."""
+    def _first_bad_loss(self, frame: Frame) -> tuple[tuple[int | None, float], ...]:
+        """From the first line of the frame whose loss is NaN or infinite on, each loss with
+        its step (a frame read at once may hold several steps: the divergence begins at the
+        first, and a finite loss after it ends a loss scaler's streak).  Only frames that
+        mention a NaN or an infinity are read line by line; at most :data:`MAX_LOSS_MARKS`."""
         if self._formats is None or not _mentions_nonfinite(frame):
-            return None
+            return ()
+        marks: list[tuple[int | None, float]] = []
         for line in frame.lines:
-            if "nan" not in line and not any(w in line for w in _INF_WORDS):
+            if not marks and "nan" not in line and not any(w in line for w in _INF_WORDS):
                 continue
             found = self._formats.last_step([line])
-            if found is not None and found.loss is not None and not math.isfinite(found.loss):
-                return (found.step, found.loss)
-        return None
+            if found is None or found.loss is None:
+                continue
+            if marks or not math.isfinite(found.loss):
+                marks.append((found.step, found.loss))
+                if len(marks) >= MAX_LOSS_MARKS:
+                    break
+        return tuple(marks)
 
     def _match_patterns(self, lines: Sequence[str]) -> LineProgress | None:
         text = "\n".join(lines)
@@ -127,8 +136,8 @@ class LinesSeen:
 def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:
     """The newer step, keeping a loss or epoch only the older one carried (a loss line is
     followed by a bar redraw, both before the next post)."""
-    if older is not None and older.bad_loss is not None:
-        newer = replace(newer, bad_loss=older.bad_loss)  # the earliest stays
+    if older is not None and older.bad_loss:  # the earliest first, in order (bounded)
+        newer = replace(newer, bad_loss=(*older.bad_loss, *newer.bad_loss)[:MAX_LOSS_MARKS])
     if older is None or (newer.loss is not None and newer.epoch is not None):
         return newer
     return replace(

@@ -18,7 +18,7 @@ from dflashd.supervisor.host.proof import Launched, RunCustody
 from dflashd.supervisor.model.hang import Finding, HangWatch
 from dflashd.supervisor.model.lifecycle import Phase
 from dflashd.supervisor.model.runstate import RunState
-from dflashd.supervisor.model.stacks import StacksDump
+from dflashd.supervisor.model.stacks import Role, StacksDump
 from dflashd.supervisor.model.world import WAITING, WORKING, Share, share_of
 from dflashd.supervisor.watch.elastic import ElasticState
 
@@ -113,9 +113,22 @@ def world_share(run: Run, watch: HangWatch, now: float) -> Share | None:
     elif watch.last_kind in (Finding.WORKING, Finding.GPU_WAIT):
         finding = (WORKING, 0.0, watch.last_finding or "")
     job = elastic.job
-    nodes = elastic.group_world_size if elastic.group_world_size is not None else job.max_nodes
+    roles = [p.role for p in (watch.last_dump.processes if watch.last_dump is not None else ())]
+    # the workers' own round first (the agent's line may be an earlier round's)
+    nodes = nodes_present(roles) or elastic.group_world_size or job.max_nodes
     rank = node_rank(run, watch.last_dump)
-    return share_of(job.rdzv_endpoint, job.rdzv_id, rank, nodes, finding)
+    world = next((r.world for r in roles if r.world is not None), None)
+    return share_of(job.rdzv_endpoint, job.rdzv_id, rank, nodes, finding, world)
+
+
+def nodes_present(roles: list[Role]) -> int | None:
+    """The nodes of the round the workers run in (``--nnodes 1:4`` with two present: 2), from
+    their ``WORLD_SIZE`` over ``LOCAL_WORLD_SIZE`` (None where that does not divide)."""
+    for role in roles:
+        world, local = role.world_size, role.local_world_size
+        if world and local and world % local == 0:
+            return world // local
+    return None
 
 
 def node_rank(run: Run, dump: StacksDump | None) -> int | None:

@@ -241,7 +241,7 @@ def _hear_world(share: Share, processes: list[ProcessStacks]) -> WorldHeard:
                 continue
         env = environ_values(pid, ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH"))
         answer = share_and_hear(share_request(share), python, env)
-        return heard_from(answer, share.nodes)
+        return heard_from(answer, share.nodes, share.world)
     return WorldHeard(share.nodes, error="no worker's Python to reach the store with")
 
 
