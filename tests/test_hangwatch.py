@@ -386,3 +386,43 @@ def test_a_steady_run_that_stops_stepping_is_sampled_proven_hung_and_ended() -> 
     assert state.hang.last_finding == end.why
     state, _ = step(state, launch_heard(70.0), 70.0)  # the next run starts with no evidence
     assert state.hang == HangWatch()
+
+
+def test_a_torchrun_restart_round_starts_the_judgment_afresh_and_a_later_hang_is_still_found() -> (
+    None
+):
+    """A round under way (one sample taken, a wait elsewhere on record) when torchrun restarts
+    its workers: the round's samples and the wait are forgotten, suspicion is timed from the
+    restart (not the last step before it), and the new group's own hang is still proven."""
+    from dataclasses import replace as with_
+
+    from dflashd.supervisor.model.effects import EndRunHung
+    from dflashd.supervisor.model.hang import HangLimits, HangView
+    from dflashd.supervisor.model.inputs import HangLook, Started
+    from dflashd.supervisor.model.step import DaemonState, step
+
+    state, _ = step(DaemonState(), Started(), 0.0)
+    state, _ = step(state, launch_heard(0.1), 0.1)
+    view = HangView(50.0, (1.0,) * 10, True, True)
+    limits = HangLimits(12.0, 300.0)
+
+    def look(at: float, sample: Sample | None = None) -> list[Effect]:
+        nonlocal state
+        came = (sample, StacksDump(1, "hang", "py-spy")) if sample is not None else None
+        state, effects = step(state, HangLook(view, None, limits, WALL, None, 9, came), at)
+        return list(effects)
+
+    look(62.0)
+    look(62.5, Sample(62.0, (_hung_process(),)))  # type: ignore[arg-type]
+    state = with_(
+        state, hang=with_(state.hang, elsewhere_since=20.0, waiting={"kind": "elsewhere"})
+    )
+    view = with_(view, worker_rounds=1, restarted_at=64.0)  # the group re-formed at 64
+    assert names(look(65.0)) == []  # afresh: suspect from 64 on (76), nothing of the old round
+    assert state.hang.samples == () and state.hang.elsewhere_since is None
+    assert state.hang.waiting is None and state.deadlines.hang_at == 76.0
+    effects = look(76.0)
+    for at in (76.5, 79.5, 82.5):
+        effects += look(at, Sample(at - 0.5, (_hung_process(),)))  # type: ignore[arg-type]
+        effects += look(at + 2.5)
+    assert any(isinstance(e, EndRunHung) for e in effects), names(effects)

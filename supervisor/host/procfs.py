@@ -28,6 +28,7 @@ class ProcStat:
     pgid: int
     start_ticks: int  # since boot, in clock ticks: with the pid, a process's identity
     cpu_ticks: int = 0  # utime + stime + cutime + cstime
+    processor: int = -1  # the CPU it last ran on
 
 
 def parse_stat(pid: int, raw: bytes) -> ProcStat | None:
@@ -35,7 +36,10 @@ def parse_stat(pid: int, raw: bytes) -> ProcStat | None:
     try:
         rest = raw.rsplit(b")", 1)[1].split()
         cpu = sum(int(x) for x in rest[11:15])
-        return ProcStat(pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19]), cpu)
+        cpu_now = int(rest[36]) if len(rest) > 36 else -1
+        return ProcStat(
+            pid, rest[0].decode(), int(rest[1]), int(rest[2]), int(rest[19]), cpu, cpu_now
+        )
     except (IndexError, ValueError):
         return None
 

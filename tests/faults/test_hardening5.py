@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -194,3 +195,82 @@ def _tail_until(home: Path, text: str) -> subprocess.CompletedProcess[str]:
     waiter.home = home
     waiter.wait_for(lambda r: isinstance(r, LineRecord) and text in r.line, timeout=30)
     return run_cli("tail", "-n", "50", "--home", str(home))
+
+
+def _evidence(io: list[bool], io_then: float = 0.0) -> object:
+    from dflashd.supervisor.watch.slowness import PaceEvidence
+
+    evidence = PaceEvidence()
+    evidence.io.extend((100.0 + 2 * i, d) for i, d in enumerate(io))
+    evidence.io_at_baseline = io_then
+    return evidence
+
+
+@pytest.mark.parametrize(
+    ("io", "io_then", "power", "busy", "named"),
+    [
+        ([False, True, False, False], 0.0, 300.0, 95.0, []),  # a thread caught reading once
+        ([True, True, True, False], 0.0, 300.0, 95.0, ["waiting for I/O"]),  # mostly in D now
+        ([True, True, True, True], 0.75, 300.0, 95.0, []),  # as at its baseline: not a change
+        ([False] * 4, 0.0, 150.0, 50.0, []),  # a curriculum: the GPU waits for longer steps
+        ([False] * 4, 0.0, 150.0, 95.0, ["GPU 0 power"]),  # as busy, half the power: capped
+    ],
+    ids=["d once", "d mostly", "d as before", "curriculum", "power capped"],
+)
+def test_slowness_is_blamed_only_on_a_cause_that_changed(
+    io: list[bool], io_then: float, power: float, busy: float, named: list[str]
+) -> None:
+    """(4) A cause is named only when it changed against the baseline; else "cause unknown"."""
+    from dflashd.supervisor.watch.nvml import GpuReading
+    from dflashd.supervisor.watch.slowness import UNKNOWN, slow_causes
+
+    evidence = _evidence(io, io_then)
+    then = GpuReading(0, utilization_pct=95.0, power_w=300.0, sm_clock_mhz=1980.0)
+    evidence.gpus_at_baseline = {0: then}  # type: ignore[attr-defined]
+    now = GpuReading(0, utilization_pct=busy, power_w=power, sm_clock_mhz=1980.0)
+    causes = slow_causes(
+        evidence,  # type: ignore[arg-type]
+        pids=set(),
+        belongs=lambda pid: False,
+        gpus=(now,),
+        held={0},
+        since=99.0,
+        ratio=1.5,
+    )
+    if not named:
+        assert causes == [UNKNOWN], causes
+    else:
+        assert [c for c in causes if any(c.startswith(n) for n in named)], causes
+
+
+def test_a_cpu_hog_on_the_cpu_a_job_is_pinned_to_is_named() -> None:
+    """(4) A job pinned with taskset to one CPU, a hog pinned to the same CPU: the hog is named
+    with its pid (a hog on another CPU is not)."""
+    from dflashd.supervisor.watch.slowness import cpu_hogs
+
+    cpus = sorted(os.sched_getaffinity(0))
+    mine, other = cpus[-1], cpus[0]
+    spin = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+    sleep = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\ntime.sleep(60)\n"
+    job = subprocess.Popen([sys.executable, "-c", sleep, str(mine)])
+    hog = subprocess.Popen([sys.executable, "-c", spin, str(mine)])
+    away = subprocess.Popen([sys.executable, "-c", spin, str(other)]) if other != mine else None
+    try:
+        named: list[str] = []
+        for _ in range(200):  # the job pins itself after it starts (no event says when)
+            if os.sched_getaffinity(job.pid) == {mine}:
+                break
+            time.sleep(0.05)
+        for _ in range(200):  # the hog runs on its CPU once it has pinned itself
+            named = cpu_hogs({job.pid}, lambda pid: False)
+            if any(f"pid {hog.pid} " in n for n in named):
+                break
+            time.sleep(0.05)  # polling /proc for a state no event announces
+        assert any(f"pid {hog.pid} " in n and f"CPU {mine}" in n for n in named), named
+        if away is not None:
+            assert not any(f"pid {away.pid} " in n for n in named), named
+    finally:
+        for proc in (job, hog, away):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
