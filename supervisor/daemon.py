@@ -117,7 +117,15 @@ class Daemon:
         callbacks = LoopCallbacks(self._drain_inbox, self._publish, hang, facts_of, on_first_launch)
         self.runs = Runs(clock, parts, callbacks)
         every = self._systemd.watchdog_interval_s
-        rules = Rules(config.restart, config.alerts.on, every, config.vram_grace_s)
+        allowed = config.gpus if isinstance(config.gpus, tuple) else None
+        rules = Rules(
+            config.restart,
+            config.alerts.on,
+            every,
+            config.vram_grace_s,
+            gpus_allowed=allowed,
+            gpu_fallback=config.gpu_fallback,
+        )
         self.core = DaemonCore(DaemonState(rules), clock, self.reporter, self.runs)
         self.runs.current = lambda: self.core.run
         self.wakeups: Wakeups | None = None

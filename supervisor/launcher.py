@@ -100,6 +100,7 @@ class Launcher:
         run_no: int | None = None,
         best_before: int | None = None,
         downtime_s: float | None = None,
+        visible_gpus: tuple[int, ...] | None = None,
     ) -> tuple[Run, RunState, str | None]:
         """Start the next run (or ``run_no`` again); the run's handles (``book`` keeps its
         facts), what is known of it, and the exec error when it could not start.  Raises :class:`LaunchDeferred` when the host is out of descriptors or
@@ -135,6 +136,8 @@ class Launcher:
         }
         if downtime_s is not None:
             spawn_fields["downtime_s"] = round(downtime_s, 3)
+        if visible_gpus is not None:
+            spawn_fields["cuda_visible_devices"] = list(visible_gpus)
         if job is not None:
             spawn_fields["torchrun"] = job.fields()
         self.reporter.record(run_no, Event.SPAWN, wait_s=SPAWN_ON_DISK_S, **spawn_fields)
@@ -142,6 +145,10 @@ class Launcher:
         defaults = dict(LIVE_BARS_ENV) if self.config.builtin_formats else {}
         defaults.update(flight_recorder_env(self.home.logs / "flight" / f"run-{run_no}-rank"))
         env = child_environ(os.environ, self.config.env, spec, defaults)
+        if visible_gpus is not None:  # a GPU left out by the pre-flight (model/preflight.py)
+            # NVML's indices, in NVML's (PCI bus) order
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in visible_gpus)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         flight = Path(env[FLIGHT_FILE])  # ours, or where the user's setting puts them
         facts = replace(facts, flight_prefix=flight, extensions_root=extensions_root(env))
         with contextlib.suppress(OSError):

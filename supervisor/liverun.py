@@ -176,6 +176,7 @@ class LiveRunControl:
             node=node_rank(run, dump),
             gpu_power_share=facts.gpu_power.share(),
             worker_rounds=len(progress.recoveries),
+            longest_pause_s=max((*progress.intervals, *progress.pace.pauses), default=0.0),
             restarted_at=progress.recoveries[-1].failed if progress.recoveries else None,
         )
         share = world_share(run, watch, now)

@@ -101,6 +101,7 @@ class Runs:
                 run_no=effect.run_no,
                 best_before=effect.best_before,
                 downtime_s=effect.downtime_s,
+                visible_gpus=effect.visible_gpus,
             )
         except LaunchDeferred as deferred:
             freed = self.fd_reserve.release()  # room for the records and the next attempt
@@ -135,7 +136,7 @@ class Runs:
         if (wait := self.ended_runs.end_leftovers(run, now)) is not None:
             return ReleaseLooked(wait)  # nothing of the dead run lives into the next
         check = self.gpu.release_check(run, self.ops, now)
-        return ReleaseLooked(None, check.effects, check.ready)
+        return ReleaseLooked(None, check.effects, check.ready, check.health, check.ecc_at_launch)
 
     # -- the executor's other hands ---------------------------------------------------------
 

@@ -27,6 +27,7 @@ from dflashd.supervisor.host.config import parse_config
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.proof import Launched
 from dflashd.supervisor.model.effects import WriteRecord
+from dflashd.supervisor.model.preflight import GpuHealth
 from dflashd.supervisor.model.stacks import StacksTaken, summary
 from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading
@@ -293,6 +294,7 @@ class ScriptedSampler:
     name = "scripted"
 
     def __init__(self, path: Path, child_pid: Callable[[], int | None]) -> None:
+        self._path = path
         self._steps: list[list[dict[str, Any]]] = json.loads(path.read_text())
         self._index = 0
         self._child_pid = child_pid
@@ -320,6 +322,14 @@ class ScriptedSampler:
                 )
             )
         return tuple(readings)
+
+    def health(self, indices: tuple[int, ...] | None = None) -> tuple[GpuHealth, ...]:
+        """The pre-flight's reads: ``<script>.health.json`` (a list of GpuHealth fields),
+        else every scripted GPU healthy."""
+        beside = self._path.with_suffix(".health.json")
+        raw = json.loads(beside.read_text()) if beside.exists() else []
+        found = tuple(GpuHealth(**h) for h in raw)
+        return tuple(h for h in found if indices is None or h.index in indices)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -11,6 +11,7 @@ from dflashd.supervisor.model.hang import (
     HangLimits,
     HangView,
     NewRound,
+    QuickOver,
     Sample,
     TakeSample,
     Wait,
@@ -183,41 +184,110 @@ def test_the_cadence_sets_the_suspicion_gap() -> None:
 
 STEADY = (0.1,) * 10
 HUNG3 = tuple(samples(*[(proc(1, LOCK, MAIN),)] * 3, gap=4.0))
+LOOKED = Evidence(quick_for=100.0)  # the silence since the step at 100 had its quick look
+
+
+def QUICK(
+    count: int,
+    *,
+    cpu: float = 0.0,
+    wrote: int = 0,
+    active: bool = False,
+    state: str = "S",
+    frame: Frame = LOCK,
+    elsewhere: bool = False,
+) -> Evidence:
+    """A quick look's ``count`` samples, a second apart from 104.2; the last one as told."""
+    role = Role("worker", 0, 0, 4, 2) if elsewhere else Role("root")
+    frame = ALL_REDUCE if elsewhere else frame
+    taken = []
+    for i in range(count):
+        last = i == count - 1
+        thread = ThreadStack(1, "MainThread", active and last, False, (frame, MAIN))
+        stacks = ProcessStacks(1, role, (thread,))
+        moved = (cpu if last else 0.0, wrote if last else 0)
+        states = (state,) if last else ("S",)
+        process = ProcessSample(stacks, moved[1], states, moved[0], read_bytes=0)
+        taken.append(Sample(104.2 + i, (process,)))
+    return Evidence(tuple(taken), quick=True, quick_for=100.0)
 
 
 @pytest.mark.parametrize(
     ("view", "evidence", "now", "expected"),
     [
-        # before the gap: wait until the run would be suspect
-        (HangView(100.0, STEADY, True, True), Evidence(), 110.0, Wait(130.0)),
+        # the quick look had (quick_for): before the gap, wait until the run would be suspect
+        (HangView(100.0, STEADY, True, True), LOOKED, 110.0, Wait(130.0)),
         # suspect, no sample yet: take one
-        (HangView(100.0, STEADY, True, True), Evidence(), 131.0, TakeSample()),
+        (HangView(100.0, STEADY, True, True), LOOKED, 131.0, TakeSample()),
         # a sample in flight: wait for it
-        (HangView(100.0, STEADY, True, True, sampling=True), Evidence(), 131.0, Wait(None)),
+        (HangView(100.0, STEADY, True, True, sampling=True), LOOKED, 131.0, Wait(None)),
         # no stacks: the stall window decides
         (HangView(100.0, STEADY, False, True), Evidence(), 131.0, Wait(None)),
         (HangView(100.0, STEADY, True, False), Evidence(), 131.0, Wait(None)),
         # no steady cadence: nothing
         (HangView(100.0, (0.1,), True, True), Evidence(), 500.0, Wait(None)),
         # one sample: the next one SAMPLE_GAP_S later
-        (HangView(60.0, STEADY, True, True), Evidence(HUNG3[:1]), 101.0, Wait(103.0)),
-        (HangView(60.0, STEADY, True, True), Evidence(HUNG3[:1]), 103.5, TakeSample()),
+        (
+            HangView(60.0, STEADY, True, True),
+            Evidence(HUNG3[:1], quick_for=60.0),
+            101.0,
+            Wait(103.0),
+        ),
+        (
+            HangView(60.0, STEADY, True, True),
+            Evidence(HUNG3[:1], quick_for=60.0),
+            103.5,
+            TakeSample(),
+        ),
         # three that agree: end it, with the gap since the last step
-        (HangView(60.0, STEADY, True, True), Evidence(HUNG3), 108.0, "end"),
+        (HangView(60.0, STEADY, True, True), Evidence(HUNG3, quick_for=60.0), 108.0, "end"),
         # a round that found work: a new round later
         (
             HangView(60.0, STEADY, True, True),
-            Evidence(tuple(samples((proc(1, MATMUL, active=True),)))),
+            Evidence(tuple(samples((proc(1, MATMUL, active=True),))), quick_for=60.0),
             101.0,
             "round",
         ),
         # after such a round: wait for the next one
-        (HangView(60.0, STEADY, True, True), Evidence((), 120.0), 110.0, Wait(120.0)),
+        (
+            HangView(60.0, STEADY, True, True),
+            Evidence((), 120.0, quick_for=60.0),
+            110.0,
+            Wait(120.0),
+        ),
+        # the quick look (issue 51): 4 s (four typical intervals, at least 4 s) after the last
+        # step, sampled a second apart while nothing moves
+        (HangView(100.0, STEADY, True, True), Evidence(), 102.0, Wait(104.0)),
+        (HangView(100.0, STEADY, True, True), Evidence(), 104.2, TakeSample(quick=True)),
+        (HangView(100.0, STEADY, True, True), QUICK(1), 104.5, Wait(105.2)),
+        (HangView(100.0, STEADY, True, True), QUICK(2), 106.2, TakeSample(quick=True)),
+        (HangView(100.0, STEADY, True, True), QUICK(3), 106.8, "quick end"),
+        # a sign of work: back to the long path, at its own suspicion (130)
+        (HangView(100.0, STEADY, True, True), QUICK(2, cpu=0.5), 105.6, "back"),
+        (HangView(100.0, STEADY, True, True), QUICK(2, wrote=65536), 105.6, "back"),
+        (HangView(100.0, STEADY, True, True), QUICK(1, active=True, frame=MATMUL), 104.6, "back"),
+        (HangView(100.0, STEADY, True, True), QUICK(2, state="D"), 105.6, "back"),
+        (HangView(100.0, STEADY, True, True), QUICK(1, frame=SYNC), 104.6, "back"),  # GPU?
+        (
+            HangView(100.0, STEADY, True, True, gpu_idle=True),
+            QUICK(3, frame=SYNC),
+            106.8,
+            "quick end",
+        ),
+        (HangView(100.0, STEADY, True, True), QUICK(1, elsewhere=True), 104.6, "back"),
+        # one quick look per silence: after it, the long path only
+        (HangView(100.0, STEADY, True, True), LOOKED, 120.0, Wait(130.0)),
+        # a slow cadence: the long path comes first (6 x 10 s = 60 s, the quick 40 s)
+        (HangView(100.0, (10.0,) * 8, True, True), Evidence(), 110.0, Wait(140.0)),
     ],
 )
 def test_decide(view: HangView, evidence: Evidence, now: float, expected: object) -> None:
     action = decide(view, evidence, now, HangLimits(30.0))
-    if expected == "end":
+    if expected == "quick end":
+        assert isinstance(action, EndHung) and action.hung_after_s == round(now - 100.0, 3)
+    elif expected == "back":
+        assert isinstance(action, QuickOver) and action.at == 130.0, action
+    elif expected == "end":
         assert isinstance(action, EndHung) and action.hung_after_s == 48.0
         assert action.judgement.frames
     elif expected == "round":
@@ -371,3 +441,13 @@ def test_a_gpu_that_spins_is_a_hang_and_a_gpu_eval_whose_loop_moves_is_not() -> 
     # an idle GPU under the same wait stays a plain hang, as before
     idle = HangView(50.0, (1.0,) * 10, True, True, gpu_idle=True)
     assert isinstance(decide(idle, Evidence(tuple(spinning)), 120.0, limits), EndHung)
+
+
+def test_the_quick_look_waits_half_again_the_longest_pause_the_run_came_back_from() -> None:
+    from dflashd.supervisor.model.hang import quick_after
+
+    limits = HangLimits(30.0)
+    assert quick_after(STEADY, limits) == 4.0
+    assert quick_after((1.5,) * 8, limits) == 6.0  # four typical intervals
+    assert quick_after(STEADY, limits, longest_pause_s=6.0) == 9.0  # a 6 s checkpoint came back
+    assert quick_after(STEADY, limits, longest_pause_s=25.0) is None  # the long path only

@@ -153,8 +153,8 @@ ROWS: list[tuple[str, HangWatch, HangAction, float | None, list[str], Check]] = 
             w.elsewhere_since is None
             and not w.elsewhere_alerted
             and w.waiting is None
-            and w.elsewhere_last is None
-        ),  # a crash after it is the job's, never a lost peer's
+            and w.elsewhere_last is not None
+        ),  # kept until a step: a rank whose peer was lost looks busy before it dies
     ),
     (
         "a GPU wait: remembered from now",
@@ -360,6 +360,7 @@ def test_a_steady_run_that_stops_stepping_is_sampled_proven_hung_and_ended() -> 
 
     state, _ = step(DaemonState(), Started(), 0.0)
     state, _ = step(state, launch_heard(0.1), 0.1)
+    state = replace(state, hang=replace(state.hang, quick_for=50.0))  # its quick look was had
     view = HangView(50.0, (1.0,) * 10, True, True)
     limits = HangLimits(12.0, 300.0)
 
@@ -388,21 +389,74 @@ def test_a_steady_run_that_stops_stepping_is_sampled_proven_hung_and_ended() -> 
     assert state.hang == HangWatch()
 
 
+def _drive(
+    state: object, view: object, make: object, start: float, stop: float
+) -> tuple[object, list[Effect], float | None]:
+    """Look at the run every 0.25 s from ``start``; a sample asked for comes back at the next
+    look (made by ``make(at)``).  The state, every effect, and when the run was ended."""
+    from dflashd.supervisor.model.effects import EndRunHung
+    from dflashd.supervisor.model.hang import HangLimits
+    from dflashd.supervisor.model.inputs import HangLook
+    from dflashd.supervisor.model.step import step
+
+    limits = HangLimits(12.0, 300.0)
+    said: list[Effect] = []
+    at = start
+    while at < stop:
+        came = None
+        if state.hang.sampling:  # type: ignore[attr-defined]
+            came = (make(at - 0.1), StacksDump(1, "hang", "py-spy"))  # type: ignore[operator]
+        state, effects = step(state, HangLook(view, None, limits, WALL, None, 9, came), at)  # type: ignore[arg-type]
+        said += effects
+        if any(isinstance(e, EndRunHung) for e in effects):
+            return state, said, at
+        at = round(at + 0.25, 3)
+    return state, said, None
+
+
+def _quiet(at: float) -> Sample:
+    """Every thread in a lock, no CPU, no byte read or written: nothing moves at all."""
+    from dflashd.supervisor.model.stacks import Frame, ProcessStacks, Role, ThreadStack
+    from dflashd.supervisor.model.world import ProcessSample
+
+    frames = (Frame("acquire", "threading.py", 100), Frame("train", "train.py", 42))
+    thread = ThreadStack(7, "MainThread", False, False, frames)
+    stacks = ProcessStacks(7, Role("root"), (thread,))
+    return Sample(at, (ProcessSample(stacks, 0, ("S",), 0.0, read_bytes=0),))
+
+
+def test_a_quiet_hang_is_decided_by_the_quick_look_within_ten_seconds() -> None:
+    """Issue 51: a run stepping every second, then every thread in a lock with no CPU and no
+    I/O: looked at 4 s after its last step, three samples a second apart, ended ~7 s after
+    its last step (the long path took 18 s)."""
+    from dflashd.supervisor.model.hang import HangView
+    from dflashd.supervisor.model.inputs import Started
+    from dflashd.supervisor.model.step import DaemonState, step
+
+    state, _ = step(DaemonState(), Started(), 0.0)
+    state, _ = step(state, launch_heard(0.1), 0.1)
+    view = HangView(50.0, (1.0,) * 10, True, True)
+    _state, said, ended = _drive(state, view, _quiet, 51.0, 80.0)
+    assert ended is not None and ended - 50.0 <= 8.0, (ended, names(said))
+    assert "record hang_suspect" not in names(said)  # a quick look says nothing until it ends
+
+
 def test_a_torchrun_restart_round_starts_the_judgment_afresh_and_a_later_hang_is_still_found() -> (
     None
 ):
     """A round under way (one sample taken, a wait elsewhere on record) when torchrun restarts
     its workers: the round's samples and the wait are forgotten, suspicion is timed from the
-    restart (not the last step before it), and the new group's own hang is still proven."""
+    restart (not the last step before it), and the new group's own hang is still proven
+    (here by the long path: its samples cannot say what it read, so the quick look yields)."""
     from dataclasses import replace as with_
 
-    from dflashd.supervisor.model.effects import EndRunHung
     from dflashd.supervisor.model.hang import HangLimits, HangView
     from dflashd.supervisor.model.inputs import HangLook, Started
     from dflashd.supervisor.model.step import DaemonState, step
 
     state, _ = step(DaemonState(), Started(), 0.0)
     state, _ = step(state, launch_heard(0.1), 0.1)
+    state = with_(state, hang=with_(state.hang, quick_for=50.0))
     view = HangView(50.0, (1.0,) * 10, True, True)
     limits = HangLimits(12.0, 300.0)
 
@@ -418,11 +472,8 @@ def test_a_torchrun_restart_round_starts_the_judgment_afresh_and_a_later_hang_is
         state, hang=with_(state.hang, elsewhere_since=20.0, waiting={"kind": "elsewhere"})
     )
     view = with_(view, worker_rounds=1, restarted_at=64.0)  # the group re-formed at 64
-    assert names(look(65.0)) == []  # afresh: suspect from 64 on (76), nothing of the old round
+    assert names(look(65.0)) == []  # afresh: looked at from 64 on, nothing of the old round
     assert state.hang.samples == () and state.hang.elsewhere_since is None
-    assert state.hang.waiting is None and state.deadlines.hang_at == 76.0
-    effects = look(76.0)
-    for at in (76.5, 79.5, 82.5):
-        effects += look(at, Sample(at - 0.5, (_hung_process(),)))  # type: ignore[arg-type]
-        effects += look(at + 2.5)
-    assert any(isinstance(e, EndRunHung) for e in effects), names(effects)
+    assert state.hang.waiting is None and state.deadlines.hang_at == 68.0  # the quick look
+    state, said, ended = _drive(state, view, lambda at: Sample(at, (_hung_process(),)), 68.0, 100.0)  # type: ignore[arg-type]
+    assert ended is not None and ended >= 76.0, (ended, names(said))  # the long path (64 + 12)

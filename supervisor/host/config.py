@@ -69,6 +69,9 @@ class Config:
     cwd: str = "."
     env: dict[str, str] = _key(factory=dict)
     gpus: str | tuple[int, ...] = "all"
+    # a GPU the pre-flight finds unusable (model/preflight.py): relaunch on the others (true),
+    # or stop for an operator with exit code 75 (false: a job sized for its GPUs)
+    gpu_fallback: bool = False
     gpu_poll_s: float = _seconds(2.0, above=None, low=0.05)  # an NVML poll costs ~0.05 ms
     vram_grace_s: float = _seconds(300.0)
     gpu_release_timeout_s: float = _seconds(60.0, above=None, low=0.0)

@@ -151,6 +151,7 @@ class Launch:
     run_no: int | None  # a deferred launch's number, kept (None: the next one)
     best_before: int | None  # the best step a new run must pass to make new progress
     downtime_s: float | None  # the downtime this launch closes
+    visible_gpus: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES (a GPU left out: preflight)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,9 @@ EXIT_ALREADY_RUNNING: Final = 1  # `start`: a daemon already holds this home
 EXIT_USAGE: Final = 2  # a bad config, home, option or command: nothing was launched
 EXIT_NOT_RUNNING: Final = 3  # a command that needs the daemon found none
 EXIT_FATAL: Final = 4  # the daemon gave up (fatal): not restarted by systemd
+# a GPU the dead run held needs a reset or a reboot (model/preflight.py): EX_TEMPFAIL, which a
+# scheduler can requeue on (Slurm's --requeue, a Kubernetes restart policy) on another node
+EXIT_GPU_UNUSABLE: Final = 75
 EXIT_INTERRUPTED: Final = 130  # Ctrl-C while `start` waits: 128 + SIGINT, as shells report it
 
 

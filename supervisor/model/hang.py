@@ -47,6 +47,15 @@ STEADY_INTERVALS: Final = 5  # intervals seen before a cadence counts as steady
 SAMPLES: Final = 3  # samples that must agree before a run is hung
 SAMPLE_GAP_S: Final = 3.0  # between two samples of one round
 ROUND_GAP_S: Final = 15.0  # after a round that found work (or could not tell), the next one
+# The quick look (issue 51): a steady run silent for QUICK_FACTOR typical intervals (at least
+# QUICK_SUSPECT_S) is sampled QUICK_GAP_S apart; only while every sign says nothing moves
+# (see :func:`work_sign`) may its round end the run, else the long path above decides.
+QUICK_SUSPECT_S: Final = 4.0
+QUICK_FACTOR: Final = 4.0
+QUICK_GAP_S: Final = 1.0
+QUIET_CPU: Final = 0.05  # of one CPU, every process of the run together, over the look
+QUIET_BYTES: Final = 4096  # read or written by any process of the run over the look
+PAUSE_MARGIN: Final = 1.5  # x the longest pause the run came back from
 # A wait on work elsewhere is alerted once after this long: longer than most evals and saves,
 # well short of the stall window (15 min) that ends a run in which nothing moves at all.
 REMOTE_WAIT_S: Final = 300.0
@@ -229,6 +238,7 @@ class HangView:
     # each starts the judgment afresh (model/hangwatch.py's ``afresh``)
     worker_rounds: int = 0
     restarted_at: float | None = None
+    longest_pause_s: float = 0.0  # the longest silence it stepped again after (its own pauses)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +260,8 @@ class Evidence:
     elsewhere_since: float | None = None
     elsewhere_alerted: bool = False
     gpu_wait: tuple[int, float] | None = None  # the same GPU wait (its key) seen since
+    quick: bool = False  # the round under way is a quick look
+    quick_for: float | None = None  # the last step whose silence had its quick look
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +285,8 @@ class HangWatch:
     elsewhere_last: tuple[str, float, float] | None = None
     gpu_wait: tuple[int, float] | None = None  # the same unmoved wait on a busy GPU, since
     worker_rounds: int = 0  # the launcher's restarts this watch has judged since
+    quick: bool = False  # the round under way is a quick look (hang.py's decide)
+    quick_for: float | None = None  # the last step whose silence had its quick look
 
     def evidence(self) -> Evidence:
         """The deciders' view of it."""
@@ -282,6 +296,8 @@ class HangWatch:
             self.elsewhere_since,
             self.elsewhere_alerted,
             self.gpu_wait,
+            self.quick,
+            self.quick_for,
         )
 
 
@@ -294,7 +310,9 @@ class Wait:
 
 @dataclass(frozen=True, slots=True)
 class TakeSample:
-    """Sample every process of the run now."""
+    """Sample every process of the run now (``quick``: a quick look begins, see :func:`decide`)."""
+
+    quick: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +333,16 @@ class NewRound:
     alert: bool = False
 
 
-HangAction = Wait | TakeSample | EndHung | NewRound
+@dataclass(frozen=True, slots=True)
+class QuickOver:
+    """A quick look saw a sign of work (``why``): its samples are forgotten, in silence, and
+    the long path looks at ``at`` (one quick look per silence)."""
+
+    at: float
+    why: str
+
+
+HangAction = Wait | TakeSample | EndHung | NewRound | QuickOver
 
 
 def suspect_after(intervals: tuple[float, ...], limits: HangLimits) -> float | None:
@@ -326,12 +353,104 @@ def suspect_after(intervals: tuple[float, ...], limits: HangLimits) -> float | N
     return max(limits.hang_suspect_s, CADENCE_FACTOR * typical)
 
 
+def quick_after(
+    intervals: tuple[float, ...], limits: HangLimits, longest_pause_s: float = 0.0
+) -> float | None:
+    """The gap after which a steady run gets its quick look (None: none before the long gap):
+    a multiple of its cadence, at least :data:`QUICK_SUSPECT_S`, and half again the longest
+    pause it came back from (a checkpoint or an eval that took 6 s is looked at after 9 s)."""
+    gap = suspect_after(intervals, limits)
+    if gap is None:
+        return None
+    typical = statistics.median(intervals)
+    quick = max(QUICK_SUSPECT_S, QUICK_FACTOR * typical, PAUSE_MARGIN * longest_pause_s)
+    return quick if quick < gap else None
+
+
+def work_sign(samples: list[Sample], view: HangView) -> str | None:
+    """A sign of work in a quick look's samples (None: nothing moves at all): a thread that
+    runs or sits in I/O, a wait whose other end is elsewhere (another node, another job), a
+    wait on a GPU that is busy, CPU used, bytes read or written, a process come or gone."""
+    if any(not p.stacks.threads or p.stacks.error for s in samples for p in s.processes):
+        return "a process of the run has no Python stacks"
+    for sample in samples:
+        for process in sample.processes:
+            if {"D", "R"} & set(process.thread_states) and len(samples) > 1:
+                return f"pid {process.stacks.pid} has a thread running or in I/O"
+            if not all(waiting(t) for t in process.stacks.threads):
+                return f"pid {process.stacks.pid} runs"
+    last = samples[-1].processes
+    if waits_elsewhere(list(last)) is not None:
+        return "it waits on work elsewhere"
+    gpu_quiet = view.gpu_idle or spinning_power(view.gpu_power_share)
+    on_gpu = any(waiting_on(t) is WaitKind.GPU for p in last for t in p.stacks.threads)
+    if on_gpu and not gpu_quiet:
+        return "it waits on a GPU that may be busy"
+    if len(samples) < 2:
+        return None
+    first = {p.stacks.pid: p for p in samples[0].processes}
+    if set(first) != {p.stacks.pid for p in last}:
+        return "the run's processes changed"
+    span = max(samples[-1].at - samples[0].at, 1e-3)
+    cpu = 0.0
+    for process in last:
+        before = first[process.stacks.pid]
+        if _signature(before) != _signature(process):
+            return f"pid {process.stacks.pid}'s stacks moved"
+        if before.cpu_s is None or process.cpu_s is None:
+            return f"pid {process.stacks.pid}'s CPU time could not be read"
+        cpu += max(0.0, process.cpu_s - before.cpu_s)
+        for was, now in (
+            (before.wrote_bytes, process.wrote_bytes),
+            (before.read_bytes, process.read_bytes),
+        ):
+            if was is None or now is None or now - was >= QUIET_BYTES:
+                return f"pid {process.stacks.pid} moved bytes (or they could not be read)"
+    if cpu / span >= QUIET_CPU:
+        return f"the run used {cpu / span:.0%} of a CPU"
+    return None
+
+
+def _quick(view: HangView, evidence: Evidence, now: float, gap: float) -> HangAction | None:
+    """The quick look (None: not now, the long path decides): sampled ``QUICK_GAP_S`` apart
+    while nothing moves; three quiet samples that :func:`judge` finds hung end the run; the
+    first sign of work hands the silence back to the long path (one look per silence)."""
+    last = view.last_progress
+    assert last is not None
+    if not evidence.quick:
+        if evidence.quick_for == last or evidence.samples or not view.stacks_available:
+            return None
+        return None if view.sampling else TakeSample(quick=True)
+    if view.sampling:
+        return Wait(None)
+    samples = list(evidence.samples)
+    sign = work_sign(samples, view) if samples else None
+    back = max(now, last + gap)  # the long path's suspicion
+    if sign is not None:
+        return QuickOver(back, sign)
+    if len(samples) < SAMPLES:
+        at = samples[-1].at + QUICK_GAP_S if samples else now
+        return Wait(at) if now < at else TakeSample(quick=True)
+    verdict = judge(samples, view.gpu_idle)
+    if verdict.finding is Finding.HUNG:
+        return EndHung(verdict, round(now - last, 3))
+    return QuickOver(back, verdict.why)
+
+
 def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -> HangAction:
     """What to do about a live run's possible hang, now (pure)."""
     gap = suspect_after(view.intervals, limits)
     if gap is None or view.last_progress is None or not view.reports_steps:
         return Wait(None)
     suspect_at = view.last_progress + gap
+    quick = quick_after(view.intervals, limits, view.longest_pause_s)
+    if quick is not None and (evidence.quick or evidence.quick_for != view.last_progress):
+        quick_at = view.last_progress + quick
+        if now < quick_at:
+            return Wait(quick_at)
+        looked = _quick(view, evidence, now, gap)
+        if looked is not None:
+            return looked
     if now < suspect_at:
         return Wait(suspect_at)
     if not view.stacks_available:

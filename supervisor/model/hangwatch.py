@@ -31,6 +31,7 @@ from dflashd.supervisor.model.hang import (
     HangWatch,
     Judgement,
     NewRound,
+    QuickOver,
     Sample,
     TakeSample,
     Wait,
@@ -62,7 +63,16 @@ def after_progress(watch: HangWatch, last_progress: float | None) -> HangWatch:
     if not watch.rounds:
         watch = replace(watch, next_round_at=None)
     if watch.samples and (last_progress or 0.0) >= watch.samples[0].at:
-        watch = replace(watch, samples=(), next_round_at=None, gpu_wait=None, elsewhere_last=None)
+        watch = replace(
+            watch,
+            samples=(),
+            next_round_at=None,
+            gpu_wait=None,
+            elsewhere_last=None,
+            quick=False,
+        )
+    elif watch.quick and not watch.samples and not watch.sampling:
+        watch = replace(watch, quick=False)  # a quick look that a step ended before it began
     last = watch.elsewhere_last
     if last is not None and last_progress is not None and last_progress > last[2]:
         watch = wait_over(watch)  # a step after the last round that found the wait: it ended
@@ -78,6 +88,8 @@ def afresh(watch: HangWatch, worker_rounds: int) -> HangWatch:
         HangWatch(rounds=watch.rounds, sampling=watch.sampling, last_dump=watch.last_dump),
         waiting=waiting,
         worker_rounds=worker_rounds,
+        # kept for the end's reason: a group that failed because a peer was lost says so
+        elsewhere_last=watch.elsewhere_last,
     )
 
 
@@ -100,15 +112,25 @@ def hang_arm(
     *,
     share: Share | None = None,
     suspect: dict[str, Any] | None = None,
+    quick_for: float | None = None,
 ) -> Arm:
     """What :func:`~dflashd.supervisor.model.hang.decide`'s ``action`` makes of the watch.
 
     ``share``: what this node tells the others at a round's first sample; ``suspect``: the
-    ``hang_suspect`` record's fields then (the caller's, from the run's progress).  An
+    ``hang_suspect`` record's fields then (the caller's, from the run's progress);
+    ``quick_for``: the last step whose silence a quick look is about.  An
     :class:`EndHung` keeps the judgement; the kill is the caller's."""
     match action:
         case Wait(until=until):
             return watch, next_look(hang_at, until)
+        case TakeSample(quick=True):
+            # a quick look: no record (a pause of a few seconds is common); its end says it
+            # (the other nodes are not asked: a wait on them is a sign of work for the quick look)
+            watch = replace(watch, quick=True, quick_for=quick_for, sampling=True)
+            return watch, (*next_look(hang_at, None), SampleStacks(None))
+        case QuickOver(at=at):
+            watch = replace(watch, samples=(), quick=False)
+            return watch, next_look(hang_at, at)
         case TakeSample():
             effects: list[Effect] = list(next_look(hang_at, None))
             taken = None
@@ -142,7 +164,12 @@ def _new_round(
     elif gpu_wait is None or gpu_wait[0] != judgement.key:
         gpu_wait = (judgement.key, now)  # the same GPU wait, from here
     watch = replace(
-        watch, samples=(), last_kind=judgement.finding, next_round_at=at, gpu_wait=gpu_wait
+        watch,
+        samples=(),
+        last_kind=judgement.finding,
+        next_round_at=at,
+        gpu_wait=gpu_wait,
+        quick=False,
     )
     effects: list[Effect] = list(next_look(hang_at, at))
     watch, waiting = _waiting_elsewhere(watch, judgement, alert, now, wall)
@@ -163,11 +190,10 @@ def _waiting_elsewhere(
     """A round found the run waiting on work outside it (a remote rank, another job's lock):
     never ended for that; after ``remote_wait_s`` one alert names the wait, and the stall
     window stays the last word if nothing ever moves."""
-    if judgement.finding in (Finding.WORKING, Finding.GPU_WAIT):
-        return replace(wait_over(watch), waiting=None), ()  # it works: the wait is over
     if judgement.finding is not Finding.ELSEWHERE:
-        # a round that could not tell (a crash's round): the last wait is kept for the end's
-        # reason, the run waits on nothing now
+        # the run waits on nothing now: a later wait is timed from its own start.  The last
+        # wait is kept for the end's reason until a step: a rank whose peer was lost looks
+        # busy (its collective failing, a traceback) in the round before it dies
         return replace(watch, elsewhere_since=None, elsewhere_alerted=False, waiting=None), ()
     since = watch.elsewhere_since if watch.elsewhere_since is not None else now
     waiting = {"kind": "elsewhere", "on": judgement.why, "since": wall - (now - since)}

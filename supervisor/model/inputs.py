@@ -7,13 +7,14 @@ answer to an effect it carried out) into one of these; the model decides what fo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.hang import HangLimits, HangView, Sample
+from dflashd.supervisor.model.preflight import GpuHealth
 from dflashd.supervisor.model.runstate import RunFacts, RunState
 from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.world import Share
@@ -75,6 +76,10 @@ class ReleaseLooked:
     wait_until: float | None
     effects: tuple[Effect, ...] = ()
     ready: bool = False
+    # the GPUs the dead run held, read for the pre-flight (model/preflight.py), and their
+    # uncorrectable ECC counts when it launched
+    health: tuple[GpuHealth, ...] = ()
+    ecc_at_launch: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

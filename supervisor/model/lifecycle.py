@@ -39,7 +39,8 @@ TRANSITIONS: Final[dict[State, frozenset[State]]] = {
     State.RUNNING: frozenset(
         {State.BACKOFF, State.FATAL, State.STOPPING, State.STOPPED, State.COMPLETED}
     ),
-    State.BACKOFF: frozenset({State.STARTING, State.STOPPING, State.STOPPED}),
+    # BACKOFF -> FATAL: the relaunch's pre-flight found a GPU that needs a reset (preflight.py)
+    State.BACKOFF: frozenset({State.STARTING, State.FATAL, State.STOPPING, State.STOPPED}),
     State.FATAL: frozenset({State.STOPPING, State.STOPPED}),
     State.STOPPING: frozenset({State.STOPPED}),
     State.STOPPED: frozenset(),

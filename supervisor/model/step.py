@@ -73,6 +73,7 @@ from dflashd.supervisor.model.inputs import (
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.policy import RestartConfig
+from dflashd.supervisor.model.preflight import GpuHealth, preflight, relaunch_effects
 from dflashd.supervisor.model.runstate import RunState, stall_decide
 from dflashd.supervisor.model.startup import startup_decide
 from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy
@@ -88,6 +89,8 @@ class Rules:
     alerts_on: tuple[AlertKind, ...] = DEFAULT_ALERTS
     watchdog_every_s: float | None = None  # systemd's WatchdogSec, halved (None: no watchdog)
     vram_grace_s: float = 300.0  # a run with no first step holding no GPU memory past it ends
+    gpus_allowed: tuple[int, ...] | None = None  # the config's ``gpus`` list (None: all)
+    gpu_fallback: bool = False  # relaunch on the other GPUs when one is unusable
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,16 @@ def launch_effects(state: DaemonState, now: float) -> tuple[Effect, ...]:
     )
 
 
+def checked_launch(
+    state: DaemonState, health: tuple[GpuHealth, ...], ecc: dict[int, int], now: float
+) -> tuple[Effect, ...]:
+    """A relaunch after the pre-flight of the GPUs the dead run held (model/preflight.py)."""
+    rules, xids = state.rules, state.run.gpu_xids if state.run is not None else ()
+    allowed, fallback = rules.gpus_allowed, rules.gpu_fallback
+    checked = preflight(health, ecc, {-1: xids}, allowed=allowed, fallback=fallback)
+    return relaunch_effects(checked, health, launch_effects(state, now)) if health else ()
+
+
 def deferred_launch(
     run_no: int, error: str, *, freed: int, clear_cache: bool, now: float
 ) -> tuple[Effect, ...]:
@@ -231,10 +244,15 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, (*effects, NotifySystemd("STOPPING=1"), *live, Publish())
         case DeadlineDue(deadline):
             return state, _due(state, deadline, now)
-        case ReleaseLooked(wait_until, effects, ready):
+        case ReleaseLooked(wait_until, effects, ready, health, ecc):
             if wait_until is not None:
                 return state, (SetTimer(Deadline.RELEASE_CHECK, wait_until),)
-            return state, (*effects, *(launch_effects(state, now) if ready else ()))
+            if not ready:
+                return state, effects
+            return state, (
+                *effects,
+                *(checked_launch(state, health, ecc, now) or launch_effects(state, now)),
+            )
         case Emptied(run_no, current, alive):
             waiting = state.deadlines.release_check_at is not None
             if waiting and current == run_no and not alive:
@@ -357,7 +375,7 @@ def looked(
     view = replace(view, sampling=watch.sampling)
     action = decide_hang(view, watch.evidence(), now, look.limits)
     suspect = None
-    if isinstance(action, TakeSample) and not watch.samples:  # a round begins: say why
+    if isinstance(action, TakeSample) and not watch.samples and not action.quick:  # say why
         typical = statistics.median(view.intervals) if view.intervals else None
         suspect = {
             "no_step_for_s": round(now - (view.last_progress or now), 3),
@@ -365,7 +383,14 @@ def looked(
             "typical_interval_s": None if typical is None else round(typical, 3),
         }
     watch, effects = hang_arm(
-        watch, action, now, look.wall, hang_at, share=look.share, suspect=suspect
+        watch,
+        action,
+        now,
+        look.wall,
+        hang_at,
+        share=look.share,
+        suspect=suspect,
+        quick_for=view.last_progress,
     )
     if isinstance(action, EndHung):
         judged = action.judgement

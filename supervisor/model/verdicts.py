@@ -47,6 +47,7 @@ class Notice(StrEnum):
     RECOVERED = "recovered"  # training resumed past the step of a stall or a fatal
     WAITING = "waiting"  # alive, waiting past remote_wait_s on work elsewhere (not ended)
     SLOW = "slow"  # stepping 20 % or more below its own baseline, sustained (never ended for it)
+    GPU_UNUSABLE = "gpu_unusable"  # a GPU needs a reset or a reboot: never relaunched onto
 
 
 AlertKind: TypeAlias = Verdict | Notice  # what an alert is about: a verdict, or a notice
@@ -74,6 +75,7 @@ DEFAULT_ALERTS: Final = (
     Notice.WAITING,
     Notice.SLOW,
     Verdict.DIVERGED,
+    Notice.GPU_UNUSABLE,
 )
 
 

@@ -28,6 +28,7 @@ from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect, KillHolders, SetTimer, WriteRecord
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
+from dflashd.supervisor.model.preflight import GpuHealth
 from dflashd.supervisor.watch.nvml import (
     GpuPoller,
     GpuReading,
@@ -94,6 +95,9 @@ class ReleaseCheck:
     records: list[WriteRecord] = field(default_factory=list)
     kill: list[int] = field(default_factory=list)
     retry_at: float | None = None
+    # ready: the pre-flight's reads of the GPUs the dead run held, and their ECC at its launch
+    health: tuple[GpuHealth, ...] = ()
+    ecc_at_launch: dict[int, int] = field(default_factory=dict)
 
     @property
     def effects(self) -> tuple[Effect, ...]:
@@ -123,6 +127,7 @@ class GpuWatch:
         self._release_from: tuple[int, float] | None = None  # samples then, and when, at a death
         self._foreign_reported = False
         self._busy_since: float | None = None
+        self._ecc_at_launch: dict[int, int] = {}  # each GPU's uncorrectable ECC at the launch
 
     @property
     def on(self) -> bool:
@@ -180,6 +185,25 @@ class GpuWatch:
         self._busy_since = None
         self._foreign_reported = False
         self._release_from = None
+        counts = {h.index: h.uncorrectable_ecc for h in self._health(None)}
+        self._ecc_at_launch = {i: n for i, n in counts.items() if n is not None}
+
+    def _health(self, indices: tuple[int, ...] | None) -> tuple[GpuHealth, ...]:
+        """The GPUs' health (model/preflight.py), where the sampler can read it."""
+        reader = getattr(self.poller.sampler, "health", None) if self.poller else None
+        if reader is None:
+            return ()
+        try:
+            return tuple(reader(indices))
+        except Exception:  # a broken driver must not stop the daemon
+            return ()
+
+    def preflight_reads(self, run: Run) -> ReleaseCheck:
+        """Ready to relaunch: the GPUs the dead run held read for the pre-flight (every GPU
+        watched when it was never seen to hold one: a run that died in CUDA's init did not)."""
+        use = run.facts.gpu_use
+        held = tuple(sorted(use.per_gpu_mib)) if use is not None and use.per_gpu_mib else None
+        return ReleaseCheck(True, health=self._health(held), ecc_at_launch=self._ecc_at_launch)
 
     # -- samples ----------------------------------------------------------------------
 
@@ -300,7 +324,8 @@ class GpuWatch:
                 waited = round(now - self._release_wait_since, 3)
                 check.records.append(WriteRecord(Event.GPU_MEMORY_RELEASED, {"waited_s": waited}))
             self._release_wait_since = self._release_from = None
-            check.ready = True
+            read = self.preflight_reads(run)
+            check.ready, check.health, check.ecc_at_launch = True, read.health, read.ecc_at_launch
             return check
         if self._release_wait_since is None:
             self._release_wait_since = now

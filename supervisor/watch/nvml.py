@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
+from dflashd.supervisor.model.preflight import GpuHealth
+from dflashd.supervisor.watch.gpuhealth import read_health
 
 _MIB: Final = 1024 * 1024
 
@@ -102,6 +104,11 @@ class NvmlSampler:
                 )
         except pynvml.NVMLError:
             self._events = None  # XID events are not supported everywhere (e.g. some VMs)
+
+    def health(self, indices: tuple[int, ...] | None = None) -> tuple[GpuHealth, ...]:
+        """The pre-flight's reads of these GPUs (None: every selected one): watch/gpuhealth.py."""
+        chosen = tuple(self._handles) if indices is None else indices
+        return tuple(read_health(self._nvml, i) for i in chosen)
 
     def _memory(self, handle: Any) -> tuple[float, float]:
         nvml = self._nvml
