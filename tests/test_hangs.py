@@ -54,8 +54,11 @@ def test_a_job_blocked_forever_is_ended_hung_within_a_minute_and_relaunched(
     record = _ended_hung(daemon)
     assert record.fields["step"] == 40
     assert daemon.wait(60) == 0  # the relaunch steps and completes
-    suspect = daemon.events("hang_suspect")
-    assert suspect and suspect[0].fields["no_step_for_s"] >= 12.0
+    # nothing moves at all (a lock, a socket no one writes): the quick look decides (issue 51),
+    # 4 s after the last step and three samples a second apart, before the long path's 12 s
+    # (the long path takes 18 s at least; a loaded machine slows py-spy, not the verdict)
+    assert 4.0 <= record.fields["hung_after_s"] < 16.0, record.fields["hung_after_s"]
+    assert daemon.events("hang_suspect") == []  # a quick look says nothing until it ends
     assert [e.fields["verdict"] for e in daemon.events("exit")] == ["stalled", "completed"]
 
 
