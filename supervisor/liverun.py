@@ -33,22 +33,17 @@ from dflashd.supervisor.model.effects import (
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
-from dflashd.supervisor.model.hang import (
-    SAMPLES,
-    HangLimits,
-    HangSampled,
-    HangView,
-    HangWatch,
-    Sample,
-)
+from dflashd.supervisor.model.hang import HangLimits, HangSampled, HangView, HangWatch
 from dflashd.supervisor.model.inputs import HangLook, Input, Observed, StartupView
+from dflashd.supervisor.model.judge import SAMPLES, Sample
 from dflashd.supervisor.model.progress import Limits
 from dflashd.supervisor.model.stacks import StacksDump, StacksTaken, alert_lines
 from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.watch.observe import Apply, RunObserver
 from dflashd.supervisor.watch.pacewatch import straggler
-from dflashd.supervisor.watch.run import Run, node_rank, world_share
+from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper
+from dflashd.supervisor.watch.worldshare import node_rank, world_share
 
 DUMP_GRACE_S: Final = 3.0  # between SIGABRT (faulthandler's dump) and SIGKILL
 

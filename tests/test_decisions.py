@@ -353,6 +353,7 @@ def test_alert_kinds_cover_every_verdict() -> None:
         "recovered",
         "waiting",
         "slow",
+        "gpu_unusable",
     }  # gave up; trains again; waits elsewhere; slow
     assert {v.value for v in Verdict} | extra == {k.value for k in ALERT_KINDS}
 

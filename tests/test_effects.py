@@ -262,3 +262,22 @@ def test_a_launch_put_off_keeps_its_number_for_the_retry(tmp_path: Path) -> None
     assert core.due(Deadline.RESTART) is True
     assert hands.done[2:] == ["look"]  # the host is asked first: is the dead run gone?
     assert core.deadlines.release_check_at == pytest.approx(clock.monotonic() + 1.0)
+
+
+def test_a_slow_incident_open_when_the_daemon_died_is_closed_once_with_its_lost_run() -> None:
+    """Issue 50 (5): the daemon killed in the middle of a slow incident: the next one closes it
+    once, for the lost run (no `recovered` alert: nothing came back), and a start with no open
+    incident writes none."""
+    child = {"pid": 999_999, "create_time": 1.0, "boot_id": "b"}
+    previous = {"state": "running", "run": 4, "child": child, "step": 120}
+    slow = {"ratio": 2.5, "step": 100, "since": NOW_WALL - 60, "causes": ["cause unknown"]}
+    restored = _restored({**previous, "slow": slow}, None)
+    closed = [
+        e for e in restored.effects if isinstance(e, WriteRecord) and e.event is Event.SLOW_OVER
+    ]
+    assert len(closed) == 1 and closed[0].run_no == 4 and closed[0].fields["ratio"] == 2.5
+    assert restored.lost is not None and restored.lost.run_no == 4
+    plain = _restored(previous, None)
+    assert not [
+        e for e in plain.effects if isinstance(e, WriteRecord) and e.event is Event.SLOW_OVER
+    ]

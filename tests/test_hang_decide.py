@@ -1,4 +1,4 @@
-"""The hang decider as a table (hang.judge, hang.decide): no process, no clock, no py-spy."""
+"""The hang decider as a table (judge.judge, hang.decide): no process, no clock, no py-spy."""
 
 from __future__ import annotations
 
@@ -7,18 +7,16 @@ import pytest
 from dflashd.supervisor.model.hang import (
     EndHung,
     Evidence,
-    Finding,
     HangLimits,
     HangView,
     NewRound,
     QuickOver,
-    Sample,
     TakeSample,
     Wait,
     decide,
-    judge,
     suspect_after,
 )
+from dflashd.supervisor.model.judge import Finding, Sample, judge
 from dflashd.supervisor.model.stacks import Frame, ProcessStacks, Role, ThreadStack
 from dflashd.supervisor.model.world import ProcessSample
 
@@ -444,10 +442,11 @@ def test_a_gpu_that_spins_is_a_hang_and_a_gpu_eval_whose_loop_moves_is_not() -> 
 
 
 def test_the_quick_look_waits_half_again_the_longest_pause_the_run_came_back_from() -> None:
-    from dflashd.supervisor.model.hang import quick_after
+    from dflashd.supervisor.model.quicklook import quick_after
 
-    limits = HangLimits(30.0)
-    assert quick_after(STEADY, limits) == 4.0
-    assert quick_after((1.5,) * 8, limits) == 6.0  # four typical intervals
-    assert quick_after(STEADY, limits, longest_pause_s=6.0) == 9.0  # a 6 s checkpoint came back
-    assert quick_after(STEADY, limits, longest_pause_s=25.0) is None  # the long path only
+    gap = suspect_after(STEADY, HangLimits(30.0))  # the long path's suspicion: 30 s
+    assert quick_after(STEADY, gap) == 4.0
+    assert quick_after((1.5,) * 8, gap) == 6.0  # four typical intervals
+    assert quick_after(STEADY, gap, longest_pause_s=6.0) == 9.0  # a 6 s checkpoint came back
+    assert quick_after(STEADY, gap, longest_pause_s=25.0) is None  # the long path only
+    assert quick_after(STEADY, None) is None  # no steady cadence: no look at all

@@ -14,17 +14,7 @@ import pytest
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect, SampleStacks, SendAlert, SetTimer, WriteRecord
-from dflashd.supervisor.model.hang import (
-    EndHung,
-    Finding,
-    HangAction,
-    HangWatch,
-    Judgement,
-    NewRound,
-    Sample,
-    TakeSample,
-    Wait,
-)
+from dflashd.supervisor.model.hang import EndHung, HangAction, HangWatch, NewRound, TakeSample, Wait
 from dflashd.supervisor.model.hangwatch import (
     after_progress,
     hang_arm,
@@ -33,6 +23,7 @@ from dflashd.supervisor.model.hangwatch import (
     startup_arm,
     startup_named,
 )
+from dflashd.supervisor.model.judge import Finding, Judgement, Sample
 from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.startup import StartupAction, StartupStuck
 from dflashd.supervisor.model.world import Share

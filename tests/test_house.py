@@ -330,6 +330,7 @@ def test_one_vocabulary_across_the_boundaries() -> None:
         "recovered",
         "waiting",
         "slow",
+        "gpu_unusable",
     }
     assert all(alert_kind(v.value) is v for v in Verdict)  # the very same member
     assert set(Verdict) <= set(VERDICT_COLORS)

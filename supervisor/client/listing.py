@@ -82,11 +82,13 @@ def _is_daemon(words: list[str]) -> bool:
     return ours and "start" in words and "--foreground" in words
 
 
-def listed(*, everyone: bool) -> list[Listed]:
+def listed(*, everyone: bool, proc: Path = Path("/proc")) -> list[Listed]:
     """Every home to show: the running daemons' (this user's, or everyone's for root), and
-    this user's default home when it has a history."""
+    this user's default home when it has a history.  Each home is read without following a
+    link or blocking on a FIFO (a broken home, a loop, another user's: its row says little,
+    the listing goes on)."""
     me = os.getuid()
-    homes = {h: uid for h, uid in daemon_homes().items() if everyone or uid == me}
+    homes = {h: uid for h, uid in daemon_homes(proc).items() if everyone or uid == me}
     mine = str(default_home().expanduser().absolute())
     if (Path(mine) / "state.json").exists():
         homes.setdefault(mine, me)

@@ -199,7 +199,15 @@ def restore(
     effects.extend(leftovers)
     if torn_bytes:
         effects.append(WriteRecord(Event.LOG_TORN_TAIL, {"bytes": torn_bytes}, run_no=last_run))
-    return Restored(tuple(effects), lost_run(previous, now_wall))
+    lost = lost_run(previous, now_wall)
+    slow = previous.get("slow")
+    if lost is not None and isinstance(slow, dict):
+        # the dead daemon's open slow incident ends with its run: closed once, here (no
+        # `recovered` alert: nothing came back), never reopened or counted again
+        fields = {"closed": "the run was lost with the daemon that watched it"}
+        fields |= {k: slow[k] for k in ("ratio", "step", "since") if k in slow}
+        effects.append(WriteRecord(Event.SLOW_OVER, fields, run_no=lost.run_no))
+    return Restored(tuple(effects), lost)
 
 
 def lost_run(previous: dict[str, Any], now_wall: float) -> RunFacts | None:

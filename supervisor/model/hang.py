@@ -23,20 +23,20 @@ what to do next; it is table-tested like :func:`dflashd.supervisor.model.ending.
 
 from __future__ import annotations
 
-import itertools
 import statistics
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Final
 
-from dflashd.supervisor.model.gpuspin import gpu_wait, spinning_power, spun_s
+from dflashd.supervisor.model.gpuspin import spinning_power, spun_s
+from dflashd.supervisor.model.judge import SAMPLES, Finding, Judgement, Sample, judge
+from dflashd.supervisor.model.quicklook import (
+    QUICK_GAP_S,
+    quick_after,
+    work_sign,
+)
 from dflashd.supervisor.model.stacks import StacksDump
-from dflashd.supervisor.model.threadwaits import WaitKind, waiting, waiting_on
 from dflashd.supervisor.model.world import (
-    ProcessSample,
-    WorldHeard,
     someone_works,
-    waits_elsewhere,
     world_decides,
     world_stuck,
 )
@@ -44,47 +44,11 @@ from dflashd.supervisor.model.world import (
 HANG_SUSPECT_S: Final = 12.0  # the shortest gap that makes a steady run suspect
 CADENCE_FACTOR: Final = 6.0  # ... or this many typical intervals, if longer
 STEADY_INTERVALS: Final = 5  # intervals seen before a cadence counts as steady
-SAMPLES: Final = 3  # samples that must agree before a run is hung
 SAMPLE_GAP_S: Final = 3.0  # between two samples of one round
 ROUND_GAP_S: Final = 15.0  # after a round that found work (or could not tell), the next one
-# The quick look (issue 51): a steady run silent for QUICK_FACTOR typical intervals (at least
-# QUICK_SUSPECT_S) is sampled QUICK_GAP_S apart; only while every sign says nothing moves
-# (see :func:`work_sign`) may its round end the run, else the long path above decides.
-QUICK_SUSPECT_S: Final = 4.0
-QUICK_FACTOR: Final = 4.0
-QUICK_GAP_S: Final = 1.0
-QUIET_CPU: Final = 0.05  # of one CPU, every process of the run together, over the look
-QUIET_BYTES: Final = 4096  # read or written by any process of the run over the look
-PAUSE_MARGIN: Final = 1.5  # x the longest pause the run came back from
 # A wait on work elsewhere is alerted once after this long: longer than most evals and saves,
 # well short of the stall window (15 min) that ends a run in which nothing moves at all.
 REMOTE_WAIT_S: Final = 300.0
-
-
-class Finding(Enum):
-    """What a round of samples says about a suspect run."""
-
-    HUNG = "hung"
-    WORKING = "working"
-    ELSEWHERE = "elsewhere"  # waits on work outside this node's run: never ended for it
-    UNKNOWN = "unknown"  # no stacks: the time window decides
-    UNDECIDED = "undecided"  # not enough samples yet
-    GPU_WAIT = "gpu_wait"  # every process waits on its busy GPU, unmoved (gpu_spin after a while)
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """Every process of the run at one moment (one that is not Python: no stacks, an error)."""
-
-    at: float
-    processes: tuple[ProcessSample, ...]
-    world: WorldHeard | None = None  # what the other nodes said (model/world.py), if asked
-
-
-NATIVE_BUSY_CPU: Final = 0.1  # of one CPU over a round: a thread py-spy cannot see computes
-# Bytes moved over a round that count as work: a heartbeat line or a log line a side thread
-# appends is not; a checkpoint (megabytes) or a stream from a slow server (100 KB/s) is.
-WORK_BYTES: Final = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,129 +58,6 @@ class HangSampled:
     run_no: int
     sample: Sample
     dump: StacksDump
-
-
-@dataclass(frozen=True, slots=True)
-class Judgement:
-    """A finding, why, and (for a hang) the frames that proved it."""
-
-    finding: Finding
-    why: str
-    frames: tuple[str, ...] = ()
-    key: int | None = None  # GPU_WAIT: the stacks and locals that must stay the same
-
-
-def _judged(sample: Sample) -> list[ProcessSample]:
-    """The processes a finding is about: the workers when torchrun runs them, else all."""
-    usable = [p for p in sample.processes if p.stacks.error is None and p.stacks.threads]
-    workers = [p for p in usable if p.stacks.role.kind == "worker"]
-    return workers or usable
-
-
-def _signature(process: ProcessSample) -> tuple[tuple[int, tuple[str, ...]], ...]:
-    return tuple(
-        (t.tid, tuple(f.text() for f in t.frames))
-        for t in sorted(process.stacks.threads, key=lambda t: t.tid)
-    )
-
-
-def _locals(process: ProcessSample) -> tuple[int, ...]:
-    return tuple(t.locals_key for t in sorted(process.stacks.threads, key=lambda t: t.tid))
-
-
-def _frames(last: dict[int, ProcessSample]) -> tuple[str, ...]:
-    """Each process's top frame, with its role: the evidence a finding names."""
-    return tuple(
-        f"pid {p.stacks.pid} {p.stacks.role.label()}: {(p.stacks.top() or ['?'])[0]}"
-        for p in last.values()
-    )
-
-
-def _busy_unseen(samples: list[Sample], judged: dict[int, ProcessSample]) -> str | None:
-    """Work the stacks cannot show: a process of the run that is not Python (running, in
-    I/O, using CPU or writing), or a judged one whose threads all wait on the CPU side while
-    it uses CPU (a native thread pool computing under a waiting Python thread).  A process
-    in a collective or a GPU wait may spin a CPU while hung: its CPU says nothing."""
-    span = samples[-1].at - samples[0].at
-    if span <= 0:
-        return None
-    firsts = {p.stacks.pid: p for p in samples[0].processes}
-    for process in samples[-1].processes:
-        pid = process.stacks.pid
-        before = firsts.get(pid)
-        if before is None or before.cpu_s is None or process.cpu_s is None:
-            continue
-        used = (process.cpu_s - before.cpu_s) / span
-        if process.stacks.error is not None:  # not Python (or unreadable): its OS view only
-            states = {s for p in (before, process) for s in p.thread_states}
-            wrote = (process.wrote_bytes or 0) > (before.wrote_bytes or 0)
-            if used >= NATIVE_BUSY_CPU or wrote or states & {"R", "D"}:
-                return f"pid {pid} (no Python stacks) is busy: {used:.0%} of a CPU"
-        elif pid in judged and used >= NATIVE_BUSY_CPU:
-            kinds = {waiting_on(t) for t in process.stacks.threads}
-            in_collective = any(f.collective for t in process.stacks.threads for f in t.frames)
-            if kinds == {WaitKind.CPU} and not in_collective:
-                return f"pid {pid} uses {used:.0%} of a CPU under waiting Python threads"
-    return None
-
-
-def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
-    """Read a round of samples (oldest first): hung, working, unknown, or not yet.
-
-    ``gpu_idle``: the run's GPUs were idle at the last GPU sample (False: busy, or unknown).
-    """
-    judged = [{p.stacks.pid: p for p in _judged(s)} for s in samples]
-    if not samples:
-        return Judgement(Finding.UNDECIDED, "no sample yet")
-    if not any(judged):
-        return Judgement(Finding.UNKNOWN, "no stacks could be read")
-    for one in judged:
-        for process in one.values():
-            if "D" in process.thread_states:
-                return Judgement(Finding.WORKING, f"pid {process.stacks.pid} in an I/O wait (D)")
-            busy = [t for t in process.stacks.threads if not waiting(t)]
-            if busy:
-                top = busy[0].frames[0].text() if busy[0].frames else busy[0].name
-                return Judgement(Finding.WORKING, f"pid {process.stacks.pid} runs {top}")
-    first, last = judged[0], judged[-1]
-    unseen = _busy_unseen(samples, first)
-    if unseen is not None:
-        return Judgement(Finding.WORKING, unseen)
-    for pid, before in first.items():
-        after = last.get(pid)
-        if after is None:
-            continue
-        for verb, was, now in (
-            ("wrote", before.wrote_bytes, after.wrote_bytes),
-            ("read", before.read_bytes, after.read_bytes),
-        ):
-            if was is not None and now is not None and now - was >= WORK_BYTES:
-                return Judgement(Finding.WORKING, f"pid {pid} {verb} {now - was} bytes")
-    for earlier, later in itertools.pairwise(judged):
-        for pid, process in later.items():
-            if pid in earlier and _signature(earlier[pid]) != _signature(process):
-                return Judgement(Finding.WORKING, f"pid {pid}'s stacks moved")
-        if set(later) != set(earlier):
-            return Judgement(Finding.WORKING, "the run's processes changed")
-    if len(samples) < SAMPLES:
-        return Judgement(Finding.UNDECIDED, f"{len(samples)} of {SAMPLES} samples agree")
-    on_gpu = [
-        p for p in last.values() if any(waiting_on(t) is WaitKind.GPU for t in p.stacks.threads)
-    ]
-    if on_gpu and not gpu_idle and len(on_gpu) == len(last):
-        # every process waits for a busy GPU: a GPU-bound loop (an eval) looks exactly so,
-        # unless its loop variables stand still too (a kernel that never returns)
-        digests = [{pid: _locals(p) for pid, p in one.items()} for one in (judged[0], last)]
-        found = gpu_wait(digests[0], digests[1], tuple(_signature(p) for p in last.values()))
-        if found.key is None:
-            return Judgement(Finding.WORKING, found.why)
-        return Judgement(Finding.GPU_WAIT, found.why, _frames(last), found.key)
-    frames = _frames(last)
-    span = samples[-1].at - samples[0].at
-    elsewhere = waits_elsewhere(list(last.values()))
-    if elsewhere is not None:
-        return Judgement(Finding.ELSEWHERE, elsewhere, frames)
-    return Judgement(Finding.HUNG, f"every thread waits, unmoved for {span:.0f}s", frames)
 
 
 # -- the decider ----------------------------------------------------------------------------
@@ -353,64 +194,6 @@ def suspect_after(intervals: tuple[float, ...], limits: HangLimits) -> float | N
     return max(limits.hang_suspect_s, CADENCE_FACTOR * typical)
 
 
-def quick_after(
-    intervals: tuple[float, ...], limits: HangLimits, longest_pause_s: float = 0.0
-) -> float | None:
-    """The gap after which a steady run gets its quick look (None: none before the long gap):
-    a multiple of its cadence, at least :data:`QUICK_SUSPECT_S`, and half again the longest
-    pause it came back from (a checkpoint or an eval that took 6 s is looked at after 9 s)."""
-    gap = suspect_after(intervals, limits)
-    if gap is None:
-        return None
-    typical = statistics.median(intervals)
-    quick = max(QUICK_SUSPECT_S, QUICK_FACTOR * typical, PAUSE_MARGIN * longest_pause_s)
-    return quick if quick < gap else None
-
-
-def work_sign(samples: list[Sample], view: HangView) -> str | None:
-    """A sign of work in a quick look's samples (None: nothing moves at all): a thread that
-    runs or sits in I/O, a wait whose other end is elsewhere (another node, another job), a
-    wait on a GPU that is busy, CPU used, bytes read or written, a process come or gone."""
-    if any(not p.stacks.threads or p.stacks.error for s in samples for p in s.processes):
-        return "a process of the run has no Python stacks"
-    for sample in samples:
-        for process in sample.processes:
-            if {"D", "R"} & set(process.thread_states) and len(samples) > 1:
-                return f"pid {process.stacks.pid} has a thread running or in I/O"
-            if not all(waiting(t) for t in process.stacks.threads):
-                return f"pid {process.stacks.pid} runs"
-    last = samples[-1].processes
-    if waits_elsewhere(list(last)) is not None:
-        return "it waits on work elsewhere"
-    gpu_quiet = view.gpu_idle or spinning_power(view.gpu_power_share)
-    on_gpu = any(waiting_on(t) is WaitKind.GPU for p in last for t in p.stacks.threads)
-    if on_gpu and not gpu_quiet:
-        return "it waits on a GPU that may be busy"
-    if len(samples) < 2:
-        return None
-    first = {p.stacks.pid: p for p in samples[0].processes}
-    if set(first) != {p.stacks.pid for p in last}:
-        return "the run's processes changed"
-    span = max(samples[-1].at - samples[0].at, 1e-3)
-    cpu = 0.0
-    for process in last:
-        before = first[process.stacks.pid]
-        if _signature(before) != _signature(process):
-            return f"pid {process.stacks.pid}'s stacks moved"
-        if before.cpu_s is None or process.cpu_s is None:
-            return f"pid {process.stacks.pid}'s CPU time could not be read"
-        cpu += max(0.0, process.cpu_s - before.cpu_s)
-        for was, now in (
-            (before.wrote_bytes, process.wrote_bytes),
-            (before.read_bytes, process.read_bytes),
-        ):
-            if was is None or now is None or now - was >= QUIET_BYTES:
-                return f"pid {process.stacks.pid} moved bytes (or they could not be read)"
-    if cpu / span >= QUIET_CPU:
-        return f"the run used {cpu / span:.0%} of a CPU"
-    return None
-
-
 def _quick(view: HangView, evidence: Evidence, now: float, gap: float) -> HangAction | None:
     """The quick look (None: not now, the long path decides): sampled ``QUICK_GAP_S`` apart
     while nothing moves; three quiet samples that :func:`judge` finds hung end the run; the
@@ -424,7 +207,9 @@ def _quick(view: HangView, evidence: Evidence, now: float, gap: float) -> HangAc
     if view.sampling:
         return Wait(None)
     samples = list(evidence.samples)
-    sign = work_sign(samples, view) if samples else None
+    gpu_quiet = view.gpu_idle or spinning_power(view.gpu_power_share)
+    taken = [(x.at, x.processes) for x in samples]
+    sign = work_sign(taken, gpu_quiet) if samples else None
     back = max(now, last + gap)  # the long path's suspicion
     if sign is not None:
         return QuickOver(back, sign)
@@ -443,7 +228,7 @@ def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -
     if gap is None or view.last_progress is None or not view.reports_steps:
         return Wait(None)
     suspect_at = view.last_progress + gap
-    quick = quick_after(view.intervals, limits, view.longest_pause_s)
+    quick = quick_after(view.intervals, gap, view.longest_pause_s)
     if quick is not None and (evidence.quick or evidence.quick_for != view.last_progress):
         quick_at = view.last_progress + quick
         if now < quick_at:

@@ -26,16 +26,14 @@ from dflashd.supervisor.model.effects import (
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import (
     EndHung,
-    Finding,
     HangAction,
     HangWatch,
-    Judgement,
     NewRound,
     QuickOver,
-    Sample,
     TakeSample,
     Wait,
 )
+from dflashd.supervisor.model.judge import Finding, Judgement, Sample
 from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.startup import StartupAction, StartupStuck
 from dflashd.supervisor.model.verdicts import Notice

@@ -13,7 +13,8 @@ from typing import Any
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
-from dflashd.supervisor.model.hang import HangLimits, HangView, Sample
+from dflashd.supervisor.model.hang import HangLimits, HangView
+from dflashd.supervisor.model.judge import Sample
 from dflashd.supervisor.model.preflight import GpuHealth
 from dflashd.supervisor.model.runstate import RunFacts, RunState
 from dflashd.supervisor.model.stacks import StacksDump

@@ -7,7 +7,7 @@ stacks tell the same story as a hang: a DeepSpeed job started while a killed bui
 rendezvous for a node that never comes; a process waits on a file lock.
 
 From :data:`STARTUP_LOOK_S` after the launch, a run with no first step is sampled like a suspect
-one (rounds of samples, :func:`~dflashd.supervisor.model.hang.judge`).  A round whose every
+one (rounds of samples, :func:`~dflashd.supervisor.model.judge.judge`).  A round whose every
 thread waits, unmoved, is *named* (never ended: the first-step timeout keeps that word) when the
 wait is a start-up wait dflashd knows (a build lock or file lock, the rendezvous, the process
 group's set-up) or when a build lock older than the run exists: one ``waiting`` alert and
@@ -21,16 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from dflashd.supervisor.model.hang import (
-    Evidence,
-    Finding,
-    Judgement,
-    NewRound,
-    TakeSample,
-    Wait,
-    judge,
-    next_sample,
-)
+from dflashd.supervisor.model.hang import Evidence, NewRound, TakeSample, Wait, next_sample
+from dflashd.supervisor.model.judge import Finding, Judgement, judge
 
 STARTUP_LOOK_S: Final = 30.0  # no first step this long after the launch: the start-up is sampled
 STARTUP_ROUND_GAP_S: Final = 30.0  # between two rounds of start-up samples

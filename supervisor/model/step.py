@@ -73,7 +73,8 @@ from dflashd.supervisor.model.inputs import (
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.policy import RestartConfig
-from dflashd.supervisor.model.preflight import GpuHealth, preflight, relaunch_effects
+from dflashd.supervisor.model.preflight import GpuHealth, preflight
+from dflashd.supervisor.model.relaunch import relaunch_effects
 from dflashd.supervisor.model.runstate import RunState, stall_decide
 from dflashd.supervisor.model.startup import startup_decide
 from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy
@@ -369,9 +370,9 @@ def looked(
     view = look.view
     if view.worker_rounds != watch.worker_rounds:
         watch = afresh(watch, view.worker_rounds)
+    watch = after_progress(watch, view.last_progress)  # a step's, never the restart's
     if view.restarted_at is not None and (view.last_progress or 0.0) < view.restarted_at:
         view = replace(view, last_progress=view.restarted_at)  # suspect from the restart on
-    watch = after_progress(watch, view.last_progress)
     view = replace(view, sampling=watch.sampling)
     action = decide_hang(view, watch.evidence(), now, look.limits)
     suspect = None

@@ -86,6 +86,12 @@ class ProcessSample:
     # only others write (host/waits.py), each said in words
     outside_waits: tuple[str, ...] = ()
 
+    def signature(self) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        """Each thread's frames, by thread id: two samples whose signatures are equal did not
+        move (the hang judge's and the quick look's test)."""
+        threads = sorted(self.stacks.threads, key=lambda t: t.tid)
+        return tuple((t.tid, tuple(f.text() for f in t.frames)) for t in threads)
+
 
 def in_collective(process: ProcessSample) -> str | None:
     """The collective frame one of the process's threads waits in, if any."""

@@ -16,7 +16,6 @@ from typing import Any, Final, Protocol
 
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.preflight import GpuHealth
-from dflashd.supervisor.watch.gpuhealth import read_health
 
 _MIB: Final = 1024 * 1024
 
@@ -107,6 +106,8 @@ class NvmlSampler:
 
     def health(self, indices: tuple[int, ...] | None = None) -> tuple[GpuHealth, ...]:
         """The pre-flight's reads of these GPUs (None: every selected one): watch/gpuhealth.py."""
+        from dflashd.supervisor.watch.gpuhealth import read_health  # only at a relaunch
+
         chosen = tuple(self._handles) if indices is None else indices
         return tuple(read_health(self._nvml, i) for i in chosen)
 

@@ -34,7 +34,8 @@ from dflashd.supervisor.host.procfs import (
 from dflashd.supervisor.host.pyspy import dump_processes, find_py_spy, py_spy_version, role_of
 from dflashd.supervisor.host.rdzvstore import share_and_hear
 from dflashd.supervisor.host.waits import outside_waits
-from dflashd.supervisor.model.hang import HangSampled, Sample
+from dflashd.supervisor.model.hang import HangSampled
+from dflashd.supervisor.model.judge import Sample
 from dflashd.supervisor.model.stacks import (
     ProcessStacks,
     Role,

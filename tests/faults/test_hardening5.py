@@ -274,3 +274,103 @@ def test_a_cpu_hog_on_the_cpu_a_job_is_pinned_to_is_named() -> None:
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+def test_ls_over_thousands_of_homes_broken_ones_and_loops_returns_in_seconds(
+    tmp_path: Path,
+) -> None:
+    """(6) 3000 daemons as /proc would show them (a scratch copy of its layout): homes that do
+    not exist, a symlink loop, a state.json that is a FIFO (reading it would block), one of
+    garbage, one of 10 MB, a home holding a newline: ``ls`` lists every one, escaped, and
+    never blocks or dies."""
+    from dflashd.supervisor.client.listing import listed, table
+
+    proc = tmp_path / "proc"
+    homes = tmp_path / "homes"
+    homes.mkdir()
+    (homes / "loop").symlink_to(homes / "loop")
+    for name, state in (("garbage", b"{not json"), ("huge", b"[" + b"1," * 5_000_000 + b"1]")):
+        (homes / name).mkdir()
+        (homes / name / "state.json").write_bytes(state)
+    (homes / "fifo").mkdir()
+    os.mkfifo(homes / "fifo" / "state.json")
+    (homes / "nl\nx").mkdir()
+    names = ["loop", "garbage", "huge", "fifo", "nl\nx"] + [f"gone-{i}" for i in range(2995)]
+    argv0 = sys.executable.encode()
+    for pid, name in enumerate(names, start=100):
+        entry = proc / str(pid)
+        entry.mkdir(parents=True)
+        words = [argv0, b"-m", b"dflashd.supervisor", b"start", b"--foreground", b"--home"]
+        (entry / "cmdline").write_bytes(b"\0".join([*words, str(homes / name).encode()]) + b"\0")
+    began = time.monotonic()
+    found = listed(everyone=True, proc=proc)
+    shown = table([f.row() for f in found], users=True)
+    took = time.monotonic() - began
+    assert len(found) >= 3000 and took < 20.0, took
+    assert len(shown.splitlines()) == len(found) + 1  # one row a home: the newline escaped
+    assert "nl\\x0ax" in shown
+    print(f"ls over {len(found)} homes: {took:.2f} s")
+
+
+def test_report_over_thousands_of_runs_finishes_in_bounded_time_and_memory(tmp_path: Path) -> None:
+    """(6) A home whose log holds 5000 runs (spawn, first step, progress, exit each): ``report``
+    writes its page in seconds, in bounded memory (its peak RSS is measured)."""
+    import json as _json
+    import resource
+
+    home = tmp_path / "home"
+    (home / "logs").mkdir(parents=True)
+    lines = []
+    seq = 0
+    start = 1_790_000_000.0
+    for run in range(1, 5001):
+        at = start + run * 10
+        for event, fields in (
+            ("spawn", {"argv": ["python", "train.py"], "cwd": "/x", "downtime_s": 1.0}),
+            ("first_step", {"after_s": 0.5, "step": 1, "source": "plain"}),
+            ("progress", {"step": 50, "source": "plain", "loss": 2.0 - run / 10000}),
+            (
+                "exit",
+                {
+                    "exit_code": 1,
+                    "verdict": "crashed",
+                    "reason": "exit_code_1",
+                    "step": 50,
+                    "duration_s": 9.0,
+                },
+            ),
+        ):
+            seq += 1
+            ts = datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            at += 2
+            lines.append(
+                _json.dumps(
+                    {"ts": ts, "seq": seq, "run": run, "src": "dflashd", "event": event, **fields},
+                    separators=(",", ":"),
+                )
+            )
+    (home / "logs" / "dflashd.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "r.html"
+    began = time.monotonic()
+    code = (
+        "import resource, sys, runpy; sys.argv = ['dflashd', 'report', '--home', sys.argv[1],"
+        " '-o', sys.argv[2]]\ntry:\n    runpy.run_module('dflashd.supervisor', run_name='__main__')\n"
+        "except SystemExit as e:\n    print('rc', e.code)\n"
+        "print('rss', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(home), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    took = time.monotonic() - began
+    assert out.exists() and "5000 runs" in done.stdout, (done.stdout[-500:], done.stderr[-1500:])
+    rss_mib = int(done.stdout.split("rss ")[-1].split()[0]) / 1024
+    assert took < 60.0 and rss_mib < 512, (took, rss_mib)
+    assert out.stat().st_size < 20 * 1024 * 1024
+    print(
+        f"report over 5000 runs: {took:.1f} s, peak RSS {rss_mib:.0f} MiB, {out.stat().st_size >> 10} KiB"
+    )
+    del resource
