@@ -34,6 +34,7 @@ from dflashd.supervisor.model.effects import (
     Launch,
     LookForRelease,
     NotifySystemd,
+    PrepareStandby,
     Publish,
     RecordHistory,
     RunLaunched,
@@ -63,6 +64,7 @@ class Hands(Protocol):
     """What the executor does through the adapters, each answering with the next input."""
 
     def launch(self, effect: Launch) -> tuple[Run | None, Input]: ...
+    def prepare_standby(self, run: Run | None) -> None: ...
 
     def after_launch(self, run: Run | None, answer: Input) -> None: ...
 
@@ -195,6 +197,8 @@ class DaemonCore:
                 hands.after_launch(launched, answer)
             case LookForRelease():
                 self.step(run, hands.look_for_release(run, self.clock.monotonic()))
+            case PrepareStandby():
+                hands.prepare_standby(run)
             case StopRun(timeout_s):
                 if run is not None:
                     hands.stop_run(run, timeout_s)

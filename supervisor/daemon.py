@@ -331,6 +331,10 @@ class Daemon:
         """The ``status --json`` object (docs/design.md, "Status")."""
         return status_view(self)
 
+    def standby_view(self) -> dict[str, Any] | None:
+        """The next run's waiting interpreter, for status."""
+        return self.runs.launcher.standby_view()
+
     def _status_shown(self) -> dict[str, Any]:
         """``status`` for a client, published and saved as shown: no total shown goes back."""
         view = self.status()
@@ -376,6 +380,7 @@ def _closing_steps(daemon: Daemon) -> list[tuple[str, Callable[[], object]]]:
     return [
         ("alerts", daemon.reporter.alerts.close),  # first: an alert going out is not swept
         ("sweep", lambda: daemon.ended_runs.sweep(run, own_descendants=own)),
+        ("standby", daemon.runs.launcher.discard_standby),
         ("drains", lambda: [d.wait_eof(2.0) for d in (run.drains if run is not None else ())]),
         ("gpu", daemon.gpu.stop),
         (

@@ -23,6 +23,7 @@ from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.processops import ProcessOps
+from dflashd.supervisor.host.proof import Launched
 from dflashd.supervisor.host.spawn import (
     FLIGHT_FILE,
     LIVE_BARS_ENV,
@@ -30,6 +31,15 @@ from dflashd.supervisor.host.spawn import (
     child_environ,
     dflashd_env,
     flight_recorder_env,
+)
+from dflashd.supervisor.host.standby import (
+    Standby,
+    end_standby,
+    go,
+    learnt_imports,
+    python_job,
+    standby_argv,
+    unusable_because,
 )
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.progress import Progress
@@ -81,6 +91,7 @@ class Launcher:
     ) -> None:
         self.home, self.config, self.clock, self.ops = home, config, clock, ops
         self.reporter, self.gpu, self._on_lines = reporter, gpu, on_lines
+        self.standby: Standby | None = None  # the next run's interpreter, waiting (warm_standby)
         # a pattern is configured: first_step_timeout_s applies
         self.sees_steps = bool(config.first_step_pattern or config.step_pattern)
 
@@ -111,9 +122,7 @@ class Launcher:
         self.gpu.new_run()
         now = self.clock.monotonic()
         cwd = Path(self.config.cwd).expanduser()
-        spec = ChildEnvironment(
-            self.home.notify_socket, self.home.cache, run_no, self.home.root, self.home.id
-        )
+        spec = self._spec(run_no)
         job = torchrun_job(self.config.command)
         # a node of a larger job (job is not None): its agent's rendezvous is warm-up
         progress = Progress(
@@ -140,22 +149,20 @@ class Launcher:
             spawn_fields["cuda_visible_devices"] = list(visible_gpus)
         if job is not None:
             spawn_fields["torchrun"] = job.fields()
+        env = self._environment(run_no, visible_gpus)
+        warm, cold_because = self._take_standby(run_no, argv, cwd, env)
+        spawn_fields["start"] = "cold" if warm is None else "warm"
+        if cold_because is not None:  # a standby was there and could not be used: said once
+            spawn_fields["cold_because"] = cold_because
         self.reporter.record(run_no, Event.SPAWN, wait_s=SPAWN_ON_DISK_S, **spawn_fields)
         argv_text = " ".join(argv)
-        defaults = dict(LIVE_BARS_ENV) if self.config.builtin_formats else {}
-        defaults.update(flight_recorder_env(self.home.logs / "flight" / f"run-{run_no}-rank"))
-        env = child_environ(os.environ, self.config.env, spec, defaults)
-        if visible_gpus is not None:  # a GPU left out by the pre-flight (model/preflight.py)
-            # NVML's indices, in NVML's (PCI bus) order
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in visible_gpus)
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         flight = Path(env[FLIGHT_FILE])  # ours, or where the user's setting puts them
         facts = replace(facts, flight_prefix=flight, extensions_root=extensions_root(env))
         with contextlib.suppress(OSError):
             flight.parent.mkdir(parents=True, exist_ok=True)
         started_wall = facts.started_wall
         try:
-            launched = self.ops.spawn(argv, cwd=cwd, env=env, run_no=run_no)
+            launched = self._go_or_spawn(warm, run_no, argv, cwd, env)
         except OSError as exc:
             if exc.errno in TRANSIENT_ERRNOS and not isinstance(exc, FileNotFoundError):
                 raise LaunchDeferred(
@@ -199,6 +206,96 @@ class Launcher:
         )
         run = Run(run_no, book, launched, drains, callback, elastic)
         return run, facts, None
+
+    def _spec(self, run_no: int) -> ChildEnvironment:
+        return ChildEnvironment(
+            self.home.notify_socket, self.home.cache, run_no, self.home.root, self.home.id
+        )
+
+    def _environment(self, run_no: int, visible_gpus: tuple[int, ...] | None) -> dict[str, str]:
+        """Run ``run_no``'s environment: the same for its cold launch and its standby."""
+        defaults = dict(LIVE_BARS_ENV) if self.config.builtin_formats else {}
+        defaults.update(flight_recorder_env(self.home.logs / "flight" / f"run-{run_no}-rank"))
+        env = child_environ(os.environ, self.config.env, self._spec(run_no), defaults)
+        if visible_gpus is not None:  # a GPU left out by the pre-flight (model/preflight.py)
+            # NVML's indices, in NVML's (PCI bus) order
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in visible_gpus)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        return env
+
+    # -- the warm standby (host/standby.py) ---------------------------------------------------
+
+    def prepare_standby(self, current: Run) -> None:
+        """The run trains: start the next run's interpreter (``warm_standby``, a python job)."""
+        job = python_job(tuple(self.config.command))
+        if not self.config.warm_standby or self.standby is not None or job is None:
+            return
+        if current.launched is None:
+            return
+        run_no = current.run_no + 1
+        cwd = Path(self.config.cwd).expanduser()
+        env = self._environment(run_no, None)
+        manifest = self.home.root / f".standby-run-{run_no}.json"
+        with contextlib.suppress(OSError):
+            manifest.unlink()
+        imports = learnt_imports(current.launched.pid)
+        try:
+            launched = self.ops.spawn(
+                standby_argv(job, manifest, imports), cwd=cwd, env=env, run_no=run_no
+            )
+        except OSError as exc:
+            why = spawn_error_text(job.python, exc)
+            self.reporter.record(current.run_no, Event.STANDBY, for_run=run_no, error=why)
+            return
+        argv = tuple(self.config.command)
+        self.standby = Standby(run_no, launched, argv, cwd, env, manifest)
+        self.reporter.record(
+            current.run_no, Event.STANDBY, for_run=run_no, pid=launched.pid, imports=imports
+        )
+
+    def _take_standby(
+        self, run_no: int, argv: tuple[str, ...], cwd: Path, env: dict[str, str]
+    ) -> tuple[Standby | None, str | None]:
+        """The standby, when it may become this launch; else it is ended, and why."""
+        standby, self.standby = self.standby, None
+        if standby is None:
+            return None, None
+        why = (
+            f"the standby was started for run {standby.run_no}"
+            if standby.run_no != run_no
+            else unusable_because(standby, argv, cwd, env)
+        )
+        if why is None:
+            return standby, None
+        end_standby(standby)
+        return None, why
+
+    def _go_or_spawn(
+        self,
+        warm: Standby | None,
+        run_no: int,
+        argv: tuple[str, ...],
+        cwd: Path,
+        env: dict[str, str],
+    ) -> Launched:
+        """The standby told to run the job (the spawn record is on disk), else a cold spawn."""
+        if warm is not None:
+            try:
+                return go(warm)
+            except OSError:  # it died between the check and the go: cold after all, said so
+                end_standby(warm)
+                self.reporter.record(run_no, Event.STANDBY, died_at_go=True, launched="cold")
+        return self.ops.spawn(argv, cwd=cwd, env=env, run_no=run_no)
+
+    def discard_standby(self) -> None:
+        """The daemon ends: a waiting standby goes with it."""
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            end_standby(standby)
+
+    def standby_view(self) -> dict[str, Any] | None:
+        """``status``'s ``standby`` (None: none is waiting)."""
+        return self.standby.view() if self.standby is not None else None
 
     def _clear_cache(self, run_no: int) -> None:
         # Only the directories dflashd made and marked (caches.py): never the user's own.

@@ -113,6 +113,11 @@ class Runs:
             return run, ChildExited(ended, self._rng.random(), launched=facts)
         return run, Launched(facts)
 
+    def prepare_standby(self, run: Run | None) -> None:
+        """The run trains: the next run's interpreter started, its imports done (warm_standby)."""
+        if run is not None and run.alive:
+            self.launcher.prepare_standby(run)
+
     def after_launch(self, run: Run | None, answer: Input) -> None:
         """``start``'s wait is answered, and systemd told READY once the launch is on disk."""
         if run is None or isinstance(answer, LaunchPutOff):

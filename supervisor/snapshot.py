@@ -68,6 +68,10 @@ class StatusSource(Protocol):
         """The current (or last) run."""
         ...
 
+    def standby_view(self) -> dict[str, Any] | None:
+        """The next run's waiting interpreter (warm_standby), or None."""
+        ...
+
 
 def status_view(source: StatusSource) -> StatusView:
     """Assemble the status object from the daemon's parts."""
@@ -120,6 +124,7 @@ def status_view(source: StatusSource) -> StatusView:
         "node": source.config.node_name,
         "elastic": _elastic(run, ledger, now_mono),
         "custody": source.ops.mode,
+        "standby": source.standby_view(),
         "stacks_tool": source.dumps.tool(),
         "log_codec": CODEC.implementation,
         "stop_timeout_s": source.config.restart.stop_timeout_s,

@@ -206,6 +206,16 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
     )
     if isinstance(status.get("custody"), str):  # how runs own their processes
         rows.append(("custody", escape_controls(status["custody"])))
+    standby = status.get("standby")
+    if isinstance(standby, dict):  # the next run's interpreter, waiting (warm_standby)
+        said = "ready" if standby.get("ready") else f"not ready ({standby.get('why')})"
+        size = f"{_mib(standby.get('rss_mib'))} MiB"
+        rows.append(
+            (
+                "standby",
+                f"{said}   pid {standby.get('pid')}   {size}   for run {standby.get('for_run')}",
+            )
+        )
     tool = status.get("stacks_tool")
     if isinstance(tool, str):  # live stack dumps (dflashd stacks): the tool, or why there is none
         rows.append(("stacks", paint(tool, "yellow") if tool.startswith("unavailable") else tool))

@@ -72,6 +72,9 @@ class Config:
     # a GPU the pre-flight finds unusable (model/preflight.py): relaunch on the others (true),
     # or stop for an operator with exit code 75 (false: a job sized for its GPUs)
     gpu_fallback: bool = False
+    # a python script or module job: keep the next run's interpreter ready, its heavy imports
+    # (torch) done, while a run trains (host/standby.py); a relaunch then skips that cold start
+    warm_standby: bool = False
     gpu_poll_s: float = _seconds(2.0, above=None, low=0.05)  # an NVML poll costs ~0.05 ms
     vram_grace_s: float = _seconds(300.0)
     gpu_release_timeout_s: float = _seconds(60.0, above=None, low=0.0)

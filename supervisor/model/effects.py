@@ -155,6 +155,11 @@ class Launch:
 
 
 @dataclass(frozen=True, slots=True)
+class PrepareStandby:
+    """Start the next run's interpreter now, its imports done (the run trains: host/standby.py)."""
+
+
+@dataclass(frozen=True, slots=True)
 class LookForRelease:
     """Look whether the dead run is gone and its GPU memory released (the executor asks the
     host; the answer comes back as :class:`~dflashd.supervisor.model.inputs.ReleaseLooked`)."""
@@ -266,6 +271,7 @@ Effect = (
     | ExitDaemon
     | Launch
     | LookForRelease
+    | PrepareStandby
     | StopRun
     | StopTimedOut
     | SignalRun

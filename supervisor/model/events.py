@@ -48,6 +48,7 @@ class Event(StrEnum):
     GPU = "gpu"
     GPU_SNAPSHOT = "gpu_snapshot"
     GPU_XID = "gpu_xid"
+    STANDBY = "standby"  # the next run's interpreter started (warm_standby), or why not
     GPU_PREFLIGHT = "gpu_preflight"  # the GPUs read before a relaunch (model/preflight.py)
     GPU_UNUSABLE = "gpu_unusable"  # one needs a reset or a reboot: not relaunched onto
     GPU_CHECKS_OFF = "gpu_checks_off"

@@ -81,6 +81,7 @@ class StatusView(TypedDict):
     node: str  # config "node", or the host name: this node's name in a larger job
     elastic: dict[str, Any] | None  # a torchrun job: its rendezvous and the restarts it handled
     custody: str  # how runs own their processes: "cgroup" or "pidfd"
+    standby: dict[str, Any] | None  # the next run's waiting interpreter (warm_standby), or null
     stacks_tool: str  # "py-spy 0.4.3", or why live stack dumps are unavailable
     log_codec: str  # the log path's inner loops: "c", or "python" where the C build is missing
     stop_timeout_s: float  # restart.stop_timeout_s: what `dflashd stop` without --timeout waits

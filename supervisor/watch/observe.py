@@ -18,7 +18,13 @@ from typing import Any, Final, Protocol
 
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.procfs import CLK_TCK, read_stat
-from dflashd.supervisor.model.effects import Effect, Publish, UpdateLedger, WriteRecord
+from dflashd.supervisor.model.effects import (
+    Effect,
+    PrepareStandby,
+    Publish,
+    UpdateLedger,
+    WriteRecord,
+)
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.incidents import passed, resumed
 from dflashd.supervisor.model.inputs import Decided, GpuSeen, Input, Observed, StallLook
@@ -261,7 +267,7 @@ class RunObserver:
             after = round(progress.first_step_mono - r.facts.started_mono, 3)
             source = progress.first_step_source
             fields = {"after_s": after, "step": progress.step, "source": source}
-            r.say(WriteRecord(Event.FIRST_STEP, fields, log_level="info"))
+            r.say(WriteRecord(Event.FIRST_STEP, fields, log_level="info"), PrepareStandby())
         self._maybe_recovered(r)
         if change.progress_record:
             self._progress_record(r)
