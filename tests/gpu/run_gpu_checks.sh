@@ -23,3 +23,5 @@ python3 tests/gpu/nanogpt_restart.py 2>&1 | tee "$OUT/nanogpt_restart.txt"  # ne
 python3 tests/gpu/goodput_gpu.py 2>&1 | tee "$OUT/goodput_gpu_run.txt"
 python3 tests/gpu/slow_gpu.py intruder 2>&1 | tee "$OUT/slow_gpu_intruder.txt"
 python3 tests/gpu/slow_gpu.py clean 380 2>&1 | tee "$OUT/slow_gpu_clean.txt"
+python3 tests/gpu/recovery_gpu.py --runs 3 2>&1 | tee "$OUT/recovery_gpu.txt"  # issue 51: quick look, pre-flight reads
+python3 tests/gpu/kill_gpu.py --runs 3 2>&1 | tee "$OUT/kill_gpu.txt"  # issue 51: kill -> next step, warm standby
