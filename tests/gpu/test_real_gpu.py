@@ -104,3 +104,20 @@ def test_silent_busy_job_is_seen_training_from_nvml(tmp_path: Path) -> None:
             capture_output=True,
         )
         proc.wait(60)
+
+
+def test_the_preflight_reads_every_gpu_and_a_healthy_one_passes() -> None:
+    """Issue 51: the real NVML reads of every field for every GPU, quickly; a healthy GPU
+    passes the pre-flight (tests/gpu/recovery_gpu.py prints the figures)."""
+    from dflashd.supervisor.model.preflight import preflight
+
+    sampler = NvmlSampler("all")
+    try:
+        began = time.monotonic()
+        health = sampler.health()
+        took = time.monotonic() - began
+    finally:
+        sampler.close()
+    assert health and all(h.answers and h.uuid for h in health)
+    assert took < 0.05 * len(health) + 0.05
+    assert preflight(health, {}, {}, allowed=None, fallback=False).ok
