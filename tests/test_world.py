@@ -259,3 +259,24 @@ def test_a_frozen_store_host_is_an_error_in_bounded_time_never_a_dead_world() ->
         host.send_signal(signal.SIGCONT)
         host.kill()
         host.communicate()
+
+
+def test_an_elastic_range_is_judged_on_the_nodes_present() -> None:
+    """``--nnodes 1:2`` with one node present: the workers' WORLD_SIZE over LOCAL_WORLD_SIZE
+    says one node (never the range's top), and their MASTER_ADDR:PORT names the round."""
+    from dflashd.supervisor.model.stacks import Role
+    from dflashd.supervisor.model.world import world_of
+    from dflashd.supervisor.watch.worldshare import nodes_present
+
+    alone = [Role("worker", 0, 0, 2, 2, 0), Role("worker", 1, 1, 2, 2, 0)]
+    both = [Role("worker", 2, 0, 4, 2, 1)]
+    assert nodes_present(alone) == 1 and nodes_present(both) == 2
+    assert (
+        nodes_present([Role("root")]) is None
+        and nodes_present([Role("worker", 0, 0, 3, 2)]) is None
+    )
+    assert world_of("10.0.0.1", "29500", "job") == "10.0.0.1:29500/job"
+    assert world_of(None, "29500", "job") is None
+    assert (
+        share_of("h:1", "job", 0, nodes_present(alone), (WAITING, 70.0, "recv")) is None
+    )  # one node
