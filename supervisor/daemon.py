@@ -15,6 +15,7 @@ import os
 import random
 import signal
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Final
 
 from dflashd.supervisor.carryover import carried_over
@@ -117,17 +118,12 @@ class Daemon:
         callbacks = LoopCallbacks(self._drain_inbox, self._publish, hang, facts_of, on_first_launch)
         self.runs = Runs(clock, parts, callbacks)
         every = self._systemd.watchdog_interval_s
-        allowed = config.gpus if isinstance(config.gpus, tuple) else None
-        rules = Rules(
-            config.restart,
-            config.alerts.on,
-            every,
-            config.vram_grace_s,
-            gpus_allowed=allowed,
-            gpu_fallback=config.gpu_fallback,
-        )
+        allowed = config.gpus if isinstance(config.gpus, tuple) else None  # the pre-flight's
+        rules = Rules(config.restart, config.alerts.on, every, config.vram_grace_s, allowed)
+        rules = replace(rules, gpu_fallback=config.gpu_fallback)
         self.core = DaemonCore(DaemonState(rules), clock, self.reporter, self.runs)
         self.runs.current = lambda: self.core.run
+        self.standby_view = launcher.standby_view  # status: the next run's waiting interpreter
         self.wakeups: Wakeups | None = None
 
     @property
@@ -330,10 +326,6 @@ class Daemon:
     def status(self) -> StatusView:
         """The ``status --json`` object (docs/design.md, "Status")."""
         return status_view(self)
-
-    def standby_view(self) -> dict[str, Any] | None:
-        """The next run's waiting interpreter, for status."""
-        return self.runs.launcher.standby_view()
 
     def _status_shown(self) -> dict[str, Any]:
         """``status`` for a client, published and saved as shown: no total shown goes back."""

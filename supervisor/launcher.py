@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -33,9 +34,8 @@ from dflashd.supervisor.host.spawn import (
     flight_recorder_env,
 )
 from dflashd.supervisor.host.standby import (
+    GO_SIGNAL,
     Standby,
-    end_standby,
-    go,
     learnt_imports,
     python_job,
     standby_argv,
@@ -267,7 +267,7 @@ class Launcher:
         )
         if why is None:
             return standby, None
-        end_standby(standby)
+        self._end_standby(standby)
         return None, why
 
     def _go_or_spawn(
@@ -281,17 +281,43 @@ class Launcher:
         """The standby told to run the job (the spawn record is on disk), else a cold spawn."""
         if warm is not None:
             try:
-                return go(warm)
+                return self._go(warm)
             except OSError:  # it died between the check and the go: cold after all, said so
-                end_standby(warm)
+                self._end_standby(warm)
                 self.reporter.record(run_no, Event.STANDBY, died_at_go=True, launched="cold")
         return self.ops.spawn(argv, cwd=cwd, env=env, run_no=run_no)
+
+    @staticmethod
+    def _go(standby: Standby) -> Launched:
+        """The standby becomes the launch: told to run the job (its custody, its pipes)."""
+        custody = standby.launched.custody
+        if custody is None or not custody.signal_root(GO_SIGNAL):
+            raise ProcessLookupError(errno.ESRCH, "the standby is gone")
+        with contextlib.suppress(OSError):
+            standby.manifest.unlink()
+        return standby.launched
+
+    @staticmethod
+    def _end_standby(standby: Standby) -> None:
+        """End a standby that will not be used (everything in its custody), its manifest gone."""
+        custody = standby.launched.custody
+        if custody is not None:
+            custody.kill_all()
+        process = standby.launched.process
+        if process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
+                process.wait(5.0)
+        for fd in (standby.launched.stdout_fd, standby.launched.stderr_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(OSError):
+            standby.manifest.unlink()
 
     def discard_standby(self) -> None:
         """The daemon ends: a waiting standby goes with it."""
         standby, self.standby = self.standby, None
         if standby is not None:
-            end_standby(standby)
+            self._end_standby(standby)
 
     def standby_view(self) -> dict[str, Any] | None:
         """``status``'s ``standby`` (None: none is waiting)."""

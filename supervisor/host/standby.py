@@ -11,13 +11,10 @@ module ...`` qualify: under torchrun the workers are torchrun's own children.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import os
 import re
 import signal
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +28,7 @@ _FLAGS: Final = frozenset({"-u", "-O", "-OO", "-B", "-s", "-E", "-I", "-q"})
 _FLAGS_WITH_VALUE: Final = frozenset({"-X", "-W"})
 _SITE_PACKAGE: Final = re.compile(r"/(?:site|dist)-packages/([A-Za-z_][A-Za-z0-9_]*)/")
 MAX_LEARNT: Final = 32
+GO_SIGNAL: Final = signal.SIGUSR1  # trainer/standby.py waits for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,32 +164,3 @@ def unusable_because(
         if [st.st_mtime_ns, st.st_size] != seen:
             return f"{path} changed on disk since the standby imported it"
     return None
-
-
-GO_SIGNAL: Final = signal.SIGUSR1  # trainer/standby.py waits for it
-
-
-def go(standby: Standby) -> Launched:
-    """The standby becomes the launch: told to run the job (its custody, its pipes)."""
-    custody = standby.launched.custody
-    if custody is None or not custody.signal_root(GO_SIGNAL):
-        raise ProcessLookupError(errno.ESRCH, "the standby is gone")
-    with contextlib.suppress(OSError):
-        standby.manifest.unlink()
-    return standby.launched
-
-
-def end_standby(standby: Standby) -> None:
-    """End a standby that will not be used (everything in its custody), its manifest removed."""
-    custody = standby.launched.custody
-    if custody is not None:
-        custody.kill_all()
-    process = standby.launched.process
-    if process is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired, ChildProcessError):
-            process.wait(5.0)
-    for fd in (standby.launched.stdout_fd, standby.launched.stderr_fd):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    with contextlib.suppress(OSError):
-        standby.manifest.unlink()
