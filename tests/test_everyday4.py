@@ -130,7 +130,10 @@ def test_restart_no_wait_returns_once_the_job_is_launched_and_tail_takes_since(
         dflashd("stop", "-t", "5", "--home", home, cwd=tmp_path)
 
 
-@pytest.mark.parametrize(("typed", "meant"), [("top", "dflashd status"), ("kill", "dflashd stop")])
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("top", "dflashd status"), ("kill", "dflashd stop"), ("stat", "dflashd status")],
+)
 def test_other_tools_habits_get_what_they_are_here(tmp_path: Path, typed: str, meant: str) -> None:
     done = dflashd(typed, cwd=tmp_path)
     assert done.returncode == 2 and meant in done.stderr, done

@@ -21,6 +21,8 @@ HABITS: Final = {
     "kill": "dflashd stop (SIGTERM to the job's group, then SIGKILL)",
     "reload": "dflashd restart",
     "show": "dflashd status",
+    "stat": "dflashd status",  # a typo: never steered to `start` or `restart`
+    "st": "dflashd status",
 }
 ENDING: Final = frozenset({"stop", "restart"})  # commands a typo must never be steered to
 
