@@ -316,7 +316,6 @@ def test_report_over_thousands_of_runs_finishes_in_bounded_time_and_memory(tmp_p
     """(6) A home whose log holds 5000 runs (spawn, first step, progress, exit each): ``report``
     writes its page in seconds, in bounded memory (its peak RSS is measured)."""
     import json as _json
-    import resource
 
     home = tmp_path / "home"
     (home / "logs").mkdir(parents=True)
@@ -373,4 +372,3 @@ def test_report_over_thousands_of_runs_finishes_in_bounded_time_and_memory(tmp_p
     print(
         f"report over 5000 runs: {took:.1f} s, peak RSS {rss_mib:.0f} MiB, {out.stat().st_size >> 10} KiB"
     )
-    del resource
