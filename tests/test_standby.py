@@ -47,13 +47,14 @@ def _env(helper: Path, **extra: str) -> dict[str, str]:
     return {"PYTHONPATH": str(helper), **extra}
 
 
+def _warm(start: Start, helper: Path, job: list[str], retries: int = 2, **env: str) -> Daemon:
+    """A daemon with warm_standby on and the job's helper module on PYTHONPATH."""
+    restart = {"runtime_retries": retries}
+    return start(job, restart=restart, warm_standby=True, env=_env(helper, **env))
+
+
 def test_a_relaunch_runs_warm_exactly_as_a_cold_launch(start_daemon: Start, helper: Path) -> None:
-    daemon = start_daemon(
-        child("warm_job.py", "exit5", "two words"),
-        restart={"runtime_retries": 2},
-        warm_standby=True,
-        env=_env(helper),
-    )
+    daemon = _warm(start_daemon, helper, child("warm_job.py", "exit5", "two words"))
     assert daemon.wait(180) == 4 or daemon.proc.returncode is not None
     exits = {e.run: e.fields for e in daemon.events("exit")}
     assert exits[1]["exit_code"] == 3 and exits[2]["exit_code"] == 5, exits
@@ -70,11 +71,8 @@ def test_a_relaunch_runs_warm_exactly_as_a_cold_launch(start_daemon: Start, help
 def test_a_module_the_standby_imported_changed_on_disk_means_a_cold_launch_said_once(
     start_daemon: Start, helper: Path
 ) -> None:
-    daemon = start_daemon(
-        child("warm_job.py", "exit5"),
-        restart={"runtime_retries": 2},
-        warm_standby=True,
-        env=_env(helper, TOUCH=str(helper / "helper_mod.py")),
+    daemon = _warm(
+        start_daemon, helper, child("warm_job.py", "exit5"), TOUCH=str(helper / "helper_mod.py")
     )
     daemon.wait(180)
     spawn = _spawn(daemon, 2)
@@ -87,12 +85,7 @@ def test_a_module_the_standby_imported_changed_on_disk_means_a_cold_launch_said_
 def test_an_uncaught_exception_in_a_warm_run_reads_as_a_cold_ones(
     start_daemon: Start, helper: Path
 ) -> None:
-    daemon = start_daemon(
-        child("warm_job.py", "raise"),
-        restart={"runtime_retries": 1},
-        warm_standby=True,
-        env=_env(helper),
-    )
+    daemon = _warm(start_daemon, helper, child("warm_job.py", "raise"), retries=1)
     daemon.wait(180)
     assert _spawn(daemon, 2)["start"] == "warm"
     warm_exit = next(e for e in daemon.events("exit") if e.run == 2).fields
@@ -105,12 +98,7 @@ def test_an_uncaught_exception_in_a_warm_run_reads_as_a_cold_ones(
 def test_a_warm_run_is_stopped_by_its_signals_as_a_cold_one(
     start_daemon: Start, helper: Path, home: Path
 ) -> None:
-    daemon = start_daemon(
-        child("warm_job.py", "wait"),
-        restart={"runtime_retries": 2},
-        warm_standby=True,
-        env=_env(helper),
-    )
+    daemon = _warm(start_daemon, helper, child("warm_job.py", "wait"))
     daemon.wait_for(
         lambda r: isinstance(r, LineRecord) and r.run == 2 and r.line.startswith("step 3 "), 180
     )
@@ -126,12 +114,7 @@ def test_a_warm_run_is_stopped_by_its_signals_as_a_cold_one(
 def test_status_shows_the_standby_and_its_memory(
     start_daemon: Start, helper: Path, home: Path
 ) -> None:
-    daemon = start_daemon(
-        child("warm_job.py", "wait"),
-        restart={"runtime_retries": 2},
-        warm_standby=True,
-        env=_env(helper),
-    )
+    daemon = _warm(start_daemon, helper, child("warm_job.py", "wait"))
     daemon.wait_event("standby", timeout=60)
     status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
     standby = status["standby"]
@@ -178,12 +161,7 @@ def test_a_script_that_sets_import_time_environment_runs_cold_said_once(
     job = tmp_path / "envjob.py"
     source = (Path(__file__).parent / "children" / "warm_job.py").read_text()
     job.write_text('import os\nos.environ["OMP_NUM_THREADS"] = "1"\n' + source)
-    daemon = start_daemon(
-        [sys.executable, str(job), "exit5"],
-        restart={"runtime_retries": 2},
-        warm_standby=True,
-        env=_env(helper),
-    )
+    daemon = _warm(start_daemon, helper, [sys.executable, str(job), "exit5"])
     daemon.wait(180)
     spawn = _spawn(daemon, 2)
     assert spawn["start"] == "cold" and "environment variables" in str(spawn["cold_because"])

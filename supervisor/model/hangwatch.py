@@ -81,10 +81,9 @@ def afresh(watch: HangWatch, worker_rounds: int) -> HangWatch:
     """The launcher restarted the workers (torchrun re-formed the group): what the rounds
     found of the old workers is not evidence about the new ones; the judgment starts again
     (a real hang of the new group is still found, from its own rounds)."""
-    waiting = watch.waiting if (watch.waiting or {}).get("kind") != "elsewhere" else None
     return replace(
         HangWatch(rounds=watch.rounds, sampling=watch.sampling, last_dump=watch.last_dump),
-        waiting=waiting,
+        waiting=wait_over(watch).waiting,
         worker_rounds=worker_rounds,
         # kept for the end's reason: a group that failed because a peer was lost says so
         elsewhere_last=watch.elsewhere_last,
@@ -92,7 +91,7 @@ def afresh(watch: HangWatch, worker_rounds: int) -> HangWatch:
 
 
 def wait_over(watch: HangWatch) -> HangWatch:
-    """A wait elsewhere that ended (a step came, or a round found the run working): over.
+    """A wait elsewhere that ended (a step came after its last round): over.
     A later wait is a new one, timed from its own start (two short waits on a sibling's lock
     are not one long wait), and a later crash is the job's own, never a lost peer's."""
     waiting = watch.waiting if (watch.waiting or {}).get("kind") != "elsewhere" else None

@@ -166,7 +166,7 @@ class Progress:
         epoch: float | None = None,
         epoch_index: int | None = None,
         batches: int | None = None,
-        bad_loss: tuple[tuple[int | None, float], ...] = (),
+        losses_from_nan: tuple[tuple[int | None, float], ...] = (),
         bar_total: int | None = None,
     ) -> tuple[Progress, Change]:
         """A step (or a first-step marker) from notify, a pattern, a format or the GPUs.
@@ -186,7 +186,7 @@ class Progress:
         diverged = False
         # from the first NaN among the lines posted together on, each loss in order: the
         # divergence began at the first, and a finite one between ends a NaN streak
-        for bad_step, bad in bad_loss:
+        for bad_step, bad in losses_from_nan:
             at = bad_step if bad_step is not None else step
             losses, now_diverged = watched(p.losses, bad, at if at is not None else p.step)
             p, diverged = replace(p, losses=losses), diverged or now_diverged

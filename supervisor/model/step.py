@@ -183,11 +183,14 @@ def launch_effects(state: DaemonState, now: float) -> tuple[Effect, ...]:
 def checked_launch(
     state: DaemonState, health: tuple[GpuHealth, ...], ecc: dict[int, int], now: float
 ) -> tuple[Effect, ...]:
-    """A relaunch after the pre-flight of the GPUs the dead run held (model/preflight.py)."""
+    """A relaunch after the pre-flight of the GPUs the dead run held (model/preflight.py);
+    none read (no NVML): as before."""
+    if not health:
+        return launch_effects(state, now)
     rules, xids = state.rules, state.run.gpu_xids if state.run is not None else ()
     allowed, fallback = rules.gpus_allowed, rules.gpu_fallback
     checked = preflight(health, ecc, {-1: xids}, allowed=allowed, fallback=fallback)
-    return relaunch_effects(checked, health, launch_effects(state, now)) if health else ()
+    return relaunch_effects(checked, health, launch_effects(state, now))
 
 
 def deferred_launch(
@@ -250,10 +253,7 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
                 return state, (SetTimer(Deadline.RELEASE_CHECK, wait_until),)
             if not ready:
                 return state, effects
-            return state, (
-                *effects,
-                *(checked_launch(state, health, ecc, now) or launch_effects(state, now)),
-            )
+            return state, (*effects, *checked_launch(state, health, ecc, now))
         case Emptied(run_no, current, alive):
             waiting = state.deadlines.release_check_at is not None
             if waiting and current == run_no and not alive:

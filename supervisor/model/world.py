@@ -238,7 +238,7 @@ def _report(item: object, nodes: int, world: str | None) -> NodeReport | None:
         return None
     if state not in (WAITING, WORKING) or not isinstance(why, str):
         return None
-    if written != world or (written is not None and not isinstance(written, str)):
+    if written != world:  # another round's, run's or job's (or none): not this world's
         return None
     waited, age = _finite(item.get("waited_s")), _finite(item.get("age_s"))
     if waited is None or age is None or not 0.0 <= waited <= MAX_WAITED_S or age < -FUTURE_S:

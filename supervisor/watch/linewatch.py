@@ -41,7 +41,7 @@ class LineProgress:
     # from the earliest non-finite loss since the last post on, every loss with its step, in
     # order (bounded): a divergence begins at the first, and whether the NaN stayed or a
     # finite loss came back between is judged on them, not on the post's newest alone
-    bad_loss: tuple[tuple[int | None, float], ...] = ()
+    losses_from_nan: tuple[tuple[int | None, float], ...] = ()
     total: int | None = None  # a tqdm bar's total
 
 
@@ -82,11 +82,11 @@ class LineMatcher:
             found.epoch,
             found.epoch_index,
             found.batches,
-            self._first_bad_loss(frame),
+            self._losses_from_nan(frame),
             found.total,
         )
 
-    def _first_bad_loss(self, frame: Frame) -> tuple[tuple[int | None, float], ...]:
+    def _losses_from_nan(self, frame: Frame) -> tuple[tuple[int | None, float], ...]:
         """From the first line of the frame whose loss is NaN or infinite on, each loss with
         its step (a frame read at once may hold several steps: the divergence begins at the
         first, and a finite loss after it ends a loss scaler's streak).  Only frames that
@@ -136,8 +136,10 @@ class LinesSeen:
 def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:
     """The newer step, keeping a loss or epoch only the older one carried (a loss line is
     followed by a bar redraw, both before the next post)."""
-    if older is not None and older.bad_loss:  # the earliest first, in order (bounded)
-        newer = replace(newer, bad_loss=(*older.bad_loss, *newer.bad_loss)[:MAX_LOSS_MARKS])
+    if older is not None and older.losses_from_nan:  # the earliest first, in order (bounded)
+        newer = replace(
+            newer, losses_from_nan=(*older.losses_from_nan, *newer.losses_from_nan)[:MAX_LOSS_MARKS]
+        )
     if older is None or (newer.loss is not None and newer.epoch is not None):
         return newer
     return replace(

@@ -147,7 +147,7 @@ class RunObserver:
             epoch=found.epoch,
             epoch_index=found.epoch_index,
             batches=found.batches,
-            bad_loss=found.bad_loss,
+            losses_from_nan=found.losses_from_nan,
             bar_total=found.total,
         )
         r.moved(progress)

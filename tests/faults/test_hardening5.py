@@ -61,24 +61,20 @@ def _start(home: Path, *command: str, config: Path) -> subprocess.Popen[str]:
     )
 
 
+def _ran_another_job(home: Path, config: Path) -> subprocess.CompletedProcess[str]:
+    """A home with another job's history: one short run of ``python -c``, to completion."""
+    job = (sys.executable, "-c", "print('step 1')")
+    return run_cli(
+        "start", "--foreground", "--quiet", "-c", str(config), "--home", str(home), "--", *job
+    )
+
+
 def test_twenty_concurrent_starts_into_another_jobs_home_warn_once(tmp_path: Path) -> None:
     """(8) A home that ran another job; twenty starts at once: one goes ahead and says the
     one-home warning, the nineteen refused say one line each (already running), no warning."""
     home = tmp_path / "home"
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-    before = run_cli(
-        "start",
-        "--foreground",
-        "--quiet",
-        "-c",
-        str(config),
-        "--home",
-        str(home),
-        "--",
-        sys.executable,
-        "-c",
-        "print('step 1')",
-    )
+    before = _ran_another_job(home, config)
     assert before.returncode == 0, before
     sleeper = (sys.executable, "-c", "import time; print('step 1', flush=True); time.sleep(60)")
     starts = [_start(home, *sleeper, config=config) for _ in range(20)]
@@ -111,19 +107,7 @@ def test_a_start_refused_by_a_read_only_home_says_one_line(tmp_path: Path) -> No
     try:
         home = mount / "home"
         config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-        first = run_cli(
-            "start",
-            "--foreground",
-            "--quiet",
-            "-c",
-            str(config),
-            "--home",
-            str(home),
-            "--",
-            sys.executable,
-            "-c",
-            "print('step 1')",
-        )
+        first = _ran_another_job(home, config)
         assert first.returncode == 0, first
         subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
         marker = tmp_path / "launched"
