@@ -152,6 +152,7 @@ class Launcher:
         env = self._environment(run_no, visible_gpus)
         warm, cold_because = self._take_standby(run_no, argv, cwd, env)
         spawn_fields["start"] = "cold" if warm is None else "warm"
+        facts = replace(facts, start=spawn_fields["start"])
         if cold_because is not None:  # a standby was there and could not be used: said once
             spawn_fields["cold_because"] = cold_because
         self.reporter.record(run_no, Event.SPAWN, wait_s=SPAWN_ON_DISK_S, **spawn_fields)

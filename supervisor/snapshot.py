@@ -22,6 +22,7 @@ from dflashd.supervisor.model.goodput import Cost, RunTimes
 from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.recoveries import recovery_split
 from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.speak.reporter import Reporter
 from dflashd.supervisor.speak.statusview import StatusView
@@ -135,6 +136,7 @@ def status_view(source: StatusSource) -> StatusView:
         "slow": _slow(facts, now_mono, now_wall) if alive else None,
         "diverged": dict(facts.diverged) if facts and facts.diverged else None,
         "checkpoint_advice": _advice(facts, times, ledger, now_mono),
+        "recovery": _recovery(ledger, facts if alive else None, now_mono),
     }
     if alive and run is not None and run.pid is not None and facts is not None:
         view["child"] = {
@@ -143,6 +145,12 @@ def status_view(source: StatusSource) -> StatusView:
             "boot_id": source.boot_id,
         }
     return view
+
+
+def _recovery(ledger: Ledger, run: RunState | None, now: float) -> dict[str, Any] | None:
+    """The live run's recovery from the failure before it, split (model/recoveries.py)."""
+    split = recovery_split(ledger.last_exit, run, now)
+    return split.view() if split is not None else None
 
 
 def _pace(run: RunState | None) -> dict[str, Any] | None:

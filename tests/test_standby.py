@@ -105,6 +105,13 @@ def test_a_warm_run_is_stopped_by_its_signals_as_a_cold_one(
     assert _spawn(daemon, 2)["start"] == "warm"
     status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
     assert status["standby"] is None or status["standby"]["for_run"] == 3
+    recovery = status["recovery"]  # the relaunch, split (issue 51 part 4)
+    assert recovery["run"] == 2 and recovery["after"] == "crashed", recovery
+    assert recovery["start"] == "warm" and recovery["start_s"] is not None, recovery
+    assert recovery["redone_steps"] >= 3 and not recovery["back"], recovery  # run 1 got past 20
+    assert recovery["teardown_s"] >= 0 and recovery["detection_s"] >= 0, recovery
+    shown = run_cli("status", "--home", str(home)).stdout
+    assert "recovery of run 2 (after crashed):" in shown and "warm start" in shown, shown
     run_cli("stop", "--home", str(home), "--timeout", "10")
     assert daemon.wait(60) == 0
     ended = next(e for e in daemon.events("exit") if e.run == 2).fields

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any, Final, TextIO
@@ -193,6 +194,8 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         else:
             for tail_line in (last.get("tail") or [])[-5:]:
                 rows.append(("", paint("  " + escape_controls(str(tail_line)), "dim")))
+    if isinstance(status.get("recovery"), dict):  # the live run's relaunch, split
+        rows.append(("recovery", escape_controls(recovery_line(status["recovery"]))))
     alert = status.get("last_alert")
     if isinstance(alert, dict) and alert.get("kind"):
         rows.append(("last alert", _alert_text(alert, paint)))
@@ -337,3 +340,28 @@ def _pace_rows(status: dict[str, Any], running: bool, paint: Painter) -> list[tu
     if isinstance(advice, dict) and advice.get("text"):
         rows.append(("checkpoints", escape_controls(str(advice["text"]))[:300]))
     return rows
+
+
+def _nonneg(value: Any) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return max(0.0, float(value)) if ok else 0.0
+
+
+def recovery_line(view: dict[str, Any]) -> str:
+    """``recovery of run 4 (after hung): detection 6.0s, teardown 0.4s, warm start 0.6s,
+    redone 12 steps 3.1s = 10.1s``: status' line."""
+
+    def sec(value: Any) -> str:
+        number = _nonneg(value)
+        return f"{number:.1f}s" if number < 100 else f"{number:.0f}s"
+
+    parts = [f"detection {sec(view.get('detection_s'))}", f"teardown {sec(view.get('teardown_s'))}"]
+    start = str(view.get("start") or "cold")
+    started = view.get("start_s")
+    parts.append(f"{start} start " + ("…" if started is None else sec(started)))
+    steps = view.get("redone_steps")
+    if isinstance(steps, int):
+        parts.append(f"redone {steps} step{'s' if steps != 1 else ''} {sec(view.get('redone_s'))}")
+    done = "" if view.get("back") else " so far"
+    head = f"recovery of run {view.get('run')} (after {view.get('after')})"
+    return f"{head}: {', '.join(parts)} = {sec(view.get('total_s'))}{done}"

@@ -51,6 +51,9 @@ class RunSpan:
     argv: list[str] = field(default_factory=list)
     cwd: str = ""
     tail: list[str] = field(default_factory=list)  # the exit record's last output lines
+    start_kind: str = ""  # "warm" (the standby interpreter) or "cold", as its spawn record says
+    first_step: int | None = None  # the first step number it reported
+    top_step: int | None = None  # the highest
 
     @property
     def command(self) -> str:
@@ -79,6 +82,23 @@ class ReportData:
     losses: list[tuple[float, int, float]] = field(default_factory=list)  # (time, run, loss)
     dumps: list[tuple[float, int, str, str]] = field(default_factory=list)  # (time, run, why, file)
     goodput: GoodputData = field(default_factory=GoodputData)
+
+    def stepped(self, at: float, run: int, step: int) -> None:
+        """A step the run reported (a point of the step chart; its first and highest kept)."""
+        self.steps.append((at, run, step))
+        span = self.runs.get(run)
+        if span is not None:
+            span.first_step = step if span.first_step is None else span.first_step
+            span.top_step = step if span.top_step is None else max(span.top_step, step)
+
+    def redone_steps(self, run: int) -> int | None:
+        """Steps the run did again up to the best step of the runs before it (None: it
+        stepped first, or reported no step numbers)."""
+        span = self.runs.get(run)
+        earlier = [r.top_step for n, r in self.runs.items() if n < run and r.top_step is not None]
+        if span is None or span.first_step is None or span.top_step is None or not earlier:
+            return None
+        return max(0, min(span.top_step, max(earlier)) - span.first_step + 1)
 
     def color(self, run: int) -> str:
         """A run's colour in every chart: its verdict's (a run still without an exit record:
@@ -126,14 +146,15 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
                 at,
                 argv=[str(a) for a in argv] if isinstance(argv, list) else [],
                 cwd=str(fields.get("cwd") or ""),
+                start_kind=str(fields.get("start") or ""),
             )
         elif rec.event == Event.FIRST_STEP and rec.run in data.runs:
             data.runs[rec.run].first_step_at = at
             if isinstance(fields.get("step"), int):
-                data.steps.append((at, rec.run, fields["step"]))
+                data.stepped(at, rec.run, fields["step"])
         elif rec.event == Event.PROGRESS:
             if isinstance(fields.get("step"), int):
-                data.steps.append((at, rec.run, fields["step"]))
+                data.stepped(at, rec.run, fields["step"])
             if isinstance(fields.get("loss"), int | float):
                 data.losses.append((at, rec.run, float(fields["loss"])))
         elif rec.event == Event.EXIT and rec.run in data.runs:
@@ -147,7 +168,7 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
             span.tail = [str(line) for line in tail] if isinstance(tail, list) else []
             if isinstance(fields.get("step"), int):
                 span.last_step = fields["step"]
-                data.steps.append((at, rec.run, fields["step"]))
+                data.stepped(at, rec.run, fields["step"])
         elif rec.event in (Event.GPU, Event.GPU_SNAPSHOT):
             for gpu in fields.get("gpus") or []:
                 if gpu.get("memory_used_mib") is None or not isinstance(gpu.get("index"), int):

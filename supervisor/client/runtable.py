@@ -20,7 +20,7 @@ _HEAD = (
     "reason",
     "started (UTC)",
     "duration",
-    "first step after",
+    "first step after (start)",
     "last step",
     "startup",
     "redone",
@@ -49,15 +49,21 @@ def _cost_cells(data: ReportData, run: int) -> str:
     if incident is None:
         return "<td class='num'>-</td>" * 6
     cost = data.goodput.cost_of(incident)
-    cells = (
-        cost.startup_s,
-        cost.redone_s,
-        cost.slow_s,
-        cost.detection_s,
-        incident.downtime_after_s,
-        cost.productive_s,
-    )
-    return "".join(f"<td class='num'>{seconds_cell(c)}</td>" for c in cells)
+    cells = [
+        seconds_cell(c)
+        for c in (
+            cost.startup_s,
+            cost.redone_s,
+            cost.slow_s,
+            cost.detection_s,
+            incident.downtime_after_s,
+            cost.productive_s,
+        )
+    ]
+    redone = data.redone_steps(run)
+    if redone and cost.redone_s > 0:  # a relaunch's redone seconds, with the steps they were
+        cells[1] += f" ({redone} step{'s' if redone != 1 else ''})"
+    return "".join(f"<td class='num'>{c}</td>" for c in cells)
 
 
 def _detail_row(span: RunSpan, previous: RunSpan | None) -> str:
@@ -86,6 +92,8 @@ def run_table(data: ReportData) -> str:
         lasted = span.end - span.start if span.end else None
         duration = verdict if lasted is None else seconds_text(lasted)
         first = seconds_text(span.first_step_at - span.start) if span.first_step_at else "-"
+        if span.start_kind:  # warm: it ran in the standby interpreter (warm_standby)
+            first += f" {html.escape(span.start_kind)}"
         step = "" if span.last_step is None else str(span.last_step)
         shade = verdict_color(verdict)
         rows.append(

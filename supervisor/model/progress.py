@@ -135,6 +135,7 @@ class Progress:
     best_before: int | None = None  # the best step of every earlier run (goodput: redone)
     passed_best_mono: float | None = None  # when a step beyond ``best_before`` was first seen
     top_step: int | None = None  # the highest step this run reported
+    first_step_no: int | None = None  # the first step number it reported (a relaunch resumes there)
     # restarts its launcher handled itself (torchrun): closed ones, and the open one with the
     # step it must pass again
     recoveries: tuple[Recovery, ...] = ()
@@ -225,7 +226,8 @@ class Progress:
                 p = replace(p, passed_best_mono=p._passed_best(step, now))
             p = p._recovering(step, now)
             top = step if p.top_step is None else max(p.top_step, step)
-            p = replace(p, step=step, step_source=source, top_step=top)
+            first_no = step if p.first_step_no is None else p.first_step_no
+            p = replace(p, step=step, step_source=source, top_step=top, first_step_no=first_no)
         if loss is not None:
             p = replace(p, loss=loss)
         became_first = False

@@ -52,6 +52,7 @@ class RunState:
     gpu_power: PowerSeen = field(default_factory=PowerSeen)  # their power: stepping, now
     flight_prefix: Path | None = None  # where its ranks' NCCL flight-recorder traces go
     extensions_root: Path | None = None  # where torch JIT-builds extensions for this run
+    start: str = "cold"  # "warm": it ran in the standby interpreter (host/standby.py)
 
     @property
     def ended_by_us(self) -> bool:

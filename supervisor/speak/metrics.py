@@ -125,6 +125,7 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
     yield from _training_families(snapshot)
     yield from _elastic_families(snapshot.get("elastic"))
     yield from _goodput_families(view_from_json(snapshot.get("goodput")))
+    yield from _recovery_families(snapshot.get("recovery"))
     version = str(snapshot.get("version") or __version__)
     build = GaugeMetricFamily("dflashd_build_info", "dflashd's version", labels=["version"])
     build.add_metric([version], 1.0)
@@ -228,6 +229,34 @@ def _goodput_families(view: GoodputView | None) -> Iterator[Any]:
     if view["ratio"] is not None:
         ratio.add_metric([], view["ratio"])
     yield ratio
+
+
+def _recovery_families(recovery: Any) -> Iterator[Any]:
+    """The live run's recovery, split (model/recoveries.py): what the decision, the teardown,
+    a warm or cold start and the redone steps each cost."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    if not isinstance(recovery, dict):
+        return
+    parts = GaugeMetricFamily(
+        "dflashd_recovery_seconds",
+        "The live run's recovery from the failure before it, by part"
+        " (detection, teardown, start, redone; start is labelled warm or cold)",
+        labels=["part", "start"],
+    )
+    start = str(recovery.get("start") or "cold")
+    for part in ("detection", "teardown", "start", "redone"):
+        value = recovery.get(f"{part}_s")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            parts.add_metric([part, start], float(value))
+    yield parts
+    steps = recovery.get("redone_steps")
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        yield GaugeMetricFamily(
+            "dflashd_recovery_redone_steps",
+            "Steps the live run did again up to the best before its failure",
+            value=float(steps),
+        )
 
 
 class MetricsServer:

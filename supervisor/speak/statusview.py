@@ -96,6 +96,9 @@ class StatusView(TypedDict):
     checkpoint_advice: (
         dict[str, Any] | None
     )  # the interval that pays (an estimate; model/advice.py)
+    # the live run's recovery from the failure before it: detection, teardown, warm or cold
+    # start, redone steps (model/recoveries.py); null for a first run or a user's start
+    recovery: dict[str, Any] | None
     child: NotRequired[ChildIdentity]  # present while a child lives
 
 
