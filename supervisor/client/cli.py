@@ -26,8 +26,9 @@ from dflashd.supervisor.client.common import (
     timeout_option,
 )
 from dflashd.supervisor.client.habits import Commands, another_jobs_home
-from dflashd.supervisor.client.invocation import InvocationUnreadable, has_run, load_invocation
+from dflashd.supervisor.client.invocation import has_run
 from dflashd.supervisor.client.logcmds import report, tail
+from dflashd.supervisor.client.replay import replay
 from dflashd.supervisor.client.stackscmd import stacks
 from dflashd.supervisor.client.start import (
     already_running_message,
@@ -350,39 +351,39 @@ def list_homes(as_json: bool) -> None:
     is_flag=True,
     help="Return once the job is launched again, without waiting for its first step.",
 )
+@click.option(
+    "--env-from-shell",
+    is_flag=True,
+    help="Run the job with this shell's environment instead of the last start's.",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def restart(
     home: Path | None,
     timeout_s: float | None,
     config_path: Path | None,
     no_wait: bool,
+    env_from_shell: bool,
     command: tuple[str, ...],
 ) -> None:
     """Stop the job and the daemon, then start again as the last `start` did (or as told here),
-    in the directory it was started from.  Without a command, a record of the last start that
-    is missing or damaged (invocation.json) refuses the restart (exit 2): nothing is guessed."""
+    in the directory it was started from and with the environment it was started with
+    (--env-from-shell: this shell's; the config's `env` is applied over either).  The command
+    is checked first: one that cannot be spawned is refused (exit 2) and the running job is
+    left alone.  Without a command, a record of the last start that is missing or damaged
+    (invocation.json) refuses the restart (exit 2): nothing is guessed."""
     where = resolve_home(home)
     if not has_run(where) and not lock_is_held(where.lock):  # a typo'd --home: start nothing
         fail(f"{where.root}: no job has run in this home, nothing to restart (dflashd start)", 2)
     command = tuple(command[1:] if command and command[0] == "--" else command)
-    try:
-        last_config, last_command, started_in = load_invocation(where)
-    except InvocationUnreadable as exc:
-        if not command:  # never a guess: an unreadable record is not "the bundled trainer"
-            fail(
-                f"{exc}: cannot tell what the last start ran, so nothing is restarted; "
-                "say it: dflashd restart -- COMMAND (or dflashd start)",
-                EXIT_USAGE,
-            )
-        last_config, last_command, started_in = None, (), None  # told here what to run
-    if not command and started_in is not None and started_in.is_dir():
-        os.chdir(started_in)  # relative paths in the command and the config mean what they did
-    command = command or last_command
-    config_path = config_path or last_config
-    config = prepare(where, config_path, command)  # checked before anything is stopped
-    if lock_is_held(where.lock):
+    again = replay(where, command, config_path, env_from_shell=env_from_shell)
+    config = prepare(where, again.config_path, again.command)  # checked before anything stops
+    again.check(config)
+    if lock_is_held(where.lock):  # only now: a restart that cannot launch stopped nothing
         _stop(where, timeout_s)
-    sys.exit(start_detached(where, config, config_path, command, wait=not no_wait))
+    code = start_detached(
+        where, config, again.config_path, again.command, wait=not no_wait, env=again.env
+    )
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -62,3 +62,19 @@ def command_hint(command: Sequence[str], cwd: Path, env: Mapping[str, str]) -> s
             f"`dflashd start -- ./{rest}`?"
         )
     return None
+
+
+def unlaunchable(command: Sequence[str], cwd: Path, env: Mapping[str, str]) -> str | None:
+    """Why ``command`` cannot be spawned in ``cwd`` with ``env`` (its PATH), or None: what
+    ``restart`` checks before it stops a run that is healthy."""
+    if not command:
+        return None
+    first = command[0]
+    if "/" in first:
+        target = cwd / first
+        if not target.is_file():
+            return f"{first!r} does not exist (in {cwd})"
+        return None if os.access(target, os.X_OK) else f"{first!r} is not executable"
+    if shutil.which(first, path=env.get("PATH", "")) is None:
+        return f"{first!r} is not a command on the job's PATH"
+    return None

@@ -1,8 +1,11 @@
-"""What ``dflashd restart`` repeats: the last ``start``'s config path, command and directory.
+"""What ``dflashd restart`` repeats: the last ``start``'s config path, command, directory and
+environment.
 
 ``invocation.json`` in the home, written by the daemon that won the home's lock (a refused
 start records nothing), read by ``restart``.  It holds no secrets: the config's path, not its
-contents.
+contents.  ``environment.json`` beside it holds the start's environment, as pm2 keeps it:
+0600 in an owner-only home, read back only by ``restart`` and never printed (secrets live
+there; ``status``, ``tail`` and the report show the keys of the job's environment at most).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Final
 
 from dflashd.supervisor.host.home import Home
 
@@ -19,8 +23,12 @@ def has_run(home: Home) -> bool:
     return (home.root / "invocation.json").is_file() or home.state_file.is_file()
 
 
+ENVIRONMENT: Final = "environment.json"
+
+
 def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ...]) -> None:
-    """What ``dflashd restart`` repeats: the config file and the command (no secrets)."""
+    """What ``dflashd restart`` repeats: the config file and the command (no secrets), and,
+    apart, this process's environment (the start's: the daemon inherits it whole)."""
     from dflashd.supervisor.speak.statusview import write_state
 
     data = {
@@ -30,8 +38,25 @@ def save_invocation(home: Home, config_path: Path | None, command: tuple[str, ..
     }
     try:
         write_state(home.root / "invocation.json", data)
+        write_state(home.root / ENVIRONMENT, {"environ": dict(os.environ)})  # 0600
     except OSError:
         pass
+
+
+def load_environment(home: Home) -> dict[str, str] | None:
+    """The last start's environment, or None when it was not recorded (a home of an older
+    dflashd) or cannot be read whole: ``restart`` then says it uses the caller's."""
+    from dflashd.supervisor.speak.statusview import read_state
+
+    data = read_state(home.root / ENVIRONMENT)
+    environ = data.get("environ") if data is not None else None
+    if not isinstance(environ, dict) or not environ:
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in environ.items()):
+        return None
+    if any(not k or "=" in k or "\0" in k or "\0" in v for k, v in environ.items()):
+        return None
+    return dict(environ)
 
 
 class InvocationUnreadable(Exception):

@@ -206,17 +206,19 @@ def start_detached(
     *,
     wait: bool = True,
     warning: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> int:
     """Launch the daemon in its own session; report the launch, then wait (``wait``) for the
     job's first step, its death or ``start_wait_s``.  ``warning`` is said once the daemon
-    holds the home and launched (a refused start says only why).
+    holds the home and launched (a refused start says only why).  ``env``: the daemon's and
+    so the job's environment (``restart`` replays the last start's); None: this process's.
 
     Ctrl-C, at any moment and however often, ends this command with one line and exit 130
     (:func:`start_interrupted`): the job keeps running in the daemon's own session, or
     nothing was started when it came before the launch.
     """
     signal.signal(signal.SIGINT, start_interrupted)
-    return _launch(home, config, config_path, command, wait, _LAUNCHED, warning)
+    return _launch(home, config, config_path, command, wait, _LAUNCHED, warning, env)
 
 
 # What a Ctrl-C of ``start`` reports: a daemon spawned yet, and its run once launched.
@@ -248,6 +250,7 @@ def _launch(
     wait: bool,
     launched: dict[str, Any],
     warning: str | None,
+    env: dict[str, str] | None,
 ) -> int:
     if lock_is_held(home.lock):
         fail(already_running_message(home), 1)
@@ -281,6 +284,7 @@ def _launch(
                 stdout=daemon_log,
                 stderr=daemon_log,
                 pass_fds=(write_fd,),
+                env=env,
                 start_new_session=True,  # the mask it inherits is cleared by the daemon (inbox.py)
             )
         launched["spawned"] = True
