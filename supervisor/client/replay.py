@@ -49,7 +49,7 @@ def replay(
 ) -> Replay:
     r"""What ``restart`` starts, or one line and exit 2 (nothing stopped, nothing started)
     when the record cannot be read and no command is given.  The directory is changed to the
-    start's: the config is then prepared (``start.prepare``) and :meth:`Replay.check`\ ed."""
+    start's: the config is then prepared (``start.prepare``) and checked (:meth:`Replay.check`)."""
     try:
         last_config, last_command, started_in = load_invocation(where)
     except InvocationUnreadable as exc:
