@@ -47,7 +47,7 @@ class Replay:
 def replay(
     where: Home, command: tuple[str, ...], config_path: Path | None, *, env_from_shell: bool
 ) -> Replay:
-    r"""What ``restart`` starts, or one line and exit 2 (nothing stopped, nothing started)
+    """What ``restart`` starts, or one line and exit 2 (nothing stopped, nothing started)
     when the record cannot be read and no command is given.  The directory is changed to the
     start's: the config is then prepared (``start.prepare``) and checked (:meth:`Replay.check`)."""
     try:
