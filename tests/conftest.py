@@ -127,6 +127,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"GPU test: {reason}"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_state_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The user's state directory (the default home, and the registry of started homes that
+    ``ls`` lists: client/registry.py) is one of this session's, never the real one."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     """A fresh dflashd home."""

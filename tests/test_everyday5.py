@@ -2,14 +2,17 @@
 
 ``restart`` replays the start's environment (pm2's habit), never prints it, takes the caller's
 with ``--env-from-shell``, and never stops a healthy run for a restart that cannot launch.
+``ls`` lists every home the user started, however its home was given, newest first.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 from tests.conftest import dflashd_argv, run_cli, write_config
@@ -95,3 +98,58 @@ def test_a_restart_that_cannot_launch_stops_nothing(tmp_path: Path, home: Path) 
         assert after["child_pid"] == before["child_pid"]
     finally:
         run_cli("stop", "--home", str(home))
+
+
+def _wait_state(env: dict[str, str], home: Path, states: tuple[str, ...]) -> dict[str, object]:
+    deadline = time.monotonic() + 60
+    view: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        out = _cli(env, "status", "--json", "--home", str(home)).stdout
+        view = json.loads(out) if out.strip() else {}
+        if view.get("state") in states:
+            return view
+        time.sleep(0.2)  # polled through the CLI, as a user would; no event to wait on
+    raise AssertionError(view)
+
+
+def test_ls_lists_every_home_started_however_given_newest_first(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    done, odd = tmp_path / "done-home", tmp_path / "odd\nhome"
+    ran = _cli(env, "start", f"--home={done}", "-c", str(config), "--", "sh", "-c", "echo step 1")
+    assert ran.returncode == 0, ran.stderr
+    _wait_state(env, done, ("completed",))
+    _cli(env, "start", f"--home={odd}", "-c", str(config), "--", "sh", "-c", "exit 0")
+    _wait_state(env, odd, ("completed",))
+    # a foreground daemon whose home comes from DFLASHD_HOME: no --home word anywhere
+    live = tmp_path / "live-home"
+    fg_env = {**env, "DFLASHD_HOME": str(live)}
+    argv = dflashd_argv("start", "--foreground", "--quiet", "-c", str(config), "--", "sleep", "600")
+    daemon = subprocess.Popen(
+        argv, env=fg_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_state(env, live, ("running",))
+        # its registry entry removed: /proc alone must find it
+        assert _cli(env, "ls", "--forget", str(live)).stdout.endswith(": forgotten\n")
+        shown = _cli(env, "ls")
+        assert shown.returncode == 0, shown.stderr
+        rows = [json.loads(line) for line in _cli(env, "ls", "--json").stdout.splitlines()]
+        rows = [r for r in rows if r["home"].startswith(str(tmp_path))]  # not other tests' daemons
+        homes = [r["home"] for r in rows]
+        assert homes == [str(live), str(odd), str(done)], homes  # newest first
+        assert [r["state"] for r in rows] == ["running", "completed*", "completed*"]
+        lines = shown.stdout.splitlines()
+        assert any("odd\\x0ahome" in line for line in lines), shown.stdout  # escaped, one row
+        assert lines[-1].startswith("* not running:"), shown.stdout
+        running = _cli(env, "ls", "--running", "--json").stdout.splitlines()
+        ours = [json.loads(line)["home"] for line in running]
+        assert [h for h in ours if h.startswith(str(tmp_path))] == [str(live)]
+        assert _cli(env, "ls", "--forget", str(done)).stdout.endswith(": forgotten\n")
+        assert str(done) not in _cli(env, "ls").stdout
+        shutil.rmtree(odd)  # deleted since: dropped from the list, no error
+        after = _cli(env, "ls", "--json")
+        assert after.returncode == 0 and "odd" not in after.stdout, after
+    finally:
+        daemon.terminate()
+        daemon.wait(60)

@@ -325,21 +325,17 @@ def _configured_stop_timeout(home: Home) -> float:
 
 @main.command(name="ls")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per home.")
-def list_homes(as_json: bool) -> None:
-    """Every dflashd of this user (root: of every user): home, state, run, step, goodput and
-    command, like `pm2 ls`.  Running daemons are found from /proc; this user's default home is
-    listed too when it has a history (state*: not running, its last recorded state)."""
-    from dflashd.supervisor.client.listing import listed, table
+@click.option("--running", is_flag=True, help="Only the homes whose daemon runs now.")
+@click.option(
+    "--forget", metavar="HOME", help="Drop HOME from the list (nothing in it is touched)."
+)
+def list_homes(as_json: bool, running: bool, forget: str | None) -> None:
+    """Every home you started, newest first: its state, run, step, goodput and command, like
+    `pm2 ls` (root: every running daemon of every user too).  A state with `*` is not running:
+    its last recorded state (fatal, completed, stopped).  Exit 0."""
+    from dflashd.supervisor.client.listing import show_listing
 
-    everyone = os.geteuid() == 0
-    rows = [entry.row() for entry in listed(everyone=everyone)]
-    if as_json:
-        for row in rows:
-            click.echo(orjson.dumps(row).decode())
-    elif not rows:
-        click.echo("no dflashd here (dflashd start to begin one)")
-    else:
-        click.echo(table(rows, users=everyone))
+    show_listing(as_json=as_json, running=running, forget=forget)
 
 
 @main.command(context_settings={"allow_interspersed_args": False})

@@ -26,6 +26,7 @@ from dflashd.supervisor.client.cmdhint import command_hint
 from dflashd.supervisor.client.common import exposed_secret, fail
 from dflashd.supervisor.client.firststep import wait_for_first_step
 from dflashd.supervisor.client.invocation import save_invocation
+from dflashd.supervisor.client.registry import remember
 from dflashd.supervisor.host.config import Config, ConfigError, load_config
 from dflashd.supervisor.host.home import (
     AlreadyRunning,
@@ -124,6 +125,7 @@ def run_foreground(
         fail(str(exc), EXIT_USAGE)
     if saved is not None:
         save_invocation(home, *saved)
+    remember(home.root)  # `ls` lists it from now on, whatever becomes of this daemon
     if warning is not None:
         click.echo(f"dflashd: {warning}", err=True)
     configure_logging(foreground=ready_fd is None)
