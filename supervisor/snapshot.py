@@ -97,6 +97,8 @@ def status_view(source: StatusSource) -> StatusView:
         "step_source": progress.step_source if progress else None,
         "first_step_source": progress.first_step_source if progress else None,
         "loss": progress.loss if progress else None,
+        "loss_step": progress.loss_step if progress else None,
+        "loss_unfinite": progress.loss_unfinite if progress else None,
         "epoch": progress.epoch if progress else None,
         "child_status": progress.status_text if progress and alive else None,
         "last_line": progress.last_line if progress else None,

@@ -29,13 +29,15 @@ from dflashd.supervisor.model.goodput import (
 
 # productive first, then the causes as status names them, stopped last
 BUCKETS: Final = (
-    ("productive", "productive_s", "#2e7d32"),
-    ("startup", "startup_s", "#f9a825"),
-    ("redone", "redone_s", "#ef6c00"),
-    ("slow", "slow_s", "#00838f"),
-    ("detection", "detection_s", "#c62828"),
-    ("downtime", "downtime_s", "#6a1b9a"),
-    ("stopped", "stopped_s", "#bdbdbd"),
+    # pale tints, none a verdict's colour (reportdata.VERDICT_COLORS): a bar's red is never
+    # read as "crashed", nor its orange as "stalled"
+    ("productive", "productive_s", "#81c784"),
+    ("startup", "startup_s", "#ffe082"),
+    ("redone", "redone_s", "#ffcc80"),
+    ("slow", "slow_s", "#80deea"),
+    ("detection", "detection_s", "#ef9a9a"),
+    ("downtime", "downtime_s", "#ce93d8"),
+    ("stopped", "stopped_s", "#e0e0e0"),
 )
 _IN_RUN: Final = ("startup_s", "redone_s", "slow_s", "productive_s", "detection_s", "stopped_s")
 

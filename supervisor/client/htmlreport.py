@@ -9,16 +9,18 @@ records.  Everything is computed from the log by pure functions; nothing runs in
 from __future__ import annotations
 
 import html
+import math
 from typing import Any, Final
 
 from dflashd.supervisor.client.goodputhtml import goodput_section
-from dflashd.supervisor.client.reportdata import ReportData, verdict_color
+from dflashd.supervisor.client.reportdata import ReportData, diverged_text, verdict_color
 from dflashd.supervisor.client.runtable import run_table
 from dflashd.supervisor.client.svgaxis import LEFT as _LEFT
 from dflashd.supervisor.client.svgaxis import WIDTH as _W
 from dflashd.supervisor.client.svgaxis import axis_svg, x_of
 
 _GPU_PALETTE: Final = ("#1565c0", "#00838f", "#6a1b9a", "#ef6c00", "#5d4037", "#37474f")
+LOG_LOSS_SPAN: Final = 100.0  # a loss range wider than this many times is drawn on a log axis
 
 
 def _clock(epoch_s: float) -> str:
@@ -113,6 +115,7 @@ def _line_chart(
     unit: str,
     zero_based: bool = True,
     legend: dict[str, str] | None = None,
+    log: bool = False,
 ) -> str:
     """Lines over the shared time axis; ``series``: name -> (colour, points), the name each
     line's hover title.  The legend (label -> colour; by default the series' own) sits in the
@@ -136,10 +139,14 @@ def _line_chart(
         f'<text x="4" y="14" font-size="12" font-weight="bold">{html.escape(title)}</text>'
     )
     label = f"{vmax:,.0f}{unit}" if vmax >= 10 else f"{vmax:.3g}{unit}"
+    if log:  # the values are log10s: label the ends with what they stand for
+        label = f"{10**vmax:.3g}{unit}"
     parts.append(
         f'<text x="{_LEFT - 6}" y="{top + 8}" font-size="10" text-anchor="end">{label}</text>'
     )
     low = "0" if vmin == 0 else (f"{vmin:,.0f}" if abs(vmin) >= 10 else f"{vmin:.3g}")
+    if log:
+        low = f"{10**vmin:.3g}"
     parts.append(
         f'<text x="{_LEFT - 6}" y="{bottom}" font-size="10" text-anchor="end">{low}</text>'
     )
@@ -193,10 +200,28 @@ def steps_svg(data: ReportData) -> str:
 
 
 def loss_svg(data: ReportData) -> str:
-    """The training loss over time, one line per run (from recognised formats or notify)."""
+    """The training loss over time, one line per run (from recognised formats or notify); a
+    range over 100 x is drawn on a log axis (a first loss of 50 must not flatten the curve),
+    and each divergence is a dashed line at its time, labelled with its step."""
     lo, hi = data.span
     series, legend = _per_run(data, data.losses)
-    return _line_chart("Loss", series, lo, hi, "", zero_based=False, legend=legend)
+    values = [v for _, _, v in data.losses]
+    log = bool(values) and min(values) > 0 and max(values) / min(values) > LOG_LOSS_SPAN
+    if log:
+        series = {
+            name: (color, [(t, math.log10(v)) for t, v in pts])
+            for name, (color, pts) in series.items()
+        }
+    title = "Loss (log scale)" if log else "Loss"
+    chart = _line_chart(title, series, lo, hi, "", zero_based=False, legend=legend, log=log)
+    marks = "".join(
+        f'<line x1="{x_of(at, lo, hi):.1f}" y1="30" x2="{x_of(at, lo, hi):.1f}" y2="146" '
+        f'stroke="{verdict_color("diverged")}" stroke-dasharray="4 3"/>'
+        f'<text x="{x_of(at, lo, hi) + 3:.1f}" y="42" font-size="10" '
+        f'fill="{verdict_color("diverged")}">{html.escape(diverged_text(step, good))}</text>'
+        for at, _run, step, good in data.diverged
+    )
+    return chart.replace("</svg>", marks + "</svg>") if marks else chart
 
 
 def gpu_svg(data: ReportData) -> str:
@@ -221,6 +246,11 @@ def render_html(data: ReportData, title: str) -> str:
         for at, run, why, path in data.dumps
     )
     dumps = f"<p>Stack dumps (circles on the timeline):</p><ul>{dumps}</ul>" if dumps else ""
+    fatal += "".join(  # a divergence is never hidden behind a healthy-looking headline
+        f"<p class='fatal'>run {run}: {html.escape(diverged_text(step, good))} at {_clock(at)} UTC"
+        " (the line on the loss chart)</p>"
+        for at, run, step, good in data.diverged
+    )
     loss = f"<div>{loss_svg(data)}</div>" if data.losses else ""
     gpu = (
         gpu_svg(data) if data.gpu_memory else "<p>No GPU records in this log (GPU checks off).</p>"

@@ -128,8 +128,7 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
             line += f"   step {step:,}"
             if status.get("step_source"):
                 line += f" ({status['step_source']})"
-        if status.get("loss") is not None:
-            line += f"   loss {status['loss']:.4g}"
+        line += _loss_text(status)
         age = status.get("last_progress_age_s")
         if age is not None and running:
             line += f"   progress {duration(age)} ago"
@@ -365,3 +364,15 @@ def recovery_line(view: dict[str, Any]) -> str:
     done = "" if view.get("back") else " so far"
     head = f"recovery of run {view.get('run')} (after {view.get('after')})"
     return f"{head}: {', '.join(parts)} = {sec(view.get('total_s'))}{done}"
+
+
+def _loss_text(status: dict[str, Any]) -> str:
+    """``   loss 0.201``, or ``   loss nan (last finite 0.201 at step 59)`` once the newest
+    loss is not a number: the finite one is never shown as if it were the newest."""
+    loss, bad = status.get("loss"), status.get("loss_unfinite")
+    if isinstance(bad, str):
+        if not isinstance(loss, int | float):
+            return f"   loss {escape_controls(bad)}"
+        where = f" at step {status['loss_step']}" if status.get("loss_step") is not None else ""
+        return f"   loss {escape_controls(bad)} (last finite {loss:.4g}{where})"
+    return f"   loss {loss:.4g}" if isinstance(loss, int | float) else ""

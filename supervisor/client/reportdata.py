@@ -81,6 +81,8 @@ class ReportData:
     fatal: list[tuple[float, int, str]] = field(default_factory=list)  # (time, run, reason)
     losses: list[tuple[float, int, float]] = field(default_factory=list)  # (time, run, loss)
     dumps: list[tuple[float, int, str, str]] = field(default_factory=list)  # (time, run, why, file)
+    # (time, run, step, last good step): a run's loss diverged (model/divergence.py)
+    diverged: list[tuple[float, int, int | None, int | None]] = field(default_factory=list)
     goodput: GoodputData = field(default_factory=GoodputData)
 
     def stepped(self, at: float, run: int, step: int) -> None:
@@ -180,6 +182,23 @@ def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> Rep
                     data.gpu_total[gpu["index"]] = float(gpu["memory_total_mib"])
         elif rec.event == Event.FATAL:
             data.fatal.append((at, rec.run, str(fields.get("reason"))))
+        elif rec.event == Event.DIVERGED:
+            step, good = fields.get("step"), fields.get("last_good_step")
+            data.diverged.append(
+                (
+                    at,
+                    rec.run,
+                    step if isinstance(step, int) else None,
+                    good if isinstance(good, int) else None,
+                )
+            )
         elif rec.event == Event.STACKS and isinstance(fields.get("path"), str):
             data.dumps.append((at, rec.run, str(fields.get("trigger")), fields["path"]))
     return data
+
+
+def diverged_text(step: int | None, last_good: int | None) -> str:
+    """``loss diverged at step 60 (last good step 59)``."""
+    where = f" at step {step}" if step is not None else ""
+    good = f" (last good step {last_good})" if last_good is not None else ""
+    return f"loss diverged{where}{good}"

@@ -11,7 +11,12 @@ import html
 import time
 
 from dflashd.supervisor.client.goodputhtml import seconds_cell
-from dflashd.supervisor.client.reportdata import ReportData, RunSpan, verdict_color
+from dflashd.supervisor.client.reportdata import (
+    ReportData,
+    RunSpan,
+    diverged_text,
+    verdict_color,
+)
 from dflashd.supervisor.model.goodput import duration_text
 
 _HEAD = (
@@ -83,6 +88,15 @@ def _detail_row(span: RunSpan, previous: RunSpan | None) -> str:
     )
 
 
+def _diverged_note(data: ReportData, run: int) -> str:
+    """A run whose loss diverged says so in its row, whatever it ended as."""
+    marks = [diverged_text(step, good) for _, r, step, good in data.diverged if r == run]
+    if not marks:
+        return ""
+    color = verdict_color("diverged")
+    return f"<br><b style='color:{color}'>{html.escape(marks[0])}</b>"
+
+
 def run_table(data: ReportData) -> str:
     """Every run, once: verdict, times, costs, command and error."""
     rows = []
@@ -99,7 +113,8 @@ def run_table(data: ReportData) -> str:
         rows.append(
             f"<tr><td><span style='color:{shade}'>&#9632;</span> {span.run}</td>"
             f"<td style='color:{shade}'><b>{html.escape(verdict)}</b></td>"
-            f"<td>{html.escape(span.reason)}</td><td>{started_text(span.start)}</td>"
+            f"<td>{html.escape(span.reason)}{_diverged_note(data, span.run)}</td>"
+            f"<td>{started_text(span.start)}</td>"
             f"<td class='num'>{duration}</td><td class='num'>{first}</td>"
             f"<td class='num'>{step}</td>{_cost_cells(data, span.run)}</tr>"
         )

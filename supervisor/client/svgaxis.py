@@ -15,13 +15,26 @@ def x_of(t: float, lo: float, hi: float) -> float:
     return LEFT + (t - lo) / (hi - lo) * (WIDTH - LEFT - RIGHT)
 
 
+def tick_format(span_s: float) -> str:
+    """The strftime of a tick for an axis spanning ``span_s``: six ticks never read alike
+    (seconds under 10 minutes, minutes under 2 days, then the date); the year always on the
+    first tick: "12-02" reads as February to half the world."""
+    if span_s < 600:
+        return "%H:%M:%S"
+    if span_s < 2 * 86400:
+        return "%H:%M"
+    return "%Y-%m-%d %H:%M"
+
+
 def axis_svg(lo: float, hi: float, y: float) -> str:
-    """Six ticks labelled with the date and time, in UTC (said at the axis's left end)."""
+    """Six ticks labelled in a unit chosen by the span, in UTC (said at the axis's left end),
+    the first with its date."""
     ticks = []
+    unit = tick_format(hi - lo)
     for i in range(6):
         t = lo + (hi - lo) * i / 5
-        # the year too: "12-02" reads as February to half the world
-        label = dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%M")
+        stamp = dt.datetime.fromtimestamp(t, tz=dt.UTC)
+        label = stamp.strftime(unit if i or "%Y" in unit else f"%Y-%m-%d {unit}")
         anchor = "end" if i == 5 else "start" if i == 0 else "middle"  # inside the picture
         x = x_of(t, lo, hi)
         ticks.append(

@@ -122,7 +122,9 @@ class Progress:
     last_alive_mono: float | None = None  # any sign of life: output, GPU activity, notify
     step: int | None = None
     step_source: str | None = None
-    loss: float | None = None
+    loss: float | None = None  # the last finite loss
+    loss_step: int | None = None  # the step it was logged at
+    loss_unfinite: str | None = None  # the newest loss when it is not finite: "nan", "inf"
     status_text: str | None = None
     extend_until_mono: float | None = None
     last_record_mono: float = float("-inf")
@@ -196,7 +198,15 @@ class Progress:
             losses, now_diverged = watched(p.losses, loss, at)
             p, diverged = replace(p, losses=losses), diverged or now_diverged
         if loss is not None:
-            loss = loss if math.isfinite(loss) else None  # status, metrics and JSON: finite only
+            # status, metrics and JSON keep the last finite loss; status says the newest is not
+            at = step if step is not None else p.step
+            finite = math.isfinite(loss)
+            p = replace(
+                p,
+                loss_unfinite=None if finite else str(loss),
+                loss_step=at if finite else p.loss_step,
+            )
+            loss = loss if finite else None
         quiet = Change(diverged=True) if diverged else NOTHING
         if source != NOTIFY and p.step_source == NOTIFY:
             # the steps come from notify; a printed loss or epoch still says where training is

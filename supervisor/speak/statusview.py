@@ -54,7 +54,9 @@ class StatusView(TypedDict):
     step: int | None
     step_source: str | None  # notify | pattern | gpu | a built-in format's name
     first_step_source: str | None
-    loss: float | None
+    loss: float | None  # the last finite loss the job logged
+    loss_step: int | None  # the step it was logged at
+    loss_unfinite: str | None  # the newest loss when it is not finite ("nan", "inf"), else null
     epoch: float | None  # epochs done, where the job's output says (a fraction where it can)
     child_status: str | None  # the child's last STATUS= (cleared when its run ends)
     last_line: str | None  # the job's last output line

@@ -45,6 +45,9 @@ def test_a_nan_that_stays_is_diverged_within_seconds(start_daemon: Start) -> Non
     )
     took = _ts(diverged.ts) - _ts(first_nan.ts)
     assert 0 <= took < 5.0, took
+    # status never shows the last finite loss as if it were the newest (issue 54)
+    shown = run_cli("status", "--home", str(daemon.home)).stdout
+    assert re.search(r"loss nan \(last finite [0-9.e+-]+ at step 2[0-4][0-9]\)", shown), shown
     print(f"a NaN that stays: diverged {took:.2f} s after its first line")
 
 
