@@ -25,8 +25,15 @@ from typing import Final, Protocol
 from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
 
 READ_BYTES: Final = 256 * 1024
+# After a read this small, the next waits this long: a job printing line by line wakes a drain
+# that reads at once for every line (each write(2) then pays the reader's wake-up, and every
+# line is a frame of its own); a millisecond lets them gather in the 1 MiB pipe, which holds
+# far more than any job prints in one (the child is never blocked: issue 53).
+SMALL_READ_BYTES: Final = 16 * 1024
+GATHER_S: Final = 0.001
 PIPE_BYTES: Final = 1 << 20
 F_SETPIPE_SZ: Final = 1031
+F_GETPIPE_SZ: Final = 1032
 
 LinesCallback = Callable[[str, Frame], None]
 
@@ -37,6 +44,14 @@ def grow_pipe(fd: int, size: int = PIPE_BYTES) -> None:
         fcntl.fcntl(fd, F_SETPIPE_SZ, size)
     except OSError:
         pass
+
+
+def pipe_size(fd: int) -> int:
+    """The pipe's buffer in bytes (0: not a pipe, or unknown)."""
+    try:
+        return int(fcntl.fcntl(fd, F_GETPIPE_SZ))
+    except OSError:
+        return 0
 
 
 def pending_bytes(fd: int) -> int:
@@ -91,6 +106,8 @@ class PipeDrain:
         self.eof = False
         self.error: str | None = None
         self.tail: deque[str] = deque(maxlen=tail_lines)
+        # gather small reads only where the pipe holds a burst (Linux may refuse to grow it)
+        self._gather_s = GATHER_S if pipe_size(fd) >= PIPE_BYTES else 0.0
         self._tail_redrawn = False  # the tail's last line ended in \r (a bar being redrawn)
         self._thread = threading.Thread(
             target=self._run, name=f"dflashd-drain-{src}-{run}", daemon=True
@@ -144,6 +161,8 @@ class PipeDrain:
                 with self._cond:
                     self.consumed_bytes += len(chunk)
                     self._cond.notify_all()
+                if len(chunk) < SMALL_READ_BYTES and self._gather_s:
+                    time.sleep(self._gather_s)
             with self._framer_lock:
                 self._emit(self._framer.flush())
         finally:

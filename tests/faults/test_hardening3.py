@@ -15,6 +15,7 @@ The log writer's own faults (part 2) are in test_writer_faults.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -227,10 +228,24 @@ def test_status_of_a_daemon_without_its_socket_says_it_runs(
 ) -> None:
     daemon = start_daemon(child("named_threads.py"))
     daemon.wait_event("first_step")
-    (home / "control.sock").unlink()
-    status = run_cli("status", "--home", str(home))
-    assert status.returncode == 0
-    assert "does not answer" in status.stdout and "control socket" in status.stdout
+    # the daemon binds its socket again within about a second: on a loaded machine it may do
+    # so before status looks, which is right too; the socket is removed again until status
+    # has seen it missing
+    said = []
+    for _ in range(10):
+        with contextlib.suppress(FileNotFoundError):
+            (home / "control.sock").unlink()
+        status = run_cli("status", "--home", str(home))
+        assert status.returncode == 0, status.stdout
+        said.append(status.stdout)
+        if "does not answer" in status.stdout:
+            break
+    assert "does not answer" in said[-1] and "control socket" in said[-1], said
+    deadline = time.monotonic() + 30
+    while not (home / "control.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the daemon's own once-a-second look; no event to wait on
+    answered = run_cli("status", "--home", str(home), "--json")
+    assert answered.returncode == 0 and '"state":"running"' in answered.stdout
 
 
 def test_the_stop_reply_carries_the_timeout_in_effect(start_daemon: Start, home: Path) -> None:
