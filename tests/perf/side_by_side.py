@@ -155,7 +155,11 @@ def ensure_supervisord(venv: Path, wheels: Path | None) -> bool:
     # --wheels: a host with no registry (the GPU machine) installs from a folder of wheels
     offline = ["--no-index", "--find-links", str(wheels)] if wheels else []
     pip = [str(venv / "bin" / "pip"), "install", "-q", *offline, "supervisor>=4.2"]
-    return done.returncode == 0 and subprocess.run(pip, check=False).returncode == 0
+    # without PYTHONPATH: a supervisor package on it would read as installed, and no
+    # supervisord script would be made
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    installed = done.returncode == 0 and subprocess.run(pip, check=False, env=env).returncode == 0
+    return installed and (venv / "bin" / "supervisord").exists()
 
 
 def main() -> int:
