@@ -151,8 +151,19 @@ def test_a_restart_after_a_stall_waits_for_the_recovery() -> None:
     ledger = ledger.took(outcome.book)
     assert ledger.recovering_from == "stalled"
     assert ledger.restarts_by_verdict == {"stalled": 1} and ledger.restarts_this_daemon == 1
-    effects = resumed(ledger.recovering_from, alerts_on=DEFAULT_ALERTS, already_alerted=frozenset())
-    assert [e.kind.value for e in effects if isinstance(e, SendAlert)] == ["recovered"]
+    effects = resumed(
+        ledger.recovering_from,
+        alerts_on=DEFAULT_ALERTS,
+        already_alerted=frozenset(),
+        last_exit=ledger.last_exit,
+        step=41,
+    )
+    sent = [e for e in effects if isinstance(e, SendAlert)]
+    assert [e.kind.value for e in sent] == ["recovered"]
+    assert sent[0].reason.startswith("recovered from stalled: run 1 stalled (") and sent[
+        0
+    ].reason.endswith("at step 40; training is at step 41"), sent[0].reason
+    assert sent[0].fields["recovered_from"]["verdict"] == "stalled"
     quiet = resumed(ledger.recovering_from, alerts_on=FATAL_ONLY, already_alerted=frozenset())
     assert quiet == (UpdateLedger(recovered=True),)  # the book only: nothing sent
     ledger = ledger.took(UpdateLedger(recovered=True))

@@ -461,7 +461,9 @@ def test_a_stall_then_a_resumed_step_pages_twice_by_default(harness: Any) -> Non
     h.advance_to_next_timer()
     h.step(1)
     h.step(2)
-    assert h.alerts == [("stalled", "no_progress"), ("recovered", "stalled")]
+    # the recovery says what it recovered from (issue 54): the kind, the run, its end
+    said = "recovered from stalled: run 1 stalled (no_progress) at step 1; training is at step 2"
+    assert h.alerts == [("stalled", "no_progress"), ("recovered", said)], h.alerts
     assert h.daemon.ledger.recovering_from is None
 
 

@@ -146,6 +146,8 @@ def test_the_bundled_trainers_nan_is_diverged_within_one_logged_step(
     if on_diverge == "alert":
         assert code == 0 and [e.fields["verdict"] for e in exits] == ["completed"]
         assert [a["verdict"] for a in sent] == ["diverged"]
+        # the lines around the divergence, as the job printed them (issue 54)
+        assert any("nan" in str(line).lower() for line in sent[0]["tail"]), sent[0]["tail"]
     else:
         assert code == 4 and [e.fields["verdict"] for e in exits] == ["diverged"]
         assert daemon.events("restart") == []

@@ -102,7 +102,12 @@ def test_an_active_worker_thread_reaches_the_alert() -> None:
         "  thread worker-0: cudaDeviceSynchronize (libcudart.so.13) <- "
         "Worker._hang_here (trainer/workers.py:271)"
     )
-    assert len(lines) == 2
+    # every waiting thread too (issue 54: the root thread alone said little), capped
+    assert lines[2] == "  thread loader (waiting): forward (model.py:40)" and len(lines) == 3
+    many = tuple(ThreadStack(100 + i, f"w{i}", False, False, (FORWARD,)) for i in range(20))
+    crowd = StacksDump(1, "hung", "py-spy", [ProcessStacks(10, Role("root"), (main, *many))])
+    waiting = [line for line in alert_lines(summary(crowd)) if "(waiting)" in line]
+    assert len(waiting) == 8
 
 
 def _run_states(home: Path) -> dict[int, str]:

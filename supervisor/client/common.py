@@ -148,6 +148,8 @@ def resolve_run(home: Home, which: str | None, *, must_exist: bool = True) -> in
             runs = known_runs(home)
             current = runs[-1] if runs else 0
         run_no = current if which == "current" else max(0, current - 1)
+        if which == "previous" and run_no < 1:
+            fail(f"no previous run in {home.root}: run {current} is the only one", EXIT_USAGE)
     else:
         fail(f"--run: expected a run number, 'current' or 'previous', got {which!r}", EXIT_USAGE)
     runs = known_runs(home)

@@ -180,7 +180,8 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
 
         text = (
             f"run {last.get('run')}: {paint(verdict, _VERDICT_COLOR.get(verdict, 'red'))}"
-            f" ({last.get('reason')}), {how} after {duration(last.get('duration_s'))}, {ago(last.get('ended_at'))}"
+            f" ({last.get('reason')}), {how}; it had run {duration(last.get('duration_s'))},"
+            f" ended {ago(last.get('ended_at'))}"
         )
         rows.append(("last exit", text))
         stacks = last.get("stacks") if isinstance(last.get("stacks"), dict) else {}

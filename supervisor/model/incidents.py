@@ -12,6 +12,9 @@ alert per verdict per run, a crash loop's repeated early deaths quiet); delivery
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from dflashd.supervisor.model.effects import Effect, Incident, SendAlert, UpdateLedger
 from dflashd.supervisor.model.verdicts import EARLY_DEATH_NAMES, AlertKind, Notice
 
@@ -53,18 +56,41 @@ def passed(incident: Incident | None, step: int | None) -> bool:
     return incident.step is None or (step is not None and step > incident.step)
 
 
+def recovered_reason(
+    recovering_from: str, last_exit: Mapping[str, Any] | None, step: int | None
+) -> tuple[str, dict[str, Any]]:
+    """What a ``recovered`` alert says it recovered from: the failure's kind, the run that
+    failed, its verdict, reason and step (from the ledger's last exit), and where training
+    is now; and the same as fields."""
+    said: dict[str, Any] = {"kind": recovering_from}
+    if last_exit:
+        for key in ("run", "verdict", "reason", "step"):
+            if last_exit.get(key) is not None:
+                said[key] = last_exit[key]
+    what = recovering_from
+    if said.get("run") is not None:
+        what += f": run {said['run']} {said.get('verdict', '')} ({said.get('reason', '?')})"
+        if said.get("step") is not None:
+            what += f" at step {said['step']}"
+    now = f"; training is at step {step}" if step is not None else ""
+    return f"recovered from {what}{now}", said
+
+
 def resumed(
     recovering_from: str | None,
     *,
     alerts_on: tuple[AlertKind, ...],
     already_alerted: frozenset[AlertKind],
+    last_exit: Mapping[str, Any] | None = None,
+    step: int | None = None,
 ) -> tuple[Effect, ...]:
     """Training passed the failure: the ``recovered`` alert after a stall or a fatal (if on),
-    and the incident closed."""
+    saying what it recovered from, and the incident closed."""
     effects: list[Effect] = []
     if recovering_from is not None and alert_decision(
         Notice.RECOVERED, on=alerts_on, already_alerted=already_alerted, early_deaths_before=0
     ):
-        effects.append(SendAlert(Notice.RECOVERED, recovering_from, {"tail": []}))
+        reason, said = recovered_reason(recovering_from, last_exit, step)
+        effects.append(SendAlert(Notice.RECOVERED, reason, {"tail": [], "recovered_from": said}))
     effects.append(UpdateLedger(recovered=True))
     return tuple(effects)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 TOP_FRAMES: Final = 3  # frames of each main thread in the summary and the alert
+WAITING_THREADS: Final = 8  # per process, in the stacks record and a hang alert
+MAX_ALERT_LINES: Final = 40  # a hang alert's frames: every process and thread, capped
 # A frame of a collective: the rank waits for its peers.  torch.distributed's Python layer by
 # file; native frames by name (NCCL, gloo, c10d's process groups); a bare collective's name.
 _COLLECTIVE_FILE: Final = re.compile(r"torch/distributed/|libnccl|libtorch_cuda_nccl")
@@ -112,6 +114,13 @@ class ProcessStacks:
         main = self.main
         busy = [t for t in self.threads if t.active and t is not main and t.frames]
         return {t.name: _top(t, TOP_FRAMES) for t in busy[:limit]}
+
+    def waiting_threads(self, limit: int = WAITING_THREADS) -> dict[str, list[str]]:
+        """The other threads that wait (a lock, a queue, a collective): name -> top frames.
+        A hang alert names each (issue 54: the root thread alone said little)."""
+        main = self.main
+        idle = [t for t in self.threads if not t.active and t is not main and t.frames]
+        return {f"{t.name or t.tid}": _top(t, 2) for t in idle[:limit]}
 
 
 def _top(thread: ThreadStack | None, count: int) -> list[str]:
@@ -230,6 +239,7 @@ def summary(dump: StacksDump) -> dict[str, Any]:
             "threads": len(p.threads),
             "top": p.top(),
             **({"active_threads": active} if (active := p.active_threads()) else {}),
+            **({"waiting_threads": waits} if (waits := p.waiting_threads()) else {}),
             **({"error": p.error} if p.error else {}),
         }
         for p in dump.processes
@@ -264,6 +274,13 @@ def alert_lines(fields: dict[str, Any], limit: int = 16) -> list[str]:
         active = p.get("active_threads")
         active = active if isinstance(active, dict) else {}
         lines.extend(f"  thread {name}: " + " <- ".join(top) for name, top in active.items())
+        waits = p.get("waiting_threads")
+        waits = waits if isinstance(waits, dict) else {}
+        lines.extend(
+            f"  thread {name} (waiting): " + " <- ".join(top) for name, top in waits.items()
+        )
+    if len(lines) > MAX_ALERT_LINES:
+        lines = [*lines[:MAX_ALERT_LINES], "... more threads in the dump file"]
     if len(processes) > limit:
         lines.append(f"... and {len(processes) - limit} more processes (see the dump file)")
     if fields.get("odd_summary"):

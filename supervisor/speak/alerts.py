@@ -82,7 +82,7 @@ def summary_text(payload: dict[str, Any]) -> str:
     if verdict == Notice.RECOVERED:
         return (
             f":white_check_mark: dflashd on {payload['host']}: training resumed in run {payload['run']}, "
-            f"step {payload.get('step')} (after {payload['reason']}). Log: {payload['log']}"
+            f"step {payload.get('step')} ({payload['reason']}). Log: {payload['log']}"
         )
     how = (
         f"exit code {payload['exit_code']}"
@@ -113,7 +113,9 @@ def summary_text(payload: dict[str, Any]) -> str:
         text += f"\nOdd rank out: {payload['odd_rank_out']}"
     stacks = payload.get("stacks")
     if stacks:
-        text += "\nWhere it hung:\n```\n" + "\n".join(str(x)[:300] for x in stacks[:17]) + "\n```"
+        text += "\nWhere it hung:\n```\n" + "\n".join(str(x)[:300] for x in stacks[:41]) + "\n```"
+    if payload.get("dump"):
+        text += f"\nThe whole dump: {payload['dump']}"
     locks = payload.get("stale_build_locks")
     if locks:
         text += "\nStale JIT-build locks (remove them if no build runs): " + ", ".join(locks[:5])

@@ -186,8 +186,9 @@ class Reporter:
             stacks=(fields.get("stacks") or {}).get("top"),
         )
         first = ("hung_after_s", "hang_evidence", "waited_elsewhere", "stale_build_locks", "error")
-        paced = ("ratio", "baseline_step_s", "recent_step_s", "causes", "last_good_step", "why")
-        for key in (*first, *paced):  # what a person acts on first
+        paced = ("ratio", "baseline_step_s", "recent_step_s", "causes", "slow_for_s", "why")
+        paced_too = ("last_good_step", "recovered_from")
+        for key in (*first, *paced, *paced_too):  # what a person acts on first
             if fields.get(key) is not None and fields.get(key) != []:
                 payload[key] = fields[key]
         # where and when, for a person paged at night and for a dashboard joining many homes
@@ -197,6 +198,9 @@ class Reporter:
         payload["command"] = list(self.config.command)
         if kind is Notice.FATAL and fields.get("verdict"):
             payload["run_verdict"] = fields["verdict"]  # the early death behind the fatal, say
+        dump = (fields.get("stacks") or {}).get("path")
+        if isinstance(dump, str):  # the whole dump, every thread: where to read it
+            payload["dump"] = dump
         odd = (fields.get("stacks") or {}).get("odd_summary")
         if odd:
             payload["odd_rank_out"] = odd

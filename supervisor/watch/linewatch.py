@@ -179,9 +179,7 @@ def _mentions_nonfinite(frame: Frame) -> bool:
         if b"nan" not in text and b"inf" not in text:
             return False
         return _NONFINITE_B.search(text) is not None
-    return any(
-        ("nan" in line or "inf" in line) and _NONFINITE.search(line) for line in frame.lines
-    )
+    return any(("nan" in line or "inf" in line) and _NONFINITE.search(line) for line in frame.lines)
 
 
 LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a second

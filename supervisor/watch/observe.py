@@ -258,7 +258,10 @@ class RunObserver:
         r.say(*said)
         if change.diverged:
             before = self.ledger().diverged_at
-            r.facts, said = loss_effects(r.facts, on_diverge=self.on_diverge, before=before)
+            lines = tuple(line for drain in run.drains for line in drain.tail)[-15:]
+            r.facts, said = loss_effects(
+                r.facts, on_diverge=self.on_diverge, before=before, tail=lines
+            )
             began = progress.losses.diverged_at
             r.say(*said, *((UpdateLedger(diverged_at=began),) if began is not None else ()))
         if change.first_step and run.elastic is not None:
@@ -282,7 +285,11 @@ class RunObserver:
         if not r.progress.reached_first_step or not passed(incident, r.progress.step):
             return
         effects = resumed(
-            ledger.recovering_from, alerts_on=self.alerts_on, already_alerted=r.facts.alerted
+            ledger.recovering_from,
+            alerts_on=self.alerts_on,
+            already_alerted=r.facts.alerted,
+            last_exit=ledger.last_exit,
+            step=r.progress.step,
         )
         r.say(*effects, Publish())
 

@@ -82,6 +82,7 @@ class PaceWatch:
                 "recent_step_s": round(pace.baseline_s * ratio, 6),
                 "step": progress.step,
                 "causes": causes,
+                "slow_for_s": round(max(0.0, now - pace.slow_since), 1),  # when it began
             }
             facts = replace(facts, slow={**fields, "since_mono": pace.slow_since})
             why = f"{ratio:.2f}x its own step time ({'; '.join(causes)})"
@@ -129,7 +130,7 @@ def straggler(facts: RunState, fields: dict[str, Any]) -> tuple[RunState, tuple[
 
 
 def loss_effects(
-    facts: RunState, *, on_diverge: str, before: int | None
+    facts: RunState, *, on_diverge: str, before: int | None, tail: tuple[str, ...] = ()
 ) -> tuple[RunState, tuple[Effect, ...]]:
     """The loss diverged: said once; with ``on_diverge = "stop"`` (or a relaunch diverging at
     the same step again, ``before``) the run is ended, no restart, and the end's alert says it."""
@@ -154,4 +155,5 @@ def loss_effects(
     if stop:  # the end's own alert (fatal) says the last good step
         return facts, (said, EndRun(EndedBy.DIVERGED))
     why = f"the loss diverged at step {began} (last good step {watch.last_good_step}): {watch.why}"
-    return facts, (said, SendAlert(Verdict.DIVERGED, why, fields))
+    # the alert carries the job's last lines: the divergence as the job printed it
+    return facts, (said, SendAlert(Verdict.DIVERGED, why, {**fields, "tail": list(tail)}))
