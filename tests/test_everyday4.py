@@ -30,6 +30,11 @@ def dflashd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["train.py", "--lr", "3e-4"], "`dflashd start -- python train.py --lr 3e-4`"),
         (["python train.py --lr 3e-4"], "`dflashd start -- python train.py --lr 3e-4`"),
         (["run.sh"], "`dflashd start -- bash run.sh`"),
+        # issue 54: a path to a script that is not executable
+        (
+            ["./train.py", "--lr", "3"],
+            "not executable; did you mean `dflashd start -- python ./train.py --lr 3`",
+        ),
     ],
 )
 def test_a_script_named_like_pm2_is_refused_with_what_was_meant(
@@ -48,7 +53,8 @@ def test_commands_that_run_or_are_merely_unknown_get_no_hint(tmp_path: Path) -> 
     (tmp_path / "train.py").write_text("")
     env = {"PATH": "/usr/bin:/bin"}
     assert command_hint(["python3", "train.py"], tmp_path, env) is None
-    assert command_hint(["./train.py"], tmp_path, env) is None  # a path: the spawn decides
+    (tmp_path / "train.py").chmod(0o755)
+    assert command_hint(["./train.py"], tmp_path, env) is None  # executable: the spawn decides
     assert command_hint(["no-such-tool", "x"], tmp_path, env) is None  # left to spawn_failed
     assert command_hint(["no such tool at all"], tmp_path, env) is None
     assert command_hint([], tmp_path, env) is None

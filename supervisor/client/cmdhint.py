@@ -34,6 +34,13 @@ def command_hint(command: Sequence[str], cwd: Path, env: Mapping[str, str]) -> s
         return None
     first = command[0]
     path = env.get("PATH", os.environ.get("PATH"))
+    target = cwd / first
+    if "/" in first and target.is_file() and not os.access(target, os.X_OK):
+        runner = _RUNNERS.get(target.suffix)  # ./train.py, not executable: what runs it
+        rest = " ".join(shlex.quote(a) for a in command)
+        if runner is not None:
+            return f"{first!r} is not executable; did you mean `dflashd start -- {runner} {rest}`?"
+        return f"{first!r} is not executable (chmod +x {shlex.quote(first)}, or name what runs it)"
     if _found(first, cwd, path):
         return None
     if len(command) == 1 and any(c.isspace() for c in first.strip()):
