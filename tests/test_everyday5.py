@@ -153,3 +153,22 @@ def test_ls_lists_every_home_started_however_given_newest_first(tmp_path: Path) 
     finally:
         daemon.terminate()
         daemon.wait(60)
+
+
+def test_a_relative_cwd_under_a_systemd_unit_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A unit runs in / (read-only under ProtectSystem=strict): ``cwd = "."`` there is refused,
+    nothing launched; the same config from a shell runs where the shell is."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none", "cwd": "."})
+    home = tmp_path / "home"
+    unit = {**os.environ, "INVOCATION_ID": "0123456789abcdef"}
+    argv = dflashd_argv(
+        "start", "--foreground", "--home", str(home), "-c", str(config), "--", "true"
+    )
+    refused = subprocess.run(argv, env=unit, cwd="/", capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused
+    assert (
+        refused.stderr.count("\n") == 1
+        and "relative" in refused.stderr
+        and "systemd" in refused.stderr
+    )
+    assert not (home / "logs").exists()

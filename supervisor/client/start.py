@@ -75,6 +75,13 @@ def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> C
     if (warning := exposed_secret(config_path, config)) is not None:
         click.echo(f"dflashd: {warning}", err=True)
     cwd = Path(config.cwd).expanduser()
+    if not cwd.is_absolute() and os.environ.get("INVOCATION_ID") and Path.cwd() == Path("/"):
+        # a unit runs in / (read-only under ProtectSystem=strict): "." there is never meant
+        fail(
+            f"config error: cwd: {config.cwd!r} is relative and this daemon runs under systemd"
+            " in /; write an absolute path (or set the unit's WorkingDirectory=)",
+            EXIT_USAGE,
+        )
     if not cwd.is_dir():
         fail(f"config error: cwd: not a directory: {cwd}", EXIT_USAGE)
     # absolute from here on: the spawn record, status and a later restart name the real place
