@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -172,3 +173,44 @@ def test_a_relative_cwd_under_a_systemd_unit_is_refused_in_one_line(tmp_path: Pa
         and "systemd" in refused.stderr
     )
     assert not (home / "logs").exists()
+
+
+BAR_JOB = r"""
+import sys
+for i in range(31):
+    sys.stderr.write(f"\r{i * 100 // 30:3d}%|{'#' * (i // 3):10s}| {i}/30")
+    sys.stderr.flush()
+sys.stderr.write("\n")
+print("step 1 done", flush=True)
+"""
+
+
+def test_tail_shows_a_progress_bar_as_a_terminal_would(tmp_path: Path, home: Path) -> None:
+    """tqdm's redraws are one line in ``tail``, its last state, never red as an error;
+    ``--all`` shows every redraw; dflashd's records read as key=value, no Python reprs."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    done = run_cli(
+        "start",
+        "--foreground",
+        "--quiet",
+        "--home",
+        str(home),
+        "-c",
+        str(config),
+        "--",
+        sys.executable,
+        "-c",
+        BAR_JOB,
+    )
+    assert done.returncode == 0, done.stderr
+    shown = run_cli("tail", "--home", str(home), "-n", "4", "--src", "stderr").stdout
+    bars = [line for line in shown.splitlines() if "/30" in line]
+    assert len(bars) == 1 and "100%|##########| 30/30" in bars[0], shown
+    assert " bar " in bars[0] and " err " not in bars[0], bars
+    every = run_cli("tail", "--home", str(home), "-n", "100", "--src", "stderr", "--all").stdout
+    assert sum("/30" in line for line in every.splitlines()) == 31, every
+    events = run_cli("tail", "--home", str(home), "-n", "20", "--src", "dflashd").stdout
+    spawn = next(line for line in events.splitlines() if " spawn " in line)
+    assert "env_keys=DFLASHD_HOME,DFLASHD_HOME_ID," in spawn and "['" not in spawn, spawn
+    exit_line = next(line for line in events.splitlines() if " exit " in line)
+    assert "cost={" in exit_line and "'" not in exit_line, exit_line

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from dflashd.logs.records import EventRecord
-from dflashd.supervisor.client.render import recovery_line
+from dflashd.supervisor.client.fieldtext import recovery_line
 from dflashd.supervisor.client.reportdata import collect
 from dflashd.supervisor.client.runtable import run_table
 from dflashd.supervisor.model.progress import Progress

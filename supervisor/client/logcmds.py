@@ -68,8 +68,9 @@ PER_STEP_EVENTS: Final = frozenset({"progress", "child_status", "gpu"})
     "--all",
     "show_all",
     is_flag=True,
-    help="Also dflashd's per-step records (progress, child_status) and GPU samples, which the "
-    "text view leaves out by default.",
+    help="Also dflashd's per-step records (progress, child_status), GPU samples and every "
+    "redraw of a progress bar, which the text view leaves out by default (it shows a bar's "
+    "last redraw, as a terminal would).",
 )
 def tail(
     home: Path | None,
@@ -137,6 +138,7 @@ def tail(
     paint = Painter(use_color(sys.stdout))
     safe = not (raw or as_json)
     days: dict[str, Any] = {"first": None, "dated": False}  # another day shown: dates on
+    redraw = follow and safe and not show_all and sys.stdout.isatty()
 
     def show(record: Any) -> None:
         if as_json:
@@ -147,13 +149,21 @@ def tail(
             days["first"] = day
         elif day != days["first"]:
             days["dated"] = True
-        sys.stdout.write(format_record(record, paint, escape=safe, dated=days["dated"]) + "\n")
+        bar = record.seq in BAR_FINALS
+        text = format_record(record, paint, escape=safe, dated=days["dated"], bar=bar)
+        if redraw and getattr(record, "eol", None) == "\r":
+            sys.stdout.write(text + "\x1b[K\r")  # followed on a terminal: redrawn in place
+        else:
+            sys.stdout.write(text + "\x1b[K\n" if redraw else text + "\n")
 
     try:
         # A filter may read the whole set backwards: a progress bar on a terminal for big logs.
         filtered = keep.grep is not None or keep.run is not None or keep.src is not None
         with _reading_bar(where.logs) if filtered else contextlib.nullcontext() as progress:
-            records = last_records(where.logs, lines, keep, progress=progress)
+            if raw or as_json or show_all:
+                records = last_records(where.logs, lines, keep, progress=progress)
+            else:  # a bar as a terminal shows it: its last redraw
+                records = _last_shown(where.logs, lines, keep, progress)
         if records and records[0].ts[:10] != records[-1].ts[:10]:
             days["dated"] = True  # the lines span days: every time with its date
         for record in records:
@@ -172,6 +182,42 @@ def tail(
     except LogSetUnsettled as exc:  # never "0 records, exit 0" for a read that gave up
         sys.stdout.flush()
         fail(str(exc), 1)
+
+
+def collapsed(records: list[Any]) -> list[Any]:
+    """The records as a terminal would have left them: a line a progress bar redrew (it ended
+    in ``\r``) is left out when a later record of the same run and stream follows it; the
+    record that overwrote it (the bar's last state) is marked in :data:`BAR_FINALS`."""
+    kept: list[Any] = []
+    later: dict[tuple[int, str], Any] = {}
+    for record in reversed(records):
+        key = (record.run, record.src)
+        if getattr(record, "eol", None) == "\r" and key in later:
+            BAR_FINALS.add(later[key].seq)
+            continue
+        later[key] = record
+        kept.append(record)
+    return kept[::-1]
+
+
+BAR_FINALS: set[int] = set()  # seqs of records that ended a bar's redraws (shown as "bar")
+
+
+def _last_shown(logs: Path, lines: int, keep: Any, progress: Any) -> list[Any]:
+    """The last ``lines`` records once bars are collapsed (read further back while redraws
+    fill the window; at most :data:`_MAX_LOOK_BACK` records)."""
+    from dflashd.logs.reader import last_records
+
+    want = lines
+    while True:
+        records = last_records(logs, want, keep, progress=progress)
+        shown = collapsed(records)
+        if len(shown) >= lines or len(records) < want or want >= _MAX_LOOK_BACK:
+            return shown[-lines:] if lines else []
+        want = min(want * 4, _MAX_LOOK_BACK)
+
+
+_MAX_LOOK_BACK = 200_000
 
 
 def _last_seq(logs: Path) -> int:

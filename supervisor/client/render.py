@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any, Final, TextIO
@@ -10,6 +9,7 @@ from typing import Any, Final, TextIO
 import click
 
 from dflashd.logs.records import EventRecord, LineRecord, Record
+from dflashd.supervisor.client.fieldtext import recovery_line, value_text
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import goodput_line, view_from_json
 from dflashd.supervisor.model.lifecycle import State
@@ -269,7 +269,7 @@ def _alert_text(alert: dict[str, Any], paint: Painter) -> str:
 
 
 def format_record(
-    record: Record, paint: Painter, *, escape: bool = True, dated: bool = False
+    record: Record, paint: Painter, *, escape: bool = True, dated: bool = False, bar: bool = False
 ) -> str:
     """One log record as a readable line: time (UTC; ``dated``: with the date), run, source,
     then the text or the event.
@@ -281,12 +281,15 @@ def format_record(
     ts = f"{record.ts[:10]} {record.ts[11:23]}" if dated else record.ts[11:23]
     prefix = paint(f"{ts} r{record.run}", "dim")
     if isinstance(record, LineRecord):
-        src = paint("err", "red") if record.src == "stderr" else paint("out", "dim")
+        if bar or record.eol == "\r":  # a progress bar: neither an error nor a line of its own
+            src = paint("bar", "dim")
+        else:
+            src = paint("err", "red") if record.src == "stderr" else paint("out", "dim")
         suffix = paint(" …", "dim") if record.partial else ""
         return f"{prefix} {src} {clean(record.line)}{suffix}"
     assert isinstance(record, EventRecord)
     fields = " ".join(
-        f"{k}={clean(_short(v))}"
+        f"{k}={clean(value_text(v))}"
         for k, v in record.fields.items()
         if k not in ("tail", "traceback")
     )
@@ -305,11 +308,6 @@ def format_record(
 
 def _same(text: str) -> str:
     return text
-
-
-def _short(value: Any) -> str:
-    text = str(value)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _pace_rows(status: dict[str, Any], running: bool, paint: Painter) -> list[tuple[str, str]]:
@@ -340,31 +338,6 @@ def _pace_rows(status: dict[str, Any], running: bool, paint: Painter) -> list[tu
     if isinstance(advice, dict) and advice.get("text"):
         rows.append(("checkpoints", escape_controls(str(advice["text"]))[:300]))
     return rows
-
-
-def _nonneg(value: Any) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return max(0.0, float(value)) if ok else 0.0
-
-
-def recovery_line(view: dict[str, Any]) -> str:
-    """``recovery of run 4 (after hung): detection 6.0s, teardown 0.4s, warm start 0.6s,
-    redone 12 steps 3.1s = 10.1s``: status' line."""
-
-    def sec(value: Any) -> str:
-        number = _nonneg(value)
-        return f"{number:.1f}s" if number < 100 else f"{number:.0f}s"
-
-    parts = [f"detection {sec(view.get('detection_s'))}", f"teardown {sec(view.get('teardown_s'))}"]
-    start = str(view.get("start") or "cold")
-    started = view.get("start_s")
-    parts.append(f"{start} start " + ("…" if started is None else sec(started)))
-    steps = view.get("redone_steps")
-    if isinstance(steps, int):
-        parts.append(f"redone {steps} step{'s' if steps != 1 else ''} {sec(view.get('redone_s'))}")
-    done = "" if view.get("back") else " so far"
-    head = f"recovery of run {view.get('run')} (after {view.get('after')})"
-    return f"{head}: {', '.join(parts)} = {sec(view.get('total_s'))}{done}"
 
 
 def _loss_text(status: dict[str, Any]) -> str:
