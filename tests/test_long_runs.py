@@ -244,3 +244,60 @@ def test_a_damaged_zst_is_read_up_to_the_damage(tmp_path: Path) -> None:
     assert seqs == sorted(set(seqs)) and len(seqs) > 2500  # everything else, in order
     assert said and "damaged" in said[0]
     assert logset.log_files(tmp_path)  # the set is still listed
+
+
+def test_tail_grep_follow_keeps_every_matching_line_through_rotation_and_compression(
+    tmp_path: Path,
+) -> None:
+    """Issue 50 (6): ``dflashd tail -f --grep`` as a user runs it, while the log rotates every
+    ~8 KiB and a helper compresses each rotated file beside it: every matching line printed,
+    once, in order."""
+    import selectors
+    import time
+    from collections.abc import Callable
+
+    from tests.helpers import dflashd_argv
+
+    home = tmp_path / "home"
+    writer = RotatingLogWriter(home / "logs", max_bytes=8192, backups=400, compress=True)
+    writer.write_event(1, "spawn", {"argv": ["job"]})
+    writer.write_frame(1, "stdout", Frame(["ready step 7 "], None, 0))
+    argv = dflashd_argv("tail", "-f", "-n", "1", "--home", str(home), "--grep", r"step \d*7 ")
+    tail = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert tail.stdout is not None
+    out = tail.stdout.fileno()
+    picker = selectors.DefaultSelector()
+    picker.register(out, selectors.EVENT_READ)
+    text = b""
+
+    def read_until(done: Callable[[], bool], timeout: float) -> bytes:
+        """The tail's output, read as it comes (its output is the event waited on)."""
+        nonlocal text
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            if picker.select(timeout=1.0):
+                chunk = os.read(out, 65536)
+                if not chunk:
+                    break
+                text += chunk
+        return text
+
+    try:
+        assert b"ready" in read_until(lambda: b"ready" in text, 60)  # it follows from here on
+        total = 6000
+        _numbered(writer, total)
+        assert writer.compressor is not None and writer.compressor.drain(60.0)
+        wanted = [i for i in range(total) if i % 10 == 7]
+
+        def seen() -> list[int]:
+            return [int(m) for m in re.findall(rb"line (\d{6}) ", text)]
+
+        read_until(lambda: len(seen()) >= len(wanted), 60)
+        assert seen() == wanted, (len(seen()), len(wanted), seen()[:5])
+        assert any(p.name.endswith(".zst") for p in (home / "logs").iterdir())
+    finally:
+        tail.kill()
+        tail.wait(10)
+        picker.close()
+        tail.stdout.close()
+        writer.close()
