@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -143,6 +144,11 @@ def test_ls_lists_every_home_started_however_given_newest_first(tmp_path: Path) 
         lines = shown.stdout.splitlines()
         assert any("odd\\x0ahome" in line for line in lines), shown.stdout  # escaped, one row
         assert lines[-1].startswith("* not running:"), shown.stdout
+        # one wording for goodput: ls says what status says (the share of the working time)
+        said = _cli(env, "status", "--home", str(done)).stdout
+        share = re.search(r"goodput\s+(\S+ % of \S+)", said)
+        row = next(line for line in lines if line.startswith(str(done)))
+        assert share is not None and share.group(1) in row, (said, row)
         running = _cli(env, "ls", "--running", "--json").stdout.splitlines()
         ours = [json.loads(line)["home"] for line in running]
         assert [h for h in ours if h.startswith(str(tmp_path))] == [str(live)]

@@ -55,8 +55,17 @@ class Listed:
             "step": view.get("step"),
             "goodput": ratio,
             "wall_s": goodput.get("wall_s") if isinstance(goodput, dict) else None,
+            # what the ratio is of, as status says it: the wall time less the stopped time
+            "working_s": _working(goodput) if isinstance(goodput, dict) else None,
             "command": " ".join(str(c) for c in command),
         }
+
+
+def _working(goodput: dict[str, Any]) -> float | None:
+    wall, stopped = goodput.get("wall_s"), goodput.get("stopped_s") or 0.0
+    if isinstance(wall, int | float) and isinstance(stopped, int | float):
+        return max(0.0, float(wall) - float(stopped))
+    return None
 
 
 def daemon_homes(proc: Path = Path("/proc")) -> dict[str, int]:
@@ -187,8 +196,8 @@ def table(rows: list[dict[str, Any]], *, users: bool) -> str:
     lines = [head]
     for r in rows:
         goodput = "-" if r["goodput"] is None else f"{r['goodput'] * 100:.1f} %"
-        if r["goodput"] is not None and r["wall_s"]:
-            goodput += f" of {duration_text(float(r['wall_s']))}"
+        if r["goodput"] is not None and r["working_s"]:
+            goodput += f" of {duration_text(float(r['working_s']))}"
         cells = [r["home"], *([r["user"]] if users else []), str(r["state"])]
         cells += [_dash(r["run"]), _dash(r["step"]), goodput, str(r["command"])[:60]]
         # a home path or a command may hold a newline or an escape sequence: one row, escaped
