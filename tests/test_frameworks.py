@@ -289,3 +289,15 @@ def test_an_evaluation_bar_beside_printed_steps_is_alive_not_steps() -> None:
     p, _ = p.on_step(0.0, step=100, first=True, source="plain", loss=2.0)
     p, _ = p.on_step(1.0, step=50, first=True, source="tqdm", bar_total=50)
     assert p.step == 100 and p.step_source == "plain" and p.last_alive_mono == 1.0
+
+
+def test_lightnings_rich_metrics_wrapped_after_the_bar_give_the_loss() -> None:
+    """Issue 54: Rich wraps the metrics onto the next line, ``v_num`` first: the training
+    loss there is read, a ``val_loss`` never."""
+    from dflashd.supervisor.model.formats import FormatMatcher
+
+    bar = "Epoch 0/9  ━━━━━━━━━━━━━━━━ 12/18 0:00:17 • 0:01:02 4.47it/s"
+    found = FormatMatcher().last_step([bar, "v_num: 0.000 train_loss: 0.112"])
+    assert found is not None and found.step == 12 and found.loss == 0.112
+    wrapped = FormatMatcher().last_step([bar, "v_num: 0.000 val_loss: 0.9"])
+    assert wrapped is not None and wrapped.loss is None

@@ -322,8 +322,12 @@ def _tail_text(text: bytes) -> bytes:
     return text[start + 1 :]
 
 
-# Rich's bar in a narrow terminal or a pipe puts its metrics on the line after the bar.
-_WRAPPED_LOSS: Final = re.compile(r"^\s{0,8}(?:train[_/])?loss(?:_step)?[=:]" + _SP + _NUM)
+# Rich's bar in a narrow terminal or a pipe puts its metrics on the line after the bar, in
+# the order they were logged (``v_num: 0.000 train_loss: 0.112``): the training loss anywhere
+# in it, never ``val_loss`` (a word boundary that "_" does not make).
+_WRAPPED_LOSS: Final = re.compile(
+    r"(?:^|[\s,])(?:train[_/])?loss(?:_step|_epoch)?[=:]" + _SP + _NUM
+)
 
 
 def _wrapped_loss(text: str) -> float | None:
