@@ -220,3 +220,37 @@ def test_tail_shows_a_progress_bar_as_a_terminal_would(tmp_path: Path, home: Pat
     assert "env_keys=DFLASHD_HOME,DFLASHD_HOME_ID," in spawn and "['" not in spawn, spawn
     exit_line = next(line for line in events.splitlines() if " exit " in line)
     assert "cost={" in exit_line and "'" not in exit_line, exit_line
+
+
+def test_a_start_whose_spawn_failed_is_no_job_before(tmp_path: Path, home: Path) -> None:
+    """A typo'd first start (its command does not exist) and then the right one: no warning
+    that the home ran another job."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    typo = run_cli(
+        "start",
+        "--foreground",
+        "--quiet",
+        "--home",
+        str(home),
+        "-c",
+        str(config),
+        "--",
+        "/nonexistent/pyhton3",
+        "train.py",
+    )
+    assert typo.returncode != 0
+    right = run_cli(
+        "start",
+        "--foreground",
+        "--quiet",
+        "--home",
+        str(home),
+        "-c",
+        str(config),
+        "--",
+        sys.executable,
+        "-c",
+        "print('step 1')",
+    )
+    assert right.returncode == 0, right.stderr
+    assert "another job" not in right.stderr, right.stderr

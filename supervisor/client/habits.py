@@ -49,9 +49,13 @@ def another_jobs_home(home: Home, command: tuple[str, ...]) -> str | None:
     goodput and the report would mix the two.  One home per job: a home named for it."""
     from dflashd.supervisor.speak.statusview import read_state
 
-    before = (read_state(home.state_file) or {}).get("command")
+    state = read_state(home.state_file) or {}
+    before = state.get("command")
     if not isinstance(before, list) or not before or [str(c) for c in before] == list(command):
         return None
+    last = state.get("last_exit")
+    if isinstance(last, dict) and last.get("run") == 1 and last.get("verdict") == "spawn_failed":
+        return None  # its one run never started (a typo): no job before this one
     name = _job_name(command)
     shown = " ".join(str(c) for c in before)[:80]
     return (
