@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 
 from dflashd.logs.records import EventRecord
-from dflashd.supervisor.client.fieldtext import recovery_line
 from dflashd.supervisor.client.reportdata import collect
 from dflashd.supervisor.client.runtable import run_table
 from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.recoveries import recovery_split
 from dflashd.supervisor.model.runstate import RunState
+from dflashd.supervisor.speak.fieldtext import recovery_line
 from dflashd.supervisor.speak.metrics import metric_families
 from tests.tables import WALL_AT_ZERO
 

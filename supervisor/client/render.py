@@ -9,12 +9,12 @@ from typing import Any, Final, TextIO
 import click
 
 from dflashd.logs.records import EventRecord, LineRecord, Record
-from dflashd.supervisor.client.fieldtext import recovery_line, value_text
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import goodput_line, view_from_json
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.verdicts import Verdict
 from dflashd.supervisor.speak.echo import escape_controls, escaped_values
+from dflashd.supervisor.speak.fieldtext import recovery_line, value_text
 
 _STYLES: Final[dict[str, dict[str, Any]]] = {
     "red": {"fg": "red"},

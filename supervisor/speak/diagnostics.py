@@ -32,6 +32,7 @@ from typing import Any, Final, Protocol
 
 from dflashd.logs.records import utc_timestamp
 from dflashd.logs.safejson import dumps_any
+from dflashd.supervisor.speak.fieldtext import value_text
 
 _LEVELS: Final = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 # sd-daemon(3): <3> SD_ERR, <4> SD_WARNING, <6> SD_INFO, <7> SD_DEBUG.
@@ -94,7 +95,7 @@ def prefixed_renderer(colours: bool) -> Renderer:
         shade = _LEVEL_COLOURS.get(level, "") if colours and level != "info" else ""
         said = f"{level}: " if level not in ("info", "debug") else ""
         pairs = " ".join(
-            f"{key}={value if isinstance(value, str) else repr(value)}"
+            f"{key}={value if isinstance(value, str) else value_text(value)}"
             for key, value in fields.items()
             if value is not None
         )

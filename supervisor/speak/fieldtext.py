@@ -1,5 +1,6 @@
-"""Values as a person reads them (pure): a record's field in ``tail``'s text view, and
-status' line for one recovery (model/recoveries.py's view)."""
+"""Values as a person reads them (pure, a leaf): a record's field in ``tail``'s text view
+and the foreground's ``r1 dflashd | …`` lines, and status' line for one recovery
+(model/recoveries.py's view)."""
 
 from __future__ import annotations
 
