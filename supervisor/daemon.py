@@ -221,7 +221,9 @@ class Daemon:
         )
         self.core.apply(None, (off,) if off is not None else ())
         try:
-            self.reporter.start_metrics()  # before the launch: a busy address refuses the start
+            self.reporter.start_metrics(
+                self.inbox.ping
+            )  # before the launch: a busy address refuses
         except MetricsUnavailable as exc:
             raise StartupError(str(exc)) from None
         if self._systemd.watchdog_interval_s:

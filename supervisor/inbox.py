@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -55,6 +56,14 @@ class RunEmptied:
     run_no: int
 
 
+@dataclass(frozen=True, slots=True)
+class LoopPing:
+    """From the health endpoint: answered (``answered`` set) when the loop next reads its
+    inbox, so a loop that stopped turning is seen without any periodic wake-up."""
+
+    answered: threading.Event
+
+
 Message = LinesSeen | GpuSampled | RunEmptied | StacksTaken | HangSampled
 
 
@@ -62,10 +71,16 @@ class Inbox:
     """A queue plus a non-blocking wake pipe the selector watches."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Message | LoopPing] = queue.SimpleQueue()
         self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
-    def post(self, message: Message) -> None:
+    def ping(self) -> threading.Event:
+        """From any thread: an event the loop sets when it next reads the inbox."""
+        answered = threading.Event()
+        self.post(LoopPing(answered))
+        return answered
+
+    def post(self, message: Message | LoopPing) -> None:
         """From any thread: queue a message and wake the loop."""
         self._queue.put(message)
         try:
@@ -81,9 +96,13 @@ class Inbox:
         """Everything queued now."""
         while True:
             try:
-                yield self._queue.get_nowait()
+                message = self._queue.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(message, LoopPing):
+                message.answered.set()  # the loop turns: that is all a ping asks
+                continue
+            yield message
 
     def signals(self) -> set[int]:
         """The signal numbers the wake pipe carried since the last read (wake bytes are 0)."""

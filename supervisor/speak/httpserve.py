@@ -38,7 +38,7 @@ class _Conn:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-Page = Callable[[], tuple[bytes, str]]  # the body and its content type
+Page = Callable[[], tuple[bytes, str, int]]  # the body, its content type and the status code
 
 
 class BoundedHttpServer:
@@ -166,16 +166,17 @@ class BoundedHttpServer:
             self._answer(conn, 404, b"not found: try /metrics\n", "text/plain")
             return
         try:
-            body, content_type = page()
+            body, content_type, code = page()
         except Exception as exc:
             self._answer(conn, 500, f"{type(exc).__name__}\n".encode(), "text/plain")
             return
-        self._answer(conn, 200, body, content_type, head_only=method == "HEAD")
+        self._answer(conn, code, body, content_type, head_only=method == "HEAD")
 
     def _answer(
         self, conn: _Conn, code: int, body: bytes, content_type: str, *, head_only: bool = False
     ) -> None:
         reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+        reason[503] = "Service Unavailable"
         head = (
             f"HTTP/1.1 {code} {reason.get(code, 'Error')}\r\n"
             f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"

@@ -7,6 +7,7 @@ published (replaced whole, never mutated) plus the log sink's counters.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
@@ -18,6 +19,7 @@ from dflashd.supervisor.model.lifecycle import Phase, State
 from dflashd.supervisor.model.verdicts import ALERT_KINDS, Verdict
 
 _MIB: Final = 1024 * 1024
+STUCK_S: Final = 30.0  # /healthz: a loop silent this long is stuck (a liveness probe restarts it)
 
 
 def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float) -> Iterator[Any]:
@@ -267,11 +269,24 @@ class MetricsServer:
         listen: str,
         snapshot: Callable[[], dict[str, Any]],
         extra: Callable[[], dict[str, Any]],
+        ping: Callable[[], threading.Event] | None = None,
     ) -> None:
         self.host, self.port = parse_listen(listen)
         self._snapshot = snapshot
         self._extra = extra
+        self._ping = ping  # the loop's inbox: an event it sets when it next turns
+        self._pinged: tuple[threading.Event, float] | None = None
         self._server: Any = None
+
+    def loop_silent_s(self, now: float) -> float:
+        """How long the loop has left a ping unanswered (0 when it answers): each health check
+        sends one when the last was answered, so a stuck loop is seen without a periodic wake."""
+        if self._ping is None:
+            return 0.0
+        if self._pinged is None or self._pinged[0].is_set():
+            self._pinged = (self._ping(), now)
+            return 0.0
+        return now - self._pinged[1]
 
     def collect(self) -> Iterator[Any]:
         """prometheus-client's collector interface."""
@@ -295,12 +310,18 @@ class MetricsServer:
         registry.register(self)
         ProcessCollector(registry=registry)  # the daemon's own process_* (CPU, memory, fds)
 
-        def page() -> tuple[bytes, str]:
-            return generate_latest(registry), CONTENT_TYPE_LATEST
+        def page() -> tuple[bytes, str, int]:
+            return generate_latest(registry), CONTENT_TYPE_LATEST, 200
 
-        def healthz() -> tuple[bytes, str]:
+        def healthz() -> tuple[bytes, str, int]:
+            # unhealthy only when the daemon itself is stuck (its loop has not read its inbox
+            # for STUCK_S), never because the job is slow, hung or dead: the daemon handles those
             state = str(self._snapshot().get("state") or "starting")
-            return f"ok {state}\n".encode(), "text/plain; charset=utf-8"
+            silent = self.loop_silent_s(time.monotonic())
+            if silent > STUCK_S:
+                text = f"stuck: the daemon's loop has not turned for {silent:.0f}s\n"
+                return text.encode(), "text/plain; charset=utf-8", 503
+            return f"ok {state}\n".encode(), "text/plain; charset=utf-8", 200
 
         pages = {"/metrics": page, "/": page, "/healthz": healthz}
         self._server = BoundedHttpServer(self.host, self.port, pages)

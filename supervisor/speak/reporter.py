@@ -299,8 +299,9 @@ class Reporter:
 
     # -- metrics ----------------------------------------------------------------------
 
-    def start_metrics(self) -> None:
-        """Serve /metrics when configured (a ``metrics_on`` record), or raise MetricsUnavailable."""
+    def start_metrics(self, ping: Callable[[], threading.Event] | None = None) -> None:
+        """Serve /metrics when configured (a ``metrics_on`` record), or raise MetricsUnavailable;
+        ``ping``: the loop's inbox, which /healthz asks whether the loop still turns."""
         if not self.config.metrics_listen:
             return
         from dflashd.supervisor.speak.metrics import MetricsServer
@@ -314,7 +315,7 @@ class Reporter:
                 "stack_dumps": float(self.stack_dumps),
             }
 
-        server = MetricsServer(self.config.metrics_listen, lambda: self.snapshot, extra)
+        server = MetricsServer(self.config.metrics_listen, lambda: self.snapshot, extra, ping)
         try:
             server.start()
         except OSError as exc:

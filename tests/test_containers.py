@@ -1,0 +1,163 @@
+"""Issue 55 (containers): dflashd as the first process of a PID namespace, and the shipped
+Dockerfile and Kubernetes example checked for the fields a user gets wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from dflashd.logs import EventRecord, LineRecord, follow
+from tests.conftest import dflashd_argv, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+# orphans: two that exit at once (zombies unless reaped) and one that outlives the job's shell
+JOB = "(sleep 0.2 &); (sleep 0.2 &); (sleep 300 &); sleep 1; echo step 1; exec sleep 600"
+
+
+def _zombies_under(pid: int) -> list[str]:
+    """Every zombie among ``pid``'s descendants (host pids, from /proc)."""
+    children: dict[int, list[int]] = {}
+    states: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        states[int(entry.name)] = fields[0]
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if states.get(child) == "Z":
+                found.append(str(child))
+            todo.append(child)
+    return found
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="a PID namespace needs root and unshare(1)",
+)
+def test_as_pid_1_it_reaps_every_orphan_and_takes_sigterm_as_stop(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    inner = dflashd_argv("start", "--foreground", "--quiet", "--home", str(home), "-c", str(config))
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", *inner, "--", "sh", "-c", JOB]
+    outer = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        (home / "logs").mkdir(parents=True, exist_ok=True)
+        for record in follow(home / "logs", poll_s=0.05):  # the job's own line: it runs
+            if isinstance(record, LineRecord) and record.line == "step 1":
+                break
+        daemon = int(Path(f"/proc/{outer.pid}/task/{outer.pid}/children").read_text().split()[0])
+        ns_pids = [line for line in Path(f"/proc/{daemon}/status").read_text().splitlines()]
+        assert any(line.startswith("NSpid:") and line.split()[-1] == "1" for line in ns_pids)
+        assert _zombies_under(daemon) == []  # the two short-lived orphans were reaped
+        os.kill(daemon, signal.SIGTERM)  # what `docker stop` and the kubelet send
+        assert outer.wait(60) == 0  # stopped: exit 0, within the grace
+    finally:
+        if outer.poll() is None:
+            outer.kill()
+            outer.wait()
+    events = [
+        r for r in follow(home / "logs", should_stop=lambda: True) if isinstance(r, EventRecord)
+    ]
+    ends = [e.fields.get("verdict") for e in events if e.event == "exit"]
+    assert ends == ["stopped"], ends
+    assert any(e.event == "daemon_exit" for e in events)
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    """A Dockerfile's instructions (continuation lines joined, comments left out)."""
+    joined = path.read_text().replace("\\\n", " ")
+    out = []
+    for line in joined.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_the_dockerfile_runs_dflashd_as_pid_1_with_torch_installed_first() -> None:
+    steps = _instructions(ROOT / "deploy" / "Dockerfile")
+    words = [w for w, _ in steps]
+    assert steps[0][0] == "FROM" and steps[0][1].startswith("nvidia/cuda:")
+    entry = json.loads(dict(steps)["ENTRYPOINT"])  # the exec form: dflashd is PID 1, no shell
+    assert entry == ["dflashd", "start", "--foreground", "--"]
+    assert dict(steps)["STOPSIGNAL"] == "SIGTERM"
+    runs = [rest for word, rest in steps if word == "RUN"]
+    torch_at = next(i for i, r in enumerate(runs) if "install" in r and "torch" in r)
+    dflashd_at = next(i for i, r in enumerate(runs) if "[trainer]" in r)
+    assert torch_at < dflashd_at  # never a surprise torch of dflashd's choosing
+    assert "COPY" in words and "CMD" in words
+
+
+def test_the_kubernetes_example_probes_the_port_dflashd_serves_and_outlasts_its_stop() -> None:
+    yaml = pytest.importorskip("yaml")
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "kubernetes" / "jobset.yaml").read_text()))
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap")
+    config = tomllib.loads(config_map["data"]["dflashd.toml"])
+    port = int(config["metrics_listen"].rsplit(":", 1)[1])
+    assert not config["metrics_listen"].startswith("127."), "the kubelet probes from outside"
+    jobset = next(d for d in docs if d["kind"] == "JobSet")
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and int(probe["port"]) == port
+    assert container["command"][:3] == ["dflashd", "start", "--foreground"]
+    stop_s = float(config.get("restart", {}).get("stop_timeout_s", 30.0))
+    assert pod["terminationGracePeriodSeconds"] > stop_s  # the kubelet's SIGKILL comes last
+    assert container["livenessProbe"]["timeoutSeconds"] >= 2
+    mounted = {m["mountPath"] for m in container["volumeMounts"]}
+    flag = container["command"].index("--config") + 1
+    assert str(Path(container["command"][flag]).parent) in mounted
+
+
+def test_healthz_is_unhealthy_only_when_the_daemons_loop_stops_reading_its_inbox() -> None:
+    """Issue 55: a liveness probe on /healthz restarts a stuck daemon, never a slow job. The
+    health check pings the loop through its inbox (no periodic wake-up): answered, healthy;
+    unanswered for STUCK_S, 503."""
+    import socket
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    from dflashd.supervisor.inbox import Inbox
+    from dflashd.supervisor.speak.metrics import STUCK_S, MetricsServer
+
+    inbox = Inbox()
+    extra = {"log_written_bytes": 0.0, "log_dropped_bytes": 0.0}
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = MetricsServer(
+        f"127.0.0.1:{port}", lambda: {"state": "running"}, lambda: extra, inbox.ping
+    )
+    try:
+        assert server.loop_silent_s(100.0) == 0.0  # a ping sent
+        assert server.loop_silent_s(120.0) == 20.0  # not read yet: the loop is silent 20 s
+        assert list(inbox.messages()) == []  # the loop turns: the ping answered, never yielded
+        assert server.loop_silent_s(140.0) == 0.0
+        server._pinged = None  # the real clock from here on
+        server.start()
+        url = f"http://127.0.0.1:{server.port}/healthz"
+        assert urllib.request.urlopen(url, timeout=5).read() == b"ok running\n"
+        server._pinged = (threading.Event(), time.monotonic() - STUCK_S - 1)  # a stuck loop
+        try:
+            urllib.request.urlopen(url, timeout=5)
+            raise AssertionError("a stuck loop answered healthy")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503 and b"stuck" in exc.read()
+    finally:
+        server.stop()
+        inbox.close()
