@@ -50,6 +50,7 @@ from dflashd.supervisor.speak.statusview import read_state
 from dflashd.supervisor.watch.elastic import ElasticState, scan_frame, torchrun_job
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.linewatch import LineWatcher
+from dflashd.supervisor.watch.placement import placement
 from dflashd.supervisor.watch.run import FactsBook, Run
 
 log = get_logger("dflashd")
@@ -149,6 +150,8 @@ class Launcher:
             spawn_fields["cuda_visible_devices"] = list(visible_gpus)
         if job is not None:
             spawn_fields["torchrun"] = job.fields()
+        if (placed := placement(os.environ, argv).fields()) is not None:
+            spawn_fields["placement"] = placed  # Slurm's job, step and node id, or torchrun's
         env = self._environment(run_no, visible_gpus)
         warm, cold_because = self._take_standby(run_no, argv, cwd, env)
         spawn_fields["start"] = "cold" if warm is None else "warm"

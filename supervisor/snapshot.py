@@ -27,6 +27,7 @@ from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.speak.reporter import Reporter
 from dflashd.supervisor.speak.statusview import StatusView
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
+from dflashd.supervisor.watch.placement import placement
 from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import Dumper
 
@@ -125,6 +126,7 @@ def status_view(source: StatusSource) -> StatusView:
         else round(max(0.0, restart_at - now_mono), 3),
         "log_stats": source.reporter.log_stats(),
         "node": source.config.node_name,
+        "placement": placement(os.environ, source.config.command).fields(),
         "elastic": _elastic(run, ledger, now_mono),
         "custody": source.ops.mode,
         "standby": source.standby_view(),

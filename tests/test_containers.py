@@ -161,3 +161,45 @@ def test_healthz_is_unhealthy_only_when_the_daemons_loop_stops_reading_its_inbox
     finally:
         server.stop()
         inbox.close()
+
+
+def test_a_job_is_placed_by_slurm_else_by_torchrun_and_labels_every_series() -> None:
+    """Issue 55 (fleet view): one PromQL query shows a job across its nodes, whatever launched
+    it: Slurm's ids first, torchrun's rendezvous id and node rank next."""
+    from dflashd.supervisor.host.home import slurm_home_name
+    from dflashd.supervisor.speak.metrics import labelled_by_node, metric_families
+    from dflashd.supervisor.watch.placement import placement
+
+    torchrun = ["torchrun", "--nnodes=2", "--rdzv-id", "llm-7", "--node-rank=1", "train.py"]
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0"}
+    placed = placement(slurm, torchrun)
+    assert (placed.job, placed.rank, placed.step, placed.scheduler) == ("4242", "1", "0", "slurm")
+    alone = placement({}, torchrun)
+    assert (alone.job, alone.rank, alone.scheduler) == ("llm-7", "1", "torchrun")
+    assert placement({}, ["python", "train.py"]).fields() is None
+    assert slurm_home_name(slurm) == "dflashd-slurm-4242-node1"
+    assert slurm_home_name({}) is None and slurm_home_name({"SLURM_JOB_ID": "../x"}) is None
+    extra = {"log_written_bytes": 0.0, "log_dropped_bytes": 0.0}
+    snapshot = {"state": "running", "placement": placed.fields()}
+    families = labelled_by_node(metric_families(snapshot, extra, 0.0), "gpu-a", "/h", "4242", "1")
+    for family in families:
+        for sample in family.samples:
+            assert sample.labels["job"] == "4242" and sample.labels["rank"] == "1", sample
+            assert sample.labels["node"] == "gpu-a" and sample.labels["home"] == "/h"
+
+
+def test_inside_a_slurm_job_the_default_home_is_the_jobs(tmp_path: Path) -> None:
+    """Two Slurm jobs on one node (or two nodes of one job on a shared home directory) never
+    share a home: status and the log land in ``dflashd-slurm-<job>-node<N>``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:  # sockets' paths: 107 bytes at most
+        env = {**os.environ, "XDG_STATE_HOME": short, "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
+        env.pop("DFLASHD_HOME", None)
+        config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+        argv = dflashd_argv("start", "--foreground", "--quiet", "-c", str(config), "--", "true")
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        home = Path(short) / "dflashd-slurm-77-node0"
+        state = json.loads((home / "state.json").read_text())
+        assert state["placement"] == {"job": "77", "rank": "0", "scheduler": "slurm"}, state

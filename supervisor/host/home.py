@@ -6,17 +6,29 @@ import fcntl
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 
 def default_home() -> Path:
-    """``$DFLASHD_HOME``, else ``$XDG_STATE_HOME/dflashd``, else ``~/.local/state/dflashd``."""
+    """``$DFLASHD_HOME``, else ``$XDG_STATE_HOME/dflashd``, else ``~/.local/state/dflashd``;
+    inside a Slurm job ``dflashd-slurm-<job>-node<N>`` there instead of ``dflashd``."""
     explicit = os.environ.get("DFLASHD_HOME")
     if explicit:
         return Path(explicit)
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "dflashd"
+    return Path(state) / (slurm_home_name(os.environ) or "dflashd")
+
+
+def slurm_home_name(env: Mapping[str, str]) -> str | None:
+    """The default home's name inside a Slurm job: one per job and node, so two jobs (or two
+    nodes of one job on a shared home directory) never share one; None outside Slurm."""
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id or not job_id.replace("_", "").isalnum():
+        return None
+    node = env.get("SLURM_NODEID", "").strip()
+    return f"dflashd-slurm-{job_id}" + (f"-node{node}" if node.isdigit() else "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,10 +140,12 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
     yield GaugeMetricFamily("dflashd_up", "1 while the daemon serves its loop", value=1.0)
 
 
-def labelled_by_node(families: Iterable[Any], node: str, home: str = "") -> Iterator[Any]:
-    """Every series labelled ``node`` and ``home``: a cluster's nodes, and two homes on one
-    node, stay apart in one Prometheus."""
-    where = {"node": node, "home": home}
+def labelled_by_node(
+    families: Iterable[Any], node: str, home: str = "", job: str = "", rank: str = ""
+) -> Iterator[Any]:
+    """Every series labelled ``job``, ``node``, ``rank`` and ``home``: one query shows a job
+    across its nodes, and two homes on one node stay apart (watch/placement.py)."""
+    where = {"job": job, "node": node, "rank": rank, "home": home}
     for family in families:
         family.samples = [s._replace(labels={**s.labels, **where}) for s in family.samples]
         yield family
@@ -293,7 +295,10 @@ class MetricsServer:
         snapshot = self._snapshot()
         families = metric_families(snapshot, self._extra(), time.time())
         node, home = str(snapshot.get("node") or ""), str(snapshot.get("home") or "")
-        yield from labelled_by_node(families, node, home)
+        placed = snapshot.get("placement")
+        placed = placed if isinstance(placed, dict) else {}
+        job, rank = str(placed.get("job") or ""), str(placed.get("rank") or "")
+        yield from labelled_by_node(families, node, home, job, rank)
 
     def start(self) -> None:
         """Bind and serve on one daemon thread (raises OSError when the address is taken)."""

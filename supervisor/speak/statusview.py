@@ -81,6 +81,9 @@ class StatusView(TypedDict):
     next_restart_in_s: float | None
     log_stats: LogStats
     node: str  # config "node", or the host name: this node's name in a larger job
+    # the job this node belongs to and its rank: job, rank, scheduler ("slurm" or "torchrun"),
+    # step (Slurm's); null when nothing placed it (watch/placement.py)
+    placement: dict[str, Any] | None
     elastic: dict[str, Any] | None  # a torchrun job: its rendezvous and the restarts it handled
     custody: str  # how runs own their processes: "cgroup" or "pidfd"
     standby: dict[str, Any] | None  # the next run's waiting interpreter (warm_standby), or null

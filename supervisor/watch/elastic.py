@@ -35,6 +35,7 @@ class TorchrunJob:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     max_restarts: int | None = None
+    node_rank: str | None = None  # --node-rank (static rendezvous)
 
     @property
     def max_nodes(self) -> int | None:
@@ -70,6 +71,8 @@ _OPTIONS: Final = {
     "rdzv_id": "rdzv_id",
     "max-restarts": "max_restarts",
     "max_restarts": "max_restarts",
+    "node-rank": "node_rank",
+    "node_rank": "node_rank",
 }
 
 
