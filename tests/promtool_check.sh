@@ -8,6 +8,8 @@ PY="${PYTHON:-python3}"
 command -v promtool >/dev/null || { echo "promtool not found (apt-get install prometheus)"; exit 2; }
 echo "== promtool check rules"
 promtool check rules systemd/dflashd-alerts.rules.yml
+echo "== promtool test rules (the job-wide rules on synthetic series)"
+(cd tests/promtool && promtool test rules rules_test.yml)
 echo "== promtool check config (the example scrape config)"
 (cd systemd && promtool check config prometheus.example.yml)
 work="$(mktemp -d)"

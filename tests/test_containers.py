@@ -203,3 +203,90 @@ def test_inside_a_slurm_job_the_default_home_is_the_jobs(tmp_path: Path) -> None
         home = Path(short) / "dflashd-slurm-77-node0"
         state = json.loads((home / "state.json").read_text())
         assert state["placement"] == {"job": "77", "rank": "0", "scheduler": "slurm"}, state
+
+
+def _exported_names() -> set[str]:
+    """Every series name dflashd serves, from a snapshot with every part filled in."""
+    from dflashd.supervisor.speak.metrics import metric_families
+
+    snapshot = {
+        "state": "running",
+        "phase": "training",
+        "run": 3,
+        "step": 120,
+        "loss": 0.5,
+        "last_progress_at": 1.0,
+        "child_pid": 7,
+        "last_exit": {"ended_at": 1.0, "verdict": "crashed", "reason": "x"},
+        "gpus": [
+            {
+                "index": 0,
+                "memory_used_mib": 1,
+                "memory_total_mib": 2,
+                "utilization_pct": 3,
+                "child_memory_mib": 1,
+            }
+        ],
+        "pace": {"baseline_step_s": 0.1, "recent_step_s": 0.2},
+        "elastic": {"restarts_total": 1, "worker_failures_total": 1, "rendezvous_waiting_s": 0.0},
+        "goodput": {
+            "ratio": 0.9,
+            "wall_s": 10,
+            "stopped_s": 0,
+            "productive_s": 9,
+            "lost_s": {"startup": 1, "detection": 0, "downtime": 0, "redone": 0, "slow": 0},
+        },
+        "recovery": {
+            "start": "warm",
+            "detection_s": 1.0,
+            "teardown_s": 0.1,
+            "start_s": 0.5,
+            "redone_s": 1.0,
+            "redone_steps": 3,
+        },
+    }
+    extra = {"log_written_bytes": 0.0, "log_dropped_bytes": 0.0}
+    names = {"up"}  # Prometheus' own, per target
+    for family in metric_families(snapshot, extra, 2.0):
+        names |= {sample.name for sample in family.samples} | {family.name}
+    return names
+
+
+def test_every_query_of_the_dashboard_and_the_rules_names_a_metric_dflashd_serves() -> None:
+    import re
+
+    yaml = pytest.importorskip("yaml")
+    exported = _exported_names()
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dflashd-job.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((ROOT / "systemd" / "dflashd-alerts.rules.yml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    named = {n for e in exprs for n in re.findall(r"\b(dflashd_[a-z_]+)", e)}
+    assert named and named <= exported, sorted(named - exported)
+    assert dashboard["uid"] and all(
+        p["datasource"]["uid"] == "${datasource}" for p in dashboard["panels"]
+    )
+    per_job = [e for e in exprs[: len(dashboard["panels"])] if 'job="$job"' not in e]
+    assert per_job == [], per_job  # every panel is one job's, across its nodes
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)"
+)
+def test_the_alert_rules_pass_promtools_own_tests() -> None:
+    """A node not training while the others of its job do, and no step anywhere: promtool's
+    rule tests on synthetic series (tests/promtool/rules_test.yml)."""
+    checked = subprocess.run(
+        ["promtool", "check", "rules", "systemd/dflashd-alerts.rules.yml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run(
+        ["promtool", "test", "rules", "rules_test.yml"],
+        cwd=ROOT / "tests" / "promtool",
+        capture_output=True,
+        text=True,
+    )
+    assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr
