@@ -288,7 +288,8 @@ class Daemon:
         return self.deadlines.next_timeout(self.clock.monotonic(), expiry, step_due, stall)
 
     def _on_wake(self) -> None:
-        for signum in self.inbox.signals():
+        child = self.run.pid if self.run is not None and self.run.alive else None
+        for signum in self.inbox.stop_first(self.inbox.signals(), child):
             if signum == signal.SIGCHLD:
                 self.reap()
             elif signum in (signal.SIGTERM, signal.SIGINT):

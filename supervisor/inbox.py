@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import queue
+import select
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -112,6 +114,25 @@ class Inbox:
             return set()
         return set(data) - {0}
 
+    def stop_first(self, signals: set[int], child: int | None) -> list[int]:
+        """The signals in the order the loop acts on them: a stop before a death.  A child that
+        died of SIGTERM, SIGINT or SIGHUP while no stop was asked: a scheduler signals a whole
+        process tree at once (Slurm's ``scancel`` and time limit, a terminal's Ctrl-C), and its
+        signal to dflashd may be a moment behind the child's death; it is waited for, up to
+        :data:`STOP_BEHIND_S`, so the run ends ``stopped``, not ``crashed`` and relaunched."""
+        got = set(signals)
+        if (
+            signal.SIGCHLD in got
+            and not got & _STOPS
+            and child is not None
+            and _died_of_stop(child)
+        ):
+            deadline = time.monotonic() + STOP_BEHIND_S
+            while not got & _STOPS and (left := deadline - time.monotonic()) > 0:
+                if select.select([self.read_fd], [], [], left)[0]:
+                    got |= self.signals()
+        return sorted(got, key=lambda signum: signum == signal.SIGCHLD)
+
     def catch_signals(self) -> None:
         """Route the handled signals to the wake pipe; their handlers do nothing."""
         signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
@@ -129,6 +150,20 @@ class Inbox:
             pass  # not the main thread: nothing was routed here
         for fd in (self.read_fd, self._write_fd):
             os.close(fd)
+
+
+STOP_BEHIND_S: Final = 0.5  # how long a child's death by a stop signal waits for dflashd's own
+_STOPS: Final = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def _died_of_stop(pid: int) -> bool:
+    """The child is dead of SIGTERM, SIGINT or SIGHUP (looked at, not reaped: WNOWAIT)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    return info is not None and info.si_code == os.CLD_KILLED and info.si_status in stops
 
 
 def _no_op_handler(_signum: int, _frame: Any) -> None:

@@ -11,13 +11,16 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import dflashd_argv, run_cli, write_config
+from dflashd.logs import LineRecord
+from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
 
 SECRET = "hunter2-do-not-print"
 
@@ -254,3 +257,28 @@ def test_a_start_whose_spawn_failed_is_no_job_before(tmp_path: Path, home: Path)
     )
     assert right.returncode == 0, right.stderr
     assert "another job" not in right.stderr, right.stderr
+
+
+def test_a_stop_signal_to_the_whole_tree_is_a_stop_not_a_crash(
+    start_daemon: Callable[..., Daemon],
+) -> None:
+    """A scheduler signals every process of a job at once (Slurm's scancel and time limit,
+    Ctrl-C in a terminal): the job dies of SIGTERM a moment before dflashd hears its own. That
+    is a stop, never a crash relaunched (tests/test_slurm.py does it through a real Slurm)."""
+    daemon = start_daemon(child("prints_then_waits.py"))
+    launched = daemon.wait_event("launched", timeout=30)
+    daemon.wait_for(lambda r: isinstance(r, LineRecord) and r.run == 1, 30)
+    job = int(launched.fields["pid"])
+    os.kill(job, signal.SIGTERM)  # the job first
+    stat = Path(f"/proc/{job}/stat")
+    for _ in range(200):  # until it is dead (a zombie, or reaped): dflashd has its SIGCHLD
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+        except OSError:
+            break
+        time.sleep(0.005)  # a death no event of ours announces
+    os.kill(daemon.proc.pid, signal.SIGTERM)  # then dflashd, as the scheduler goes on
+    assert daemon.wait(30) == 0
+    assert [e.fields["verdict"] for e in daemon.events("exit")] == ["stopped"]
+    assert daemon.events("restart") == [] and daemon.events("spawn")[-1].run == 1
