@@ -20,7 +20,8 @@ home_option = click.option(
     "--home",
     type=click.Path(file_okay=False, readable=False, path_type=Path),  # refusals are ours
     default=None,
-    help="State directory [env DFLASHD_HOME; default $XDG_STATE_HOME/dflashd]; "
+    help="State directory [env DFLASHD_HOME; default $XDG_STATE_HOME/dflashd, in a Slurm "
+    "job dflashd-slurm-JOB-nodeN]; "
     "accepted before or after the command.",
 )
 
