@@ -242,7 +242,8 @@ def not_answering(home: Home, exc: Exception) -> str:
 @home_option
 @timeout_option("Seconds between SIGTERM and SIGKILL [default: restart.stop_timeout_s].")
 def stop(home: Path | None, timeout_s: float | None) -> None:
-    """Stop the job (SIGTERM to its process group, SIGKILL after the timeout) and the daemon."""
+    """Stop the job and the daemon: SIGTERM to the job's process group, SIGKILL to all of the
+    run after the timeout (its processes found through its cgroup or pidfds, never by pattern)."""
     where = resolve_home(home)
     if not lock_is_held(where.lock):
         click.echo(f"dflashd is not running on {where.root}")

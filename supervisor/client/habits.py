@@ -18,7 +18,7 @@ HABITS: Final = {
     "ps": "dflashd status",
     "list": "dflashd ls",
     "log": "dflashd logs (or dflashd tail -f)",
-    "kill": "dflashd stop (SIGTERM to the job's group, then SIGKILL)",
+    "kill": "dflashd stop (SIGTERM to the job's process group, SIGKILL to all of the run after the timeout)",
     "reload": "dflashd restart",
     "show": "dflashd status",
     "stat": "dflashd status",  # a typo: never steered to `start` or `restart`
