@@ -450,3 +450,17 @@ def test_the_quick_look_waits_half_again_the_longest_pause_the_run_came_back_fro
     assert quick_after(STEADY, gap, longest_pause_s=6.0) == 9.0  # a 6 s checkpoint came back
     assert quick_after(STEADY, gap, longest_pause_s=25.0) is None  # the long path only
     assert quick_after(STEADY, None) is None  # no steady cadence: no look at all
+
+
+def test_a_wait_elsewhere_seen_in_any_sample_of_the_round_holds() -> None:
+    """A wait channel is read at one instant: a thread that a slow stream's chunk (or a loaded
+    CPU late to run it) woke at the last sample shows no wait there; the earlier samples'
+    evidence that its other end is outside the run still holds (never a hang for that)."""
+    from dataclasses import replace
+
+    said = ("pid 1 reads a socket from pid 9 (127.0.0.1:7000), outside the run",)
+    waiting = replace(proc(1, LOCK, MAIN), outside_waits=said)
+    woken = proc(1, LOCK, MAIN)  # the same stacks, no wait channel caught this time
+    found = judge(samples((waiting,), (waiting,), (woken,)))
+    assert found.finding is Finding.ELSEWHERE and "outside the run" in found.why
+    assert judge(samples((woken,), (woken,), (woken,))).finding is Finding.HUNG

@@ -151,7 +151,13 @@ def judge(samples: list[Sample], gpu_idle: bool = False) -> Judgement:
         return Judgement(Finding.GPU_WAIT, found.why, _frames(last), found.key)
     frames = _frames(last)
     span = samples[-1].at - samples[0].at
-    elsewhere = waits_elsewhere(list(last.values()))
+    # a wait whose other end is elsewhere, seen in any sample of the round: its wait channel
+    # is read at one instant, and a thread woken a moment (a chunk of a slow stream arriving,
+    # a loaded CPU late to run it) shows none; its evidence in the other samples still holds
+    elsewhere = next(
+        (said for one in reversed(judged) if (said := waits_elsewhere(list(one.values())))),
+        None,
+    )
     if elsewhere is not None:
         return Judgement(Finding.ELSEWHERE, elsewhere, frames)
     return Judgement(Finding.HUNG, f"every thread waits, unmoved for {span:.0f}s", frames)
