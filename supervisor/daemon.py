@@ -288,7 +288,8 @@ class Daemon:
         return self.deadlines.next_timeout(self.clock.monotonic(), expiry, step_due, stall)
 
     def _on_wake(self) -> None:
-        child = self.run.pid if self.run is not None and self.run.alive else None
+        run = self.run  # a death by a stop signal dflashd did not send waits for its stop
+        child = run.pid if run is not None and run.alive and not run.facts.ended_by_us else None
         for signum in self.inbox.stop_first(self.inbox.signals(), child):
             if signum == signal.SIGCHLD:
                 self.reap()
