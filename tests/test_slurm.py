@@ -223,6 +223,67 @@ def test_srun_dflashd_relaunches_and_scancel_ends_it_inside_killwait(
         shutil.rmtree(work, ignore_errors=True)
 
 
+TORCHRUN_JOB = """
+import datetime, os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+rank, run = dist.get_rank(), int(os.environ.get("DFLASHD_RUN", "1"))
+x = torch.ones(8)
+for step in range(1, 100000):
+    dist.all_reduce(x)
+    if rank == 0:
+        print(f"step {step} loss {1.0 / step:.4f}", flush=True)
+    if run == 1 and rank == 1 and step == 3:
+        sys.exit(1)  # a rank dies: torchrun (no restarts of its own) fails the group
+    time.sleep(0.1)
+"""
+
+
+def test_a_two_rank_torchrun_job_under_srun_dflashd_is_relaunched_and_stopped(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The job as a Slurm user runs it: ``srun dflashd start --foreground -- torchrun`` with two
+    gloo ranks; a rank's death ends torchrun, dflashd relaunches it, ``scancel`` stops it."""
+    pytest.importorskip("torch")
+    if cluster.kill_wait_s != 30:
+        pytest.skip("once is enough: the KillWait figures come from the test above")
+    work = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))
+    (work / "job.py").write_text(TORCHRUN_JOB)
+    (work / "c.toml").write_text('gpus = "none"\nfirst_step_timeout_s = 120\n')
+    home = work / "home"
+    start = " ".join(dflashd_argv("start", "--foreground", "--quiet", "--home", str(home)))
+    torchrun = f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node=2"
+    job_id = _sbatch(
+        cluster,
+        work,
+        f"srun --ntasks-per-node=1 {start} -c {work}/c.toml -- {torchrun} {work}/job.py\n",
+    )
+    try:
+        records = _wait_records(
+            home,
+            lambda rs: any(
+                isinstance(r, LineRecord) and r.run == 2 and "step 3 " in r.line for r in rs
+            ),
+            timeout=240,
+        )
+        spawns = [r for r in records if isinstance(r, EventRecord) and r.event == "spawn"]
+        assert spawns[0].fields["placement"]["job"] == job_id
+        assert "torchrun" in spawns[0].fields, spawns[0].fields  # read as a torchrun job
+        exits = [r for r in records if isinstance(r, EventRecord) and r.event == "exit"]
+        assert [e.fields["verdict"] for e in exits] == ["crashed"], [e.fields for e in exits]
+        assert cluster.run("scancel", job_id).returncode == 0
+        records = _wait_records(
+            home,
+            lambda rs: any(isinstance(r, EventRecord) and r.event == "daemon_exit" for r in rs),
+            timeout=60,
+        )
+        ends = [r for r in records if isinstance(r, EventRecord) and r.event == "exit"]
+        assert ends[-1].fields["verdict"] == "stopped", ends[-1].fields
+    finally:
+        cluster.run("scancel", job_id)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def test_exit_75_is_requeued_by_slurms_requeueexit(cluster: Cluster, tmp_path: Path) -> None:
     """dflashd's exit 75 (a GPU that needs a reset, EX_TEMPFAIL): with ``RequeueExit=75`` in
     slurm.conf, Slurm puts the batch job back in the queue on its own (pending again, its
