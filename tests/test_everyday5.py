@@ -31,6 +31,12 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _foreground(home: Path, config: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """``dflashd start --foreground --quiet`` on ``home``, to the daemon's end."""
+    argv = ("start", "--foreground", "--quiet", "--home", str(home), "-c", str(config), "--")
+    return run_cli(*argv, *command)
+
+
 def _job(tmp_path: Path) -> Path:
     """A command found only on a private PATH entry (a venv's bin, say) that says its STEPS."""
     bin_dir = tmp_path / "venv-bin"
@@ -198,19 +204,7 @@ def test_tail_shows_a_progress_bar_as_a_terminal_would(tmp_path: Path, home: Pat
     """tqdm's redraws are one line in ``tail``, its last state, never red as an error;
     ``--all`` shows every redraw; dflashd's records read as key=value, no Python reprs."""
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-    done = run_cli(
-        "start",
-        "--foreground",
-        "--quiet",
-        "--home",
-        str(home),
-        "-c",
-        str(config),
-        "--",
-        sys.executable,
-        "-c",
-        BAR_JOB,
-    )
+    done = _foreground(home, config, sys.executable, "-c", BAR_JOB)
     assert done.returncode == 0, done.stderr
     shown = run_cli("tail", "--home", str(home), "-n", "4", "--src", "stderr").stdout
     bars = [line for line in shown.splitlines() if "/30" in line]
@@ -229,32 +223,9 @@ def test_a_start_whose_spawn_failed_is_no_job_before(tmp_path: Path, home: Path)
     """A typo'd first start (its command does not exist) and then the right one: no warning
     that the home ran another job."""
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-    typo = run_cli(
-        "start",
-        "--foreground",
-        "--quiet",
-        "--home",
-        str(home),
-        "-c",
-        str(config),
-        "--",
-        "/nonexistent/pyhton3",
-        "train.py",
-    )
+    typo = _foreground(home, config, "/nonexistent/pyhton3", "train.py")
     assert typo.returncode != 0
-    right = run_cli(
-        "start",
-        "--foreground",
-        "--quiet",
-        "--home",
-        str(home),
-        "-c",
-        str(config),
-        "--",
-        sys.executable,
-        "-c",
-        "print('step 1')",
-    )
+    right = _foreground(home, config, sys.executable, "-c", "print('step 1')")
     assert right.returncode == 0, right.stderr
     assert "another job" not in right.stderr, right.stderr
 
