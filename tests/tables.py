@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dflashd.logs.records import EventRecord
 from dflashd.supervisor.model.inputs import Launched
 from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.runstate import RunState
@@ -18,3 +19,9 @@ def run_state(at: float, run_no: int = 1, *, sees_steps: bool = False) -> RunSta
 def launch_heard(at: float, run_no: int = 1) -> Launched:
     """The launch of run ``run_no`` at ``at``, as the loop hears it."""
     return Launched(run_state(at, run_no))
+
+
+def event_at(run: int, event: str, at: float, **fields: object) -> EventRecord:
+    """A dflashd record of ``run`` written ``at`` seconds into 2026-12-04 (the report's input)."""
+    stamp = f"2026-12-04T00:{int(at) // 60:02d}:{at % 60:06.3f}Z"
+    return EventRecord(ts=stamp, seq=int(at * 1000), run=run, event=event, fields=dict(fields))

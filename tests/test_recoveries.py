@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from dflashd.logs.records import EventRecord
 from dflashd.supervisor.client.reportdata import collect
 from dflashd.supervisor.client.runtable import run_table
 from dflashd.supervisor.model.progress import Progress
@@ -16,7 +15,7 @@ from dflashd.supervisor.model.recoveries import recovery_split
 from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.speak.fieldtext import recovery_line
 from dflashd.supervisor.speak.metrics import metric_families
-from tests.tables import WALL_AT_ZERO
+from tests.tables import WALL_AT_ZERO, event_at
 
 DIED_AT = 100.0  # monotonic: run 1's death
 HUNG_EXIT = {
@@ -107,17 +106,12 @@ def test_prometheus_shows_each_part_labelled_warm_or_cold() -> None:
     assert "dflashd_recovery_seconds" not in quiet
 
 
-def _event(run: int, event: str, at: float, **fields: object) -> EventRecord:
-    stamp = f"2026-12-04T00:{int(at) // 60:02d}:{at % 60:06.3f}Z"
-    return EventRecord(ts=stamp, seq=int(at * 1000), run=run, event=event, fields=dict(fields))
-
-
 def test_the_reports_table_says_warm_or_cold_and_the_steps_redone() -> None:
     records = [
-        _event(1, "spawn", 0.0, argv=["python", "t.py"], start="cold"),
-        _event(1, "first_step", 5.0, step=1),
-        _event(1, "progress", 30.0, step=150),
-        _event(
+        event_at(1, "spawn", 0.0, argv=["python", "t.py"], start="cold"),
+        event_at(1, "first_step", 5.0, step=1),
+        event_at(1, "progress", 30.0, step=150),
+        event_at(
             1,
             "exit",
             31.0,
@@ -126,10 +120,10 @@ def test_the_reports_table_says_warm_or_cold_and_the_steps_redone() -> None:
             step=150,
             cost={"productive_s": 26.0, "startup_s": 5.0},
         ),
-        _event(2, "spawn", 32.0, argv=["python", "t.py"], start="warm", downtime_s=1.0),
-        _event(2, "first_step", 32.5, step=101),
-        _event(2, "progress", 40.0, step=160),
-        _event(
+        event_at(2, "spawn", 32.0, argv=["python", "t.py"], start="warm", downtime_s=1.0),
+        event_at(2, "first_step", 32.5, step=101),
+        event_at(2, "progress", 40.0, step=160),
+        event_at(
             2,
             "exit",
             41.0,

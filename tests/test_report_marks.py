@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import re
 
-from dflashd.logs.records import EventRecord
 from dflashd.supervisor.client.reportdata import collect
-
-
-def _event(run: int, event: str, at: float, **fields: object) -> EventRecord:
-    stamp = f"2026-12-04T00:{int(at) // 60:02d}:{at % 60:06.3f}Z"
-    return EventRecord(ts=stamp, seq=int(at * 1000), run=run, event=event, fields=dict(fields))
+from tests.tables import event_at
 
 
 def test_a_divergence_is_marked_in_the_reports_row_banner_and_loss_chart() -> None:
@@ -20,11 +15,11 @@ def test_a_divergence_is_marked_in_the_reports_row_banner_and_loss_chart() -> No
     from dflashd.supervisor.client.htmlreport import loss_svg, render_html
 
     records = [
-        _event(1, "spawn", 0.0, argv=["python", "t.py"], start="cold"),
-        _event(1, "first_step", 1.0, step=1),
-        *(_event(1, "progress", 1.0 + i, step=i, loss=50.0 / i**1.5) for i in range(1, 60)),
-        _event(1, "diverged", 61.0, step=60, last_good_step=59, why="loss nan", then="alert"),
-        _event(1, "exit", 70.0, verdict="crashed", reason="exit 1", step=70),
+        event_at(1, "spawn", 0.0, argv=["python", "t.py"], start="cold"),
+        event_at(1, "first_step", 1.0, step=1),
+        *(event_at(1, "progress", 1.0 + i, step=i, loss=50.0 / i**1.5) for i in range(1, 60)),
+        event_at(1, "diverged", 61.0, step=60, last_good_step=59, why="loss nan", then="alert"),
+        event_at(1, "exit", 70.0, verdict="crashed", reason="exit 1", step=70),
     ]
     data = collect(records)
     assert data.diverged == [(data.diverged[0][0], 1, 60, 59)]
