@@ -139,6 +139,7 @@ def tail(
     safe = not (raw or as_json)
     days: dict[str, Any] = {"first": None, "dated": False}  # another day shown: dates on
     redraw = follow and safe and not show_all and sys.stdout.isatty()
+    bar_ends: set[int] = set()  # seqs of records that ended a bar's redraws (shown as "bar")
 
     def show(record: Any) -> None:
         if as_json:
@@ -149,7 +150,7 @@ def tail(
             days["first"] = day
         elif day != days["first"]:
             days["dated"] = True
-        bar = record.seq in BAR_FINALS
+        bar = record.seq in bar_ends
         text = format_record(record, paint, escape=safe, dated=days["dated"], bar=bar)
         if redraw and getattr(record, "eol", None) == "\r":
             sys.stdout.write(text + "\x1b[K\r")  # followed on a terminal: redrawn in place
@@ -163,7 +164,7 @@ def tail(
             if raw or as_json or show_all:
                 records = last_records(where.logs, lines, keep, progress=progress)
             else:  # a bar as a terminal shows it: its last redraw
-                records = _last_shown(where.logs, lines, keep, progress)
+                records, bar_ends = _last_shown(where.logs, lines, keep, progress)
         if records and records[0].ts[:10] != records[-1].ts[:10]:
             days["dated"] = True  # the lines span days: every time with its date
         for record in records:
@@ -184,26 +185,24 @@ def tail(
         fail(str(exc), 1)
 
 
-def collapsed(records: list[Any]) -> list[Any]:
+def collapsed(records: list[Any]) -> tuple[list[Any], set[int]]:
     """The records as a terminal would have left them: a line a progress bar redrew (it ended
-    in ``\r``) is left out when a later record of the same run and stream follows it; the
-    record that overwrote it (the bar's last state) is marked in :data:`BAR_FINALS`."""
+    in ``\r``) is left out when a later record of the same run and stream follows it; and the
+    seqs of the records that overwrote one (a bar's last state)."""
     kept: list[Any] = []
+    ends: set[int] = set()
     later: dict[tuple[int, str], Any] = {}
     for record in reversed(records):
         key = (record.run, record.src)
         if getattr(record, "eol", None) == "\r" and key in later:
-            BAR_FINALS.add(later[key].seq)
+            ends.add(later[key].seq)
             continue
         later[key] = record
         kept.append(record)
-    return kept[::-1]
+    return kept[::-1], ends
 
 
-BAR_FINALS: set[int] = set()  # seqs of records that ended a bar's redraws (shown as "bar")
-
-
-def _last_shown(logs: Path, lines: int, keep: Any, progress: Any) -> list[Any]:
+def _last_shown(logs: Path, lines: int, keep: Any, progress: Any) -> tuple[list[Any], set[int]]:
     """The last ``lines`` records once bars are collapsed (read further back while redraws
     fill the window; at most :data:`_MAX_LOOK_BACK` records)."""
     from dflashd.logs.reader import last_records
@@ -211,9 +210,9 @@ def _last_shown(logs: Path, lines: int, keep: Any, progress: Any) -> list[Any]:
     want = lines
     while True:
         records = last_records(logs, want, keep, progress=progress)
-        shown = collapsed(records)
+        shown, ends = collapsed(records)
         if len(shown) >= lines or len(records) < want or want >= _MAX_LOOK_BACK:
-            return shown[-lines:] if lines else []
+            return (shown[-lines:] if lines else []), ends
         want = min(want * 4, _MAX_LOOK_BACK)
 
 
