@@ -173,6 +173,7 @@ class LiveRunControl:
             worker_rounds=len(progress.recoveries),
             longest_pause_s=max((*progress.intervals, *progress.pace.pauses), default=0.0),
             restarted_at=progress.recoveries[-1].failed if progress.recoveries else None,
+            steps_seen=progress.steps_seen,
         )
         share = world_share(run, watch, now)
         self.look(run, HangLook(view, None, limits, wall, share, progress.step, sample))

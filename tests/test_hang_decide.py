@@ -180,6 +180,17 @@ def test_the_cadence_sets_the_suspicion_gap() -> None:
     assert suspect_after((0.1,) * 8, HangLimits(0.0)) is None  # off
 
 
+def test_many_steps_in_few_posts_are_a_steady_cadence() -> None:
+    """A job of 1 ms steps shows 150 of them in one or two posts (steps are posted four times
+    a second): hung at once, it was never suspect before its 15-minute stall window."""
+    limits = HangLimits(12.0)
+    assert suspect_after((0.25,), limits, steps_seen=149) == 12.0
+    assert suspect_after((0.25,), limits, steps_seen=19) is None  # a few steps: not yet
+    assert suspect_after((), limits, steps_seen=149) is None  # one post: no cadence at all
+    view = HangView(100.0, (0.25,), True, True, steps_seen=149)
+    assert decide(view, Evidence(), 100.0 + 4.0, limits) == TakeSample(quick=True)
+
+
 STEADY = (0.1,) * 10
 HUNG3 = tuple(samples(*[(proc(1, LOCK, MAIN),)] * 3, gap=4.0))
 LOOKED = Evidence(quick_for=100.0)  # the silence since the step at 100 had its quick look

@@ -44,6 +44,9 @@ from dflashd.supervisor.model.world import (
 HANG_SUSPECT_S: Final = 12.0  # the shortest gap that makes a steady run suspect
 CADENCE_FACTOR: Final = 6.0  # ... or this many typical intervals, if longer
 STEADY_INTERVALS: Final = 5  # intervals seen before a cadence counts as steady
+# ... or this many steps over fewer intervals: steps posted at most four times a second
+# (linewatch.STEP_POST_S), a job of 1 ms steps shows 150 of them in one or two posts
+STEADY_STEPS: Final = 20
 SAMPLE_GAP_S: Final = 3.0  # between two samples of one round
 ROUND_GAP_S: Final = 15.0  # after a round that found work (or could not tell), the next one
 # A wait on work elsewhere is alerted once after this long: longer than most evals and saves,
@@ -80,6 +83,7 @@ class HangView:
     worker_rounds: int = 0
     restarted_at: float | None = None
     longest_pause_s: float = 0.0  # the longest silence it stepped again after (its own pauses)
+    steps_seen: int = 0  # the steps it advanced since its first step line
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,9 +190,13 @@ class QuickOver:
 HangAction = Wait | TakeSample | EndHung | NewRound | QuickOver
 
 
-def suspect_after(intervals: tuple[float, ...], limits: HangLimits) -> float | None:
-    """The gap after which a run is suspect, or None before its cadence is steady."""
-    if limits.hang_suspect_s <= 0 or len(intervals) < STEADY_INTERVALS:
+def suspect_after(
+    intervals: tuple[float, ...], limits: HangLimits, steps_seen: int = 0
+) -> float | None:
+    """The gap after which a run is suspect, or None before its cadence is steady: five
+    intervals seen, or twenty steps over at least one (a fast job's steps come in batches)."""
+    steady = len(intervals) >= STEADY_INTERVALS or (bool(intervals) and steps_seen >= STEADY_STEPS)
+    if limits.hang_suspect_s <= 0 or not steady:
         return None
     typical = statistics.median(intervals)
     return max(limits.hang_suspect_s, CADENCE_FACTOR * typical)
@@ -224,7 +232,7 @@ def _quick(view: HangView, evidence: Evidence, now: float, gap: float) -> HangAc
 
 def decide(view: HangView, evidence: Evidence, now: float, limits: HangLimits) -> HangAction:
     """What to do about a live run's possible hang, now (pure)."""
-    gap = suspect_after(view.intervals, limits)
+    gap = suspect_after(view.intervals, limits, view.steps_seen)
     if gap is None or view.last_progress is None or not view.reports_steps:
         return Wait(None)
     suspect_at = view.last_progress + gap

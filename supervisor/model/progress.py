@@ -267,6 +267,13 @@ class Progress:
             p = replace(p, last_record_mono=now, recorded=(p.step, p.epoch, p.loss))
         return p, Change(became_first, record, pace=pace, diverged=diverged)
 
+    @property
+    def steps_seen(self) -> int:
+        """The steps this run advanced since its first step line (0: none or one)."""
+        if self.top_step is None or self.first_step_no is None:
+            return 0
+        return max(0, self.top_step - self.first_step_no)
+
     def workers_restarting(self, now: float) -> Progress:
         """The launcher restarts the run's workers itself (torchrun: a worker failed, or a
         node joined): from here to the next step is downtime, and steps up to the best one

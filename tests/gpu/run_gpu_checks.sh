@@ -25,3 +25,7 @@ python3 tests/gpu/slow_gpu.py intruder 2>&1 | tee "$OUT/slow_gpu_intruder.txt"
 python3 tests/gpu/slow_gpu.py clean 380 2>&1 | tee "$OUT/slow_gpu_clean.txt"
 python3 tests/gpu/recovery_gpu.py --runs 3 2>&1 | tee "$OUT/recovery_gpu.txt"  # issue 51: quick look, pre-flight reads
 python3 tests/gpu/kill_gpu.py --runs 3 2>&1 | tee "$OUT/kill_gpu.txt"  # issue 51: kill -> next step, warm standby
+# issue 51's whole table beside the peers (torchrun; ft_launcher with heartbeat code, its wheel
+# and its two pure-Python needs in .whl/peers/, installed only for this run)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/peers/*.whl \
+    && python3 tests/gpu/peers_gpu.py --runs 3 2>&1 | tee "$OUT/peers_gpu.txt"
