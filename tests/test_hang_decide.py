@@ -475,3 +475,15 @@ def test_a_wait_elsewhere_seen_in_any_sample_of_the_round_holds() -> None:
     found = judge(samples((waiting,), (waiting,), (woken,)))
     assert found.finding is Finding.ELSEWHERE and "outside the run" in found.why
     assert judge(samples((woken,), (woken,), (woken,))).finding is Finding.HUNG
+
+
+def test_a_process_stopped_by_a_signal_is_paused_from_outside_never_hung() -> None:
+    """An operator's SIGSTOP (or a frozen rendezvous host's agent): every thread in T, no CPU,
+    stacks unmoved; SIGCONT resumes it, so it waits elsewhere (the stall window still holds)."""
+    from dataclasses import replace
+
+    stopped = replace(proc(1, LOCK, MAIN), thread_states=("T", "T"))
+    found = judge(samples((stopped,), (stopped,), (stopped,)))
+    assert found.finding is Finding.ELSEWHERE and "stopped by a signal" in found.why
+    traced = replace(proc(1, LOCK, MAIN), thread_states=("t", "S"))
+    assert judge(samples((traced,), (traced,), (traced,))).finding is Finding.HUNG

@@ -111,6 +111,8 @@ def waits_elsewhere(processes: Sequence[ProcessSample]) -> str | None:
       own code while its peers wait in collectives is the culprit: that stays a hang.
     - A process waits on a file lock or a pipe whose other end lives outside the run (a
       sibling job holding the lock, a producer filling a FIFO): that end's work is not ours.
+    - A process is stopped by a signal: whoever stopped it resumes it (a traced stop, ``t``,
+      is not one: py-spy's own reads may show it).
     """
     sites = [in_collective(p) for p in processes]
     if any(p.stacks.role.remote_peers for p in processes) and all(sites):
@@ -118,6 +120,13 @@ def waits_elsewhere(processes: Sequence[ProcessSample]) -> str | None:
         world = max(p.stacks.role.world_size or 0 for p in processes)
         return f"rank(s) {ranks} of {world} wait in {sites[0]} for ranks on other nodes"
     outside = [w for p in processes for w in p.outside_waits]
+    # a process stopped by a signal (every thread in T: SIGSTOP, SIGTSTP) was paused by
+    # someone outside the job (an operator, a frozen rendezvous host); SIGCONT resumes it
+    outside += [
+        f"pid {p.stacks.pid} is stopped by a signal (SIGSTOP): paused from outside the job"
+        for p in processes
+        if p.thread_states and all(state == "T" for state in p.thread_states)
+    ]
     return "; ".join(outside[:3]) if outside else None
 
 

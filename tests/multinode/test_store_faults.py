@@ -1,0 +1,77 @@
+"""Issue 50 (1): the rendezvous store is evidence, not the truth.
+
+Two dflashd homes stand for two nodes, each supervising ``torchrun --nnodes 2`` around one c10d
+rendezvous whose store node A's agent hosts.  At step 20 rank 0 (node A) evaluates for
+``EVAL_S`` with no output while rank 1 (node B) waits in ``dist.barrier()``.  In the middle of
+the evaluation node A's agent — the store's host — is frozen with SIGSTOP for ``FREEZE_S``:
+node B's daemon cannot read the store (its reads time out) and must neither end its waiting
+rank for that, nor take the silent store for a dead world, nor stop answering; once the agent
+is thawed the evaluation ends and both nodes complete their first run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from dflashd.logs import EventRecord, LineRecord
+from tests.helpers import run_cli
+from tests.multinode.test_remote_wait import _node
+from tests.multinode.two_nodes import free_port
+
+pytestmark = pytest.mark.trainer  # torch and torchrun
+
+EVAL_S = 50.0
+FREEZE_S = 30.0  # under torchrun's own store read_timeout (60 s): its agents wait it out
+
+
+def test_a_frozen_store_host_never_gets_a_waiting_rank_ended(tmp_path: Path) -> None:
+    port = free_port()
+    args = ["20", str(EVAL_S), "30", "eval", str(tmp_path / "eval.bin")]
+    host, peer = _node(tmp_path, "a", port, True, args), _node(tmp_path, "b", port, False, args)
+    answered: list[float] = []
+    agent = 0
+    try:
+        for node in (host, peer):
+            node.start()
+
+        def evaluating(record: object) -> bool:
+            return isinstance(record, LineRecord) and record.line.startswith("step 19 ")
+
+        host.wait_for(evaluating, timeout=300)
+        agent = int(host.status()["child"]["pid"])  # torchrun's agent: the store's host
+        os.kill(agent, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        # node B goes on judging its rank while the store does not answer: its quick look
+        # and a long-path round come and go inside the freeze
+        while time.monotonic() - frozen_at < FREEZE_S:
+            began = time.monotonic()
+            shown = peer.status()
+            answered.append(time.monotonic() - began)
+            print(f"status {answered[-1]:.2f}s at {time.monotonic() - frozen_at:.1f}s", flush=True)
+            assert shown["child"]["pid"], shown
+            time.sleep(3.0)  # a pace for status calls, not a synchronisation
+        os.kill(agent, signal.SIGCONT)
+        agent = 0
+        exits = [
+            node.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "exit", 300)
+            for node in (host, peer)
+        ]
+    finally:
+        if agent:
+            os.kill(agent, signal.SIGCONT)
+        for node in (host, peer):
+            run_cli("stop", "--home", str(node.home), "--timeout", "5")
+    for node, ended in zip((host, peer), exits, strict=True):
+        assert isinstance(ended, EventRecord)
+        assert ended.fields["verdict"] == "completed", (node.name, ended.fields)
+        assert ended.run == 1, (node.name, "no run was ended and relaunched")
+        assert not node.events("ending_run"), node.name
+        assert all(c.fields.get("finding") != "hung" for c in node.events("hang_check"))
+    assert max(answered) < 5.0, answered  # the daemon never blocked on the frozen store
+    checks = peer.events("hang_check")
+    assert any(c.fields.get("finding") == "elsewhere" for c in checks), checks
