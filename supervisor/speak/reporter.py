@@ -182,7 +182,9 @@ class Reporter:
             tail=list(fields.get("tail") or []),
             gpus=gpus,
             log=str(self.writer.path),
-            step=step,
+            # a run the daemon did not watch to its end (lost with a killed daemon): its step
+            # is its exit record's
+            step=step if step is not None else fields.get("step"),
             stacks=(fields.get("stacks") or {}).get("top"),
         )
         first = ("hung_after_s", "hang_evidence", "waited_elsewhere", "stale_build_locks", "error")
