@@ -92,7 +92,10 @@ def recover_tail(directory: Path, basename: str, backups: int) -> tuple[int, int
     """
     live = directory / basename
     torn = 0
+    present = set(os.listdir(directory))  # one listing, not a stat per possible backup name
     for path in reversed(rotated_paths(directory, basename, backups)):
+        if path.name not in present and not any(path.name + s in present for s in PACKED_SUFFIXES):
+            continue
         if path.is_symlink():
             if path == live:
                 raise OSError(errno.ELOOP, "a symlink is there; refusing to follow it", str(path))

@@ -6,8 +6,8 @@ step, with no config, and relaunched; (b) pausing with no output while writing a
 checkpoint in chunks, or computing an "eval" in a Python loop: never ended; (c) the same
 pauses with stacks unavailable (``DFLASHD_STACKS=faulthandler``): never ended either.
 
-The pauses last ``DFLASHD_TEST_PAUSE_S`` (75 s here: past three rounds of sampling after the
-12 s suspicion; ``tests/perf/hang_table.py`` runs the issue's 150 s ten times).  The four
+The pauses last ``DFLASHD_TEST_PAUSE_S`` (45 s here: past the quick look at 4 s and two rounds of
+sampling after the 12 s suspicion; ``tests/perf/hang_table.py`` runs the issue's 150 s ten times).  The four
 pause jobs run side by side, each under its own daemon, so the suite waits once.
 """
 
@@ -27,7 +27,7 @@ from tests.conftest import FAST_RESTART, Daemon, child, write_config
 from tests.helpers import run_cli
 
 Start = Callable[..., Daemon]
-PAUSE_S = float(os.environ.get("DFLASHD_TEST_PAUSE_S", "75"))
+PAUSE_S = float(os.environ.get("DFLASHD_TEST_PAUSE_S", "45"))
 
 
 def _ended_hung(daemon: Daemon) -> EventRecord:

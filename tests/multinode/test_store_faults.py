@@ -25,8 +25,8 @@ from tests.multinode.two_nodes import free_port
 
 pytestmark = pytest.mark.trainer  # torch and torchrun
 
-EVAL_S = 50.0
-FREEZE_S = 30.0  # under torchrun's own store read_timeout (60 s): its agents wait it out
+EVAL_S = 40.0
+FREEZE_S = 20.0  # under torchrun's own store read_timeout (60 s): its agents wait it out
 
 
 def test_a_frozen_store_host_never_gets_a_waiting_rank_ended(tmp_path: Path) -> None:
