@@ -39,12 +39,32 @@ def store_address(endpoint: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+def _deadline(seconds: float) -> None:
+    """One bound for the whole helper: a frozen store host accepts the connection and then
+    answers nothing, and each store call would wait its own timeout in turn (30 s and more)."""
+    import os
+    import threading
+
+    def overrun() -> None:
+        print(json.dumps({"error": f"the store did not answer within {seconds:.0f}s"}), flush=True)
+        os._exit(0)
+
+    timer = threading.Timer(seconds, overrun)
+    timer.daemon = True
+    timer.start()
+    _TIMERS.append(timer)
+
+
+_TIMERS: list[Any] = []  # the deadline, cancelled once the answer is ready
+
+
 def _helper(request: dict[str, Any]) -> dict[str, Any]:
     """In the job's Python: one write and one read of the store."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
+    _deadline(STORE_TIMEOUT_S + 2.0)  # the store's calls together; torch's import before it
     address = store_address(str(request["endpoint"]))
     if address is None:
         return {"error": f"no store address in {request['endpoint']!r}"}
@@ -95,4 +115,7 @@ if __name__ == "__main__":
         result = _helper(json.loads(sys.argv[1]))
     except Exception as exc:  # the daemon gets one line, whatever went wrong
         result = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    for timer in _TIMERS:
+        timer.cancel()  # a race left: an overrun printing at this instant makes two lines,
+        # which the daemon reads as an error (never as a wrong answer)
     print(json.dumps(result))
