@@ -246,8 +246,10 @@ def test_a_cpu_hog_on_the_cpu_a_job_is_pinned_to_is_named() -> None:
     ours = {hog.pid, away.pid if away is not None else hog.pid}
     try:
         named: list[str] = []
-        for _ in range(200):  # the job pins itself after it starts (no event says when)
-            if os.sched_getaffinity(job.pid) == {mine}:
+        pinned = [(job, mine), (hog, mine)] + ([(away, other)] if away is not None else [])
+        for _ in range(200):  # each pins itself after it starts (no event says when): the
+            # one meant for the other CPU, still starting up on this one, is no hog of it
+            if all(os.sched_getaffinity(p.pid) == {cpu} for p, cpu in pinned):
                 break
             time.sleep(0.05)
         for _ in range(200):  # the hog runs on its CPU once it has pinned itself
