@@ -2,10 +2,11 @@
 output) or saves a checkpoint (SAVE_MB in 1 MB chunks) for SECONDS while every other rank
 waits in ``dist.barrier()`` (``deadlock``: every rank instead waits in ``dist.recv`` from the
 next one, for ever: the whole world is stuck; ``freeze``: rank 1 blocks for ever on a lock of
-its own at EVAL_AT in the first run, ``DFLASHD_RUN`` 1, while its peers wait in ``all_reduce``) — the ``if rank == 0: evaluate(); dist.barrier()`` of nearly
+its own at EVAL_AT in the first run, ``DFLASHD_RUN`` 1, while its peers wait in ``all_reduce``;
+``eval_then_freeze``: ``eval`` in torchrun's first round, ``freeze`` in its next ones) — the ``if rank == 0: evaluate(); dist.barrier()`` of nearly
 every multi-node trainer — then all step on to STEPS and exit 0.
 
-    torchrun ... eval_then_barrier.py EVAL_AT SECONDS STEPS eval|checkpoint|deadlock|freeze [PATH]
+    torchrun ... eval_then_barrier.py EVAL_AT SECONDS STEPS eval|checkpoint|deadlock|freeze|eval_then_freeze [PATH]
 """
 
 import datetime
@@ -54,9 +55,20 @@ def main() -> None:
             lock.acquire()  # its own code, waiting for ever: the culprit
         if step == EVAL_AT and MODE == "deadlock":
             dist.recv(torch.zeros(1), src=(rank + 1) % dist.get_world_size())
-        if step == EVAL_AT and MODE in ("eval", "checkpoint"):
+        restarted = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+        if step == EVAL_AT and MODE == "eval_then_freeze" and restarted and first_run:
+            if rank == 1:  # torchrun's next round: the culprit, frozen in its own code
+                import threading
+
+                lock = threading.Lock()
+                lock.acquire()
+                lock.acquire()
+        elif step == EVAL_AT and (
+            MODE in ("eval", "checkpoint")
+            or (MODE == "eval_then_freeze" and not restarted and first_run)
+        ):
             if rank == 0:
-                evaluate() if MODE == "eval" else save()
+                evaluate() if MODE != "checkpoint" else save()
             dist.barrier()
         x = x * 1.0001
         dist.all_reduce(x)

@@ -36,10 +36,18 @@ EVAL_S = float(os.environ.get("DFLASHD_REMOTE_EVAL_S", "50"))  # two rounds and 
 
 
 def _node(
-    root: Path, name: str, port: int, is_host: bool, args: list[str], **extra: object
+    root: Path,
+    name: str,
+    port: int,
+    is_host: bool,
+    args: list[str],
+    *,
+    restarts: int = 0,
+    **extra: object,
 ) -> Node:
     command = [
         *torchrun(),
+        f"--max-restarts={restarts}",
         "--nnodes=2",
         "--nproc-per-node=1",
         "--rdzv-backend=c10d",

@@ -75,3 +75,59 @@ def test_a_frozen_store_host_never_gets_a_waiting_rank_ended(tmp_path: Path) -> 
     assert max(answered) < 5.0, answered  # the daemon never blocked on the frozen store
     checks = peer.events("hang_check")
     assert any(c.fields.get("finding") == "elsewhere" for c in checks), checks
+
+
+def _worker_of(agent: int) -> int:
+    """The agent's live worker (nproc-per-node=1), by its script's name."""
+    import psutil
+
+    for proc in psutil.Process(agent).children():
+        try:
+            if proc.status() != "zombie" and "eval_then_barrier.py" in " ".join(proc.cmdline()):
+                return proc.pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"agent {agent} runs no worker")
+
+
+def test_a_restart_round_while_a_node_is_suspect_starts_afresh_and_a_hang_after_is_found(
+    tmp_path: Path,
+) -> None:
+    """Issue 50 (1): node B's rank waits in a barrier for node A's evaluation (B judges it
+    ``elsewhere``); node A's worker dies then, and torchrun re-forms the group on both nodes.
+    In that next round B's rank freezes in its own code: B ends it as hung from fresh
+    evidence (nothing of the earlier round's wait carried over), and A, whose rank now waits
+    for B's in a collective, ends nothing."""
+    port = free_port()
+    args = ["20", "120", "40", "eval_then_freeze"]
+    extra = {"remote_wait_s": 600.0}
+    host, peer = (
+        _node(tmp_path, "a", port, True, args, restarts=3, **extra),
+        _node(tmp_path, "b", port, False, args, restarts=3, **extra),
+    )
+    try:
+        for node in (host, peer):
+            node.start()
+        peer.wait_for(
+            lambda r: (
+                isinstance(r, EventRecord)
+                and r.event == "hang_check"
+                and r.fields.get("finding") == "elsewhere"
+            ),
+            timeout=300,
+        )
+        os.kill(_worker_of(int(host.status()["child"]["pid"])), signal.SIGKILL)
+        ended = peer.wait_for(
+            lambda r: isinstance(r, EventRecord) and r.event == "exit", timeout=300
+        )
+    finally:
+        for node in (host, peer):
+            run_cli("stop", "--home", str(node.home), "--timeout", "5")
+    assert isinstance(ended, EventRecord)
+    assert (ended.fields["verdict"], ended.fields["reason"]) == ("stalled", "hung"), ended.fields
+    assert ended.fields["hung_after_s"] <= 60, ended.fields
+    top = " ".join(ended.fields["stacks"]["top"])
+    assert "eval_then_barrier.py" in top, top
+    ending = [e for e in host.events("ending_run")]
+    first_b_end = ended.ts
+    assert all(e.ts > first_b_end for e in ending), [e.fields for e in ending]
