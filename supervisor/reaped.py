@@ -142,6 +142,11 @@ def waited_elsewhere(run: RunState, watch: HangWatch, died_mono: float) -> tuple
     if last is None or run.ended_by_us or died_mono - last[2] > ELSEWHERE_RECENT_S:
         return None
     why, since, seen = last
+    # the wait began no later than the last step: the round that named it came 12 s or more
+    # into the silence ("after waiting 1s" said so of a rank 25 s in its barrier)
+    stepped = run.progress.last_progress_mono
+    if stepped is not None and stepped < since:
+        since = stepped
     return why, max(seen, died_mono) - since
 
 

@@ -284,3 +284,23 @@ def test_a_crash_right_after_a_wait_elsewhere_says_so_in_one_waiting_alert() -> 
         already, history=RestartHistory(), policy=POLICY, alerts_on=DEFAULT_ALERTS, jitter=0.0
     )
     assert not [e for e in again.effects if isinstance(e, SendAlert)]  # said once already
+
+
+def test_a_wait_elsewhere_is_timed_from_the_last_step_not_from_the_round_that_named_it() -> None:
+    """A rank 25 s into its barrier when its peer's node died: the round that found the wait
+    came 20 s into the silence, and the end's reason says 25 s, not 5."""
+    from dataclasses import replace
+
+    from dflashd.supervisor.model.hang import HangWatch
+    from dflashd.supervisor.reaped import waited_elsewhere
+    from tests.tables import run_state
+
+    run = run_state(0.0)
+    run = replace(run, progress=replace(run.progress, last_progress_mono=100.0))
+    watch = HangWatch(elsewhere_last=("rank(s) [1] of 2 wait in barrier", 120.0, 120.0))
+    assert waited_elsewhere(run, watch, 125.0) == ("rank(s) [1] of 2 wait in barrier", 25.0)
+    never_stepped = replace(run, progress=replace(run.progress, last_progress_mono=None))
+    assert waited_elsewhere(never_stepped, watch, 125.0) == (
+        "rank(s) [1] of 2 wait in barrier",
+        5.0,
+    )
