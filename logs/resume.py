@@ -92,7 +92,10 @@ def recover_tail(directory: Path, basename: str, backups: int) -> tuple[int, int
     """
     live = directory / basename
     torn = 0
-    present = set(os.listdir(directory))  # one listing, not a stat per possible backup name
+    try:
+        present = set(os.listdir(directory))  # one listing, not a stat per possible backup name
+    except FileNotFoundError:
+        present = set()  # nothing written yet
     for path in reversed(rotated_paths(directory, basename, backups)):
         if path.name not in present and not any(path.name + s in present for s in PACKED_SUFFIXES):
             continue
