@@ -33,6 +33,10 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.gpu.hang_gpu import _events
+
 JOB = r"""
 import os, sys, threading, time
 import torch
@@ -143,16 +147,8 @@ def launcher_argv(name: str, job: Path, work: Path, what: str) -> tuple[list[str
 
 def spawn_starts(home: Path) -> list[str]:
     """The spawn records' ``start`` (warm or cold) and ``cold_because``, in order."""
-    out = []
-    for path in sorted((home / "logs").glob("dflashd.jsonl*")):
-        if path.suffix in (".zst", ".gz"):
-            continue
-        for line in path.read_text().splitlines():
-            if '"spawn"' in line:
-                rec = json.loads(line)
-                if rec.get("event") == "spawn":
-                    out.append(f"{rec.get('start', '?')} {rec.get('cold_because', '')}".strip())
-    return out
+    spawns = [rec for rec in _events(home) if rec["event"] == "spawn"]
+    return [f"{r.get('start', '?')} {r.get('cold_because', '')}".strip() for r in spawns]
 
 
 def one_case(name: str, what: str, work: Path, cap_s: float) -> dict[str, object]:

@@ -22,7 +22,7 @@ import pytest
 from dflashd.logs import EventRecord, LineRecord
 from tests.helpers import run_cli
 from tests.multinode.test_remote_wait import _node
-from tests.multinode.two_nodes import free_port
+from tests.multinode.two_nodes import free_port, worker_of
 
 pytestmark = pytest.mark.trainer  # torch and torchrun
 
@@ -78,19 +78,6 @@ def test_a_frozen_store_host_never_gets_a_waiting_rank_ended(tmp_path: Path) -> 
     assert any(c.fields.get("finding") == "elsewhere" for c in checks), checks
 
 
-def _worker_of(agent: int) -> int:
-    """The agent's live worker (nproc-per-node=1), by its script's name."""
-    import psutil
-
-    for proc in psutil.Process(agent).children():
-        try:
-            if proc.status() != "zombie" and "eval_then_barrier.py" in " ".join(proc.cmdline()):
-                return proc.pid
-        except psutil.Error:
-            continue
-    raise AssertionError(f"agent {agent} runs no worker")
-
-
 def test_a_restart_round_while_a_node_is_suspect_starts_afresh_and_a_hang_after_is_found(
     tmp_path: Path,
 ) -> None:
@@ -117,7 +104,9 @@ def test_a_restart_round_while_a_node_is_suspect_starts_afresh_and_a_hang_after_
             ),
             timeout=300,
         )
-        os.kill(_worker_of(int(host.status()["child"]["pid"])), signal.SIGKILL)
+        os.kill(
+            worker_of(int(host.status()["child"]["pid"]), "eval_then_barrier.py"), signal.SIGKILL
+        )
         ended = peer.wait_for(
             lambda r: isinstance(r, EventRecord) and r.event == "exit", timeout=300
         )

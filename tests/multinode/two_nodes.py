@@ -178,15 +178,15 @@ def median_rate(rates: list[float]) -> float | None:
     return ordered[len(ordered) // 2] if ordered else None
 
 
-def worker_of(agent_pid: int) -> int:
-    """The agent's worker: its child running the trainer (nproc-per-node=1)."""
+def worker_of(agent_pid: int, script: str = "dflashd.trainer") -> int:
+    """The agent's worker: its child running ``script`` (the trainer; nproc-per-node=1)."""
     import psutil
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for child in psutil.Process(agent_pid).children():
             try:
-                if child.status() != "zombie" and "dflashd.trainer" in " ".join(child.cmdline()):
+                if child.status() != "zombie" and script in " ".join(child.cmdline()):
                     return child.pid
             except psutil.Error:
                 continue
