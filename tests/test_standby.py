@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -103,7 +104,15 @@ def test_a_warm_run_is_stopped_by_its_signals_as_a_cold_one(
         lambda r: isinstance(r, LineRecord) and r.run == 2 and r.line.startswith("step 3 "), 180
     )
     assert _spawn(daemon, 2)["start"] == "warm"
-    status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
+    # the log has the line before the daemon's progress has the step (steps are posted four
+    # times a second): status is read again until it counts the steps redone, within a bound
+    deadline = time.monotonic() + 10
+    while True:
+        status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
+        redone = (status.get("recovery") or {}).get("redone_steps") or 0
+        if redone >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # a short step of a bounded poll: no event says a post landed
     assert status["standby"] is None or status["standby"]["for_run"] == 3
     recovery = status["recovery"]  # the relaunch, split (issue 51 part 4)
     assert recovery["run"] == 2 and recovery["after"] == "crashed", recovery
