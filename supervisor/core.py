@@ -1,23 +1,27 @@
-"""The daemon's core: the holder of its state and the one executor of effects.
+"""The daemon's core: the holder of its state, its one queue of inputs and the one executor.
 
 :class:`DaemonCore` keeps the daemon's state (a :class:`~dflashd.supervisor.model.step.DaemonState`
-value) and the current run.  Everything the loop hears goes through :meth:`DaemonCore.step`:
-the model's :func:`~dflashd.supervisor.model.step.step` gives the next state (replaced here,
-never changed) and the effects, which :meth:`DaemonCore.execute` carries out, in order, in one
-``match``: the only place in the daemon that writes a record, alerts, writes the history row,
-signals a dead run's processes, launches, stops a run or writes the status.  An effect with an
-answer (a launch, a look for the dead run's release) hands it back as the next input.
+value) and the current run.  Everything the loop hears is an input on one queue
+(:meth:`DaemonCore.step` puts it there); a turn takes one input, hands it to the model's
+:func:`~dflashd.supervisor.model.step.step` (the next state replaces the old, never changed)
+and carries out the effects, in order, in one ``match`` (:meth:`DaemonCore.execute`): the only
+place in the daemon that writes a record, alerts, writes the history row, signals a run's
+processes, launches, stops a run or writes the status.  An effect with an answer (a launch, a
+look for the dead run's release) puts it on the queue as the next input, and so does an adapter
+that hears something while an effect runs: the executor never calls ``step`` from inside a
+turn, so no effect runs against a state that moved under it.
 
-The death walk: the loop reaps (:mod:`runs` gathers the facts) -> ``step(ChildExited)``
-(:func:`~dflashd.supervisor.model.ending.conclude`, pure) -> the effects here -> the restart
-deadline -> ``step(DeadlineDue)`` -> a look for the release -> ``step(ReleaseLooked)`` -> the
-launch -> ``step(Launched)``: three modules of the daemon (``daemon``, ``core``, ``runs``).
+The death walk: the loop reaps (:mod:`runs` gathers the facts) -> ``ChildExited``
+(:func:`~dflashd.supervisor.model.ending.conclude`, pure) -> its effects -> the restart
+deadline -> ``DeadlineDue`` -> a look for the release -> ``ReleaseLooked`` -> the launch ->
+``Launched``: each a turn of its own.
 """
 
 from __future__ import annotations
 
 import signal
 import traceback
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -39,6 +43,7 @@ from dflashd.supervisor.model.effects import (
     RecordHistory,
     RunLaunched,
     SampleStacks,
+    SayLaunched,
     SendAlert,
     SettleProcesses,
     SignalRun,
@@ -66,9 +71,9 @@ class Hands(Protocol):
     def launch(self, effect: Launch) -> tuple[Run | None, Input]: ...
     def prepare_standby(self, run: Run | None) -> None: ...
 
-    def after_launch(self, run: Run | None, answer: Input) -> None: ...
+    def say_launched(self, run: Run | None, error: str | None) -> None: ...
 
-    def look_for_release(self, run: Run | None, now: float) -> Input: ...
+    def look_for_release(self, run: Run | None, now: float, room_of: str | None) -> Input: ...
 
     def stop_run(self, run: Run, timeout_s: float) -> None: ...
 
@@ -91,10 +96,13 @@ class Hands(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Executed:
-    """What :meth:`DaemonCore.step` did: the effects carried out (tests read them)."""
+class Heard:
+    """One input on the core's queue, with the run it is about (``run_no``: a run with no
+    handles, one a dead daemon lost)."""
 
-    effects: tuple[Effect, ...]
+    run: Run | None
+    heard: Input
+    run_no: int | None = None
 
 
 class DaemonCore:
@@ -105,6 +113,9 @@ class DaemonCore:
         self.run: Run | None = None  # the current (or last) run: the shell's handles
         # the last facts of runs that are no longer current (their handles may still be asked)
         self.retired: dict[int, RunState] = {}
+        self._queue: deque[Heard] = deque()  # inputs heard during a turn wait for the next
+        self._turning = False
+        self.turns = 0  # inputs taken so far (tests read it)
 
     @property
     def loop(self) -> LoopState:
@@ -131,16 +142,29 @@ class DaemonCore:
 
     # -- the one way in ----------------------------------------------------------------------
 
-    def step(self, run: Run | None, heard: Input, *, run_no: int | None = None) -> Executed:
-        """Hand ``heard`` to the model, keep the next state, carry out the effects (for
-        ``run``; ``run_no``: a run with no handles, one a dead daemon lost)."""
+    def step(self, run: Run | None, heard: Input, *, run_no: int | None = None) -> None:
+        """Put ``heard`` (about ``run``) on the queue and take turns until it is empty: one
+        input, the model's next state, its effects carried out.  Called while a turn runs (an
+        adapter heard something as an effect ran), the input only waits for its own turn."""
+        self._queue.append(Heard(run, heard, run_no))
+        if self._turning:
+            return
+        self._turning = True
+        try:
+            while self._queue:
+                self._turn(self._queue.popleft())
+        finally:
+            self._turning = False
+            self._queue.clear()  # a turn that raised: the daemon fails, nothing half-taken
+
+    def _turn(self, item: Heard) -> None:
         before = self.state.run
-        self.state, effects = step(self.state, heard, self.clock.monotonic())
+        self.state, effects = step(self.state, item.heard, self.clock.monotonic())
+        self.turns += 1
         after = self.state.run
         if before is not None and (after is None or after.run_no != before.run_no):
             self.retired = {before.run_no: before}  # its handles outlive it a while
-        self.execute(run, effects, run_no=run_no)
-        return Executed(effects)
+        self.execute(item.run, effects, run_no=item.run_no)
 
     def apply(
         self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
@@ -193,10 +217,12 @@ class DaemonCore:
                 self.run = run  # the current run from now on (launched, or failed to spawn)
             case Launch():
                 launched, answer = hands.launch(effect)
-                self.step(launched, answer)
-                hands.after_launch(launched, answer)
-            case LookForRelease():
-                self.step(run, hands.look_for_release(run, self.clock.monotonic()))
+                self._queue.append(Heard(launched, answer))  # the next turn's input
+            case SayLaunched(error):
+                hands.say_launched(run, error)
+            case LookForRelease(room_of):
+                answer = hands.look_for_release(run, self.clock.monotonic(), room_of)
+                self._queue.append(Heard(run, answer))
             case PrepareStandby():
                 hands.prepare_standby(run)
             case StopRun(timeout_s):

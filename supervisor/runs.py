@@ -22,6 +22,7 @@ from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.host.fdreserve import FdReserve
 from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.processops import ProcessOps
+from dflashd.supervisor.host.room import room_at
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
 from dflashd.supervisor.liverun import LiveRunControl
 from dflashd.supervisor.model.effects import EndRunHung, Launch
@@ -118,12 +119,11 @@ class Runs:
         if run is not None and run.alive:
             self.launcher.prepare_standby(run)
 
-    def after_launch(self, run: Run | None, answer: Input) -> None:
+    def say_launched(self, run: Run | None, error: str | None) -> None:
         """``start``'s wait is answered, and systemd told READY once the launch is on disk."""
-        if run is None or isinstance(answer, LaunchPutOff):
+        if run is None:
             return
-        if isinstance(answer, ChildExited):
-            error = answer.facts.obs.spawn_error
+        if error is not None:
             self._first_launch({"ok": False, "run": run.run_no, "error": f"spawn failed: {error}"})
             return
         self._first_launch({"ok": True, "run": run.run_no, "pid": run.pid})
@@ -136,12 +136,15 @@ class Runs:
         if callback is not None:
             callback({**info, "log": str(self.reporter.log_path), "daemon_pid": os.getpid()})
 
-    def look_for_release(self, run: Run | None, now: float) -> Input:
-        """Is nothing of the dead run left, and its GPU memory released?"""
+    def look_for_release(self, run: Run | None, now: float, room_of: str | None) -> Input:
+        """Is nothing of the dead run left, and its GPU memory released?  And, asked for a
+        relaunch a rule holds (``room_of``), how much room its filesystem has?"""
         if (wait := self.ended_runs.end_leftovers(run, now)) is not None:
             return ReleaseLooked(wait)  # nothing of the dead run lives into the next
         check = self.gpu.release_check(run, self.ops, now)
-        return ReleaseLooked(None, check.effects, check.ready, check.health, check.ecc_at_launch)
+        room = None if room_of is None else room_at(room_of, self.launcher.config.cwd)
+        found = (check.effects, check.ready, check.health, check.ecc_at_launch, room)
+        return ReleaseLooked(None, *found)
 
     # -- the executor's other hands ---------------------------------------------------------
 

@@ -124,6 +124,7 @@ def status_view(source: StatusSource) -> StatusView:
         "next_restart_in_s": None
         if restart_at is None
         else round(max(0.0, restart_at - now_mono), 3),
+        "restart_held_until": None if ledger.hold is None else ledger.hold.describe(),
         "log_stats": source.reporter.log_stats(),
         "node": source.config.node_name,
         "placement": placement(os.environ, source.config.command).fields(),

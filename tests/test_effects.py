@@ -30,6 +30,7 @@ from dflashd.supervisor.model.inputs import (
     LaunchPutOff,
     ReleaseLooked,
     Started,
+    StatusWritten,
     StopRequested,
 )
 from dflashd.supervisor.model.lifecycle import State
@@ -168,10 +169,10 @@ class Hands:
         self.done.append("launch")
         return None, LaunchPutOff(1, "EMFILE", 0, effect.clear_cache)
 
-    def after_launch(self, run: Run | None, answer: Input) -> None:
-        self.done.append("after_launch")
+    def say_launched(self, run: Run | None, error: str | None) -> None:
+        self.done.append(f"say_launched {error}")
 
-    def look_for_release(self, run: Run | None, now: float) -> Input:
+    def look_for_release(self, run: Run | None, now: float, room_of: str | None) -> Input:
         self.done.append("look")
         return ReleaseLooked(now + 1.0)
 
@@ -208,7 +209,7 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
     run, facts = _run(core, 3, clock)
     before, t = core.state, clock.monotonic()
     core.step(run, Launched(facts))  # the run is current: its facts are the state's
-    assert hands.done == ["publish"] and core.facts_of(3) is facts
+    assert hands.done == ["publish", "say_launched None"] and core.facts_of(3) is facts
     hands.done.clear()
     core.apply(
         run,
@@ -254,13 +255,13 @@ def test_the_core_counts_the_launch_gap_and_the_end_into_goodput(tmp_path: Path)
 def test_a_launch_put_off_keeps_its_number_for_the_retry(tmp_path: Path) -> None:
     core, written, clock, hands = _core(tmp_path)
     core.step(None, Started())
-    assert hands.done == ["launch", "after_launch"]
+    assert hands.done == ["launch"]  # put off: nobody is told of a launch yet
     assert core.state.deferred_run_no == 1 and core.loop.state is State.STARTING
     assert [e for _, e, _ in written.records] == [Event.LAUNCH_DEFERRED]
     assert core.deadlines.restart_at == pytest.approx(clock.monotonic() + LAUNCH_RETRY_S)
     clock.advance(LAUNCH_RETRY_S)
     assert core.due(Deadline.RESTART) is True
-    assert hands.done[2:] == ["look"]  # the host is asked first: is the dead run gone?
+    assert hands.done[1:] == ["look"]  # the host is asked first: is the dead run gone?
     assert core.deadlines.release_check_at == pytest.approx(clock.monotonic() + 1.0)
 
 
@@ -281,3 +282,48 @@ def test_a_slow_incident_open_when_the_daemon_died_is_closed_once_with_its_lost_
     assert not [
         e for e in plain.effects if isinstance(e, WriteRecord) and e.event is Event.SLOW_OVER
     ]
+
+
+class Reentering(Hands):
+    """Hands whose publish hears something at once (as the daemon's publish does: the status
+    written) and whose launch answers at once."""
+
+    def __init__(self, core: list[DaemonCore], facts: list[RunState], run: list[Run]) -> None:
+        super().__init__()
+        self.core, self.facts, self.run = core, facts, run
+
+    def launch(self, effect: Launch) -> tuple[Run | None, Input]:
+        self.done.append(f"launch turn {self.core[0].turns}")
+        return self.run[0], Launched(self.facts[0])
+
+    def publish(self) -> object:
+        core = self.core[0]
+        self.done.append(f"publish turn {core.turns}")
+        core.step(None, StatusWritten())  # heard during a turn: waits for its own
+        self.done.append(f"published, still turn {core.turns}")
+        return None
+
+
+def test_the_executor_never_enters_step_again_an_answer_is_the_next_turn(tmp_path: Path) -> None:
+    """Issue 52 (1): one queue, one turn: a launch's answer and what an adapter hears while an
+    effect runs are the next inputs, never a step inside a step."""
+    clock, written = ManualClock(), Written()
+    cores: list[DaemonCore] = []
+    facts_list: list[RunState] = []
+    runs: list[Run] = []
+    hands = Reentering(cores, facts_list, runs)
+    core = DaemonCore(DaemonState(), clock, written, hands)  # type: ignore[arg-type]
+    cores.append(core)
+    run, facts = _run(core, 1, clock)
+    runs.append(run)
+    facts_list.append(facts)
+    core.step(None, Started())
+    assert hands.done == [
+        "launch turn 1",  # Started: the launch is this turn's effect
+        "publish turn 2",  # Launched: the next turn, its publish
+        "published, still turn 2",  # StatusWritten heard inside the turn did not run in it
+        "say_launched None",  # ...and the launch is told after its records, in the same turn
+    ]
+    assert core.turns == 3  # Started, Launched, StatusWritten: one after another
+    assert core.run is run and core.loop.state is State.RUNNING
+    assert core.deadlines.last_state_write == clock.monotonic()  # StatusWritten was taken

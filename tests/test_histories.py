@@ -23,6 +23,7 @@ from dflashd.supervisor.model.effects import (
     Publish,
     RecordHistory,
     RunLaunched,
+    SayLaunched,
     SendAlert,
     SetTimer,
     StopRun,
@@ -101,7 +102,7 @@ def test_a_crash_mid_training_is_relaunched_after_the_backoff_once_released() ->
     )
     start, launched, death, due, released = said
     assert kinds(start) == ["Launch"]  # starting and the cache flag are state, folded in
-    assert kinds(launched) == ["RunLaunched", "Publish"]
+    assert kinds(launched) == ["RunLaunched", "Publish", "SayLaunched"]
     assert kinds(death) == [
         "WriteRecord(exit)",
         "RecordHistory",
@@ -246,5 +247,8 @@ def test_a_spawn_failure_is_current_and_concluded_in_one_step() -> None:
     state, effects = step(state, ChildExited(facts, 0.0, launched=run_state(0.0)), 0.0)
     assert isinstance(effects[0], RunLaunched)  # the run is the current one from now on
     assert any(isinstance(e, WriteRecord) and e.event is Event.EXIT for e in effects)
-    assert any(isinstance(e, RecordHistory) for e in effects) and effects[-1] == Publish()
+    assert any(isinstance(e, RecordHistory) for e in effects) and Publish() in effects
+    assert effects[-1] == SayLaunched(
+        "No such file"
+    )  # start's client hears of it after the records
     assert not any(isinstance(e, Launch | StopRun) for e in effects)

@@ -12,6 +12,7 @@ from dflashd.logs.records import EventRecord, LineRecord, Record
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import goodput_line, view_from_json
 from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.rules import rule_named
 from dflashd.supervisor.model.verdicts import Verdict
 from dflashd.supervisor.speak.echo import escape_controls, escaped_values
 from dflashd.supervisor.speak.fieldtext import recovery_line, value_text
@@ -45,6 +46,12 @@ _VERDICT_COLOR: Final[dict[str, str]] = {
     Verdict.RENDEZVOUS_TIMEOUT: "yellow",
 }
 _ENDED_WELL: Final = frozenset({Verdict.COMPLETED, Verdict.STOPPED})
+
+
+def verdict_colour(verdict: str) -> str:
+    """A verdict's terminal colour: a rule's own (model/rules.py), red for one not named."""
+    rule = rule_named(verdict)
+    return _VERDICT_COLOR.get(verdict, rule.colour if rule is not None else "red")
 
 
 def use_color(stream: TextIO) -> bool:
@@ -155,7 +162,9 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
         rows.append(("child says", escape_controls(str(status["child_status"]))))
     if status.get("last_line"):
         rows.append(("last line", paint(escape_controls(str(status["last_line"]))[:160], "dim")))
-    if status.get("next_restart_in_s") is not None and running:
+    if status.get("restart_held_until") and running:
+        rows.append(("restart", f"held until {escape_controls(str(status['restart_held_until']))}"))
+    elif status.get("next_restart_in_s") is not None and running:
         rows.append(("restart", f"in {duration(status['next_restart_in_s'])}"))
     by_verdict = status.get("restarts_by_verdict") or {}
     restarts = f"{status.get('restarts') or 0}"
@@ -179,7 +188,7 @@ def format_status(status: dict[str, Any], *, running: bool, paint: Painter) -> s
             how = f"spawn failed: {escape_controls(str(last['error']))[:160]}"
 
         text = (
-            f"run {last.get('run')}: {paint(verdict, _VERDICT_COLOR.get(verdict, 'red'))}"
+            f"run {last.get('run')}: {paint(verdict, verdict_colour(verdict))}"
             f" ({last.get('reason')}), {how}; it had run {duration(last.get('duration_s'))},"
             f" ended {ago(last.get('ended_at'))}"
         )

@@ -15,6 +15,7 @@ from dflashd.logs.records import EventRecord, Record, parse_timestamp
 from dflashd.supervisor.client.goodputhtml import GoodputData
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.model.rules import rule_named
 from dflashd.supervisor.model.verdicts import Verdict
 
 # One colour per verdict, used by the table, the timeline and the step and loss lines alike:
@@ -129,7 +130,8 @@ class ReportData:
 
 def verdict_color(verdict: str) -> str:
     """A verdict's colour, the same in the table, the timeline and the lines."""
-    return VERDICT_COLORS.get(verdict, _OTHER_COLOR)
+    rule = rule_named(verdict)
+    return VERDICT_COLORS.get(verdict, rule.html_colour if rule is not None else _OTHER_COLOR)
 
 
 def collect(records: Iterable[Record], only_runs: set[int] | None = None) -> ReportData:

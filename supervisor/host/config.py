@@ -23,7 +23,8 @@ from typing import Any, Final, get_type_hints
 from dflashd.logs.limits import MIN_LINE_BYTES, MIN_MAX_BYTES
 from dflashd.supervisor.model.bounds import bounded_field, seconds_field
 from dflashd.supervisor.model.policy import RestartConfig
-from dflashd.supervisor.model.verdicts import ALERT_KINDS, DEFAULT_ALERTS, AlertKind, alert_kind
+from dflashd.supervisor.model.rules import ALERTED_BY_DEFAULT, ALL_ALERT_KINDS, any_alert_kind
+from dflashd.supervisor.model.verdicts import AlertKind
 
 
 class ConfigError(ValueError):
@@ -58,7 +59,7 @@ class AlertsConfig:
     webhook_url: str = ""
     command: tuple[str, ...] = ()
     file: str = ""  # an absolute path: each alert appended as one JSON line (0600, no link)
-    on: tuple[AlertKind, ...] = DEFAULT_ALERTS
+    on: tuple[AlertKind, ...] = ALERTED_BY_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -193,13 +194,13 @@ def _gpus(where: str, value: Any) -> str | tuple[int, ...]:
 
 def _alert_kinds(where: str, value: Any) -> tuple[AlertKind, ...]:
     names = _strings(where, value)
-    known = {k.value for k in ALERT_KINDS}
+    known = {k.value for k in ALL_ALERT_KINDS}
     for name in names:
         if name not in known:
             raise ConfigError(
                 f"{where}: unknown alert kind {name!r} (known: {', '.join(sorted(known))})"
             )
-    return tuple(alert_kind(n) for n in names)
+    return tuple(any_alert_kind(n) for n in names)
 
 
 _PARSERS: Final[dict[Any, Callable[[str, Any], Any]]] = {

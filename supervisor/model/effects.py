@@ -22,7 +22,7 @@ from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.goodput import Cost, GoodputLedger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartHistory
-from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
+from dflashd.supervisor.model.verdicts import AlertKind, EndedBy, RoomHold
 from dflashd.supervisor.model.world import Share
 
 
@@ -52,6 +52,8 @@ class UpdateLedger:
     restarts_by_verdict: dict[str, int] | None = None  # carried over from state.json
     goodput: GoodputLedger | None = None  # carried over from runs.sqlite
     diverged_at: int | None = None  # a run's loss diverged at this step (None: unchanged)
+    hold: RoomHold | None = None  # the next relaunch waits for it (a rule's; None: unchanged)
+    hold_over: bool = False  # ...no longer
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,14 @@ class Launch:
 
 
 @dataclass(frozen=True, slots=True)
+class SayLaunched:
+    """Tell who waits for a launch (``start``'s client, systemd's READY=1) that it is on disk:
+    the run lives, or its spawn failed (``error``)."""
+
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PrepareStandby:
     """Start the next run's interpreter now, its imports done (the run trains: host/standby.py)."""
 
@@ -162,7 +172,11 @@ class PrepareStandby:
 @dataclass(frozen=True, slots=True)
 class LookForRelease:
     """Look whether the dead run is gone and its GPU memory released (the executor asks the
-    host; the answer comes back as :class:`~dflashd.supervisor.model.inputs.ReleaseLooked`)."""
+    host; the answer comes back as :class:`~dflashd.supervisor.model.inputs.ReleaseLooked`),
+    and, for a relaunch a rule holds, how much room the filesystem of ``room_of`` has (empty:
+    the job's working directory)."""
+
+    room_of: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +284,7 @@ Effect = (
     | KillHolders
     | ExitDaemon
     | Launch
+    | SayLaunched
     | LookForRelease
     | PrepareStandby
     | StopRun

@@ -38,6 +38,7 @@ from dflashd.supervisor.model.goodput import Cost, run_cost
 from dflashd.supervisor.model.incidents import alert_decision, extended, repeats
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import Action, Decision, RestartConfig, RestartHistory, decide
+from dflashd.supervisor.model.rules import any_alert_kind, read_by_rules
 from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.verdicts import (
     AlertKind,
@@ -46,7 +47,6 @@ from dflashd.supervisor.model.verdicts import (
     Notice,
     Observations,
     Verdict,
-    alert_kind,
     classify,
     signal_name,
 )
@@ -166,7 +166,8 @@ def conclude(
 
     ``incident``: the failure already alerted that no run has passed yet; one more of its
     kind alerts nobody (the ``fatal`` that ends a loop of them does)."""
-    result = classify(facts.obs, policy.early_death_s)
+    frames = top_frames(facts.stacks)
+    result, found = read_by_rules(classify(facts.obs, policy.early_death_s), facts.obs, frames)
     if facts.waited_elsewhere is not None and result.verdict is Verdict.CRASHED:
         why, waited = facts.waited_elsewhere
         reason = f"{result.reason}, after waiting {waited:.0f}s on work elsewhere ({why})"
@@ -226,14 +227,14 @@ def conclude(
         worker_exit_code=worker_code,
         step=facts.step,
         tail=facts.tail,
-        frames=top_frames(facts.stacks),
+        frames=frames,
     )
     if decision.action is Action.RESTART and facts.stale_build_locks:
         # torch would wait on the same lock again: one alert with the path, not a loop
         lock = facts.stale_build_locks[0]
         decision = replace(decision, action=Action.FATAL, reason=f"stale_build_lock:{lock}")
     settle = SettleProcesses(kill_now=facts.obs.ended_by is not EndedBy.CHILD)
-    verdict_alert = alert_kind(verdict)
+    verdict_alert = any_alert_kind(verdict)
     if facts.stop_requested:
         book = UpdateLedger(last_exit=last_exit, history=decision.history, clear_cache_next=False)
         alerts = alert(verdict_alert, result.reason, history.early_deaths)
@@ -275,6 +276,7 @@ def conclude(
         clear_cache_next=decision.clear_cache,
         recovering_from="stalled" if result.verdict is Verdict.STALLED else None,
         incident=extended(incident, verdict, facts.step),
+        hold=found.hold if found is not None else None,
     )
     alerts = alert(verdict_alert, result.reason, history.early_deaths)
     if not alerts and facts.waited_elsewhere is not None:
@@ -287,6 +289,8 @@ def conclude(
         "early_deaths": decision.history.early_deaths,
         "runtime_crashes": decision.history.runtime_crashes,
     }
+    if found is not None and found.hold is not None:  # a rule's: the relaunch waits for it
+        restart["held_until"] = found.hold.describe()
     after = (
         WriteRecord(Event.RESTART, restart, "info"),
         settle,

@@ -40,6 +40,7 @@ class Event(StrEnum):
     RENDEZVOUS = "rendezvous"
     # what follows a run
     RESTART = "restart"
+    HOLD_OVER = "hold_over"  # a relaunch a rule held (room on a full disk) goes ahead
     CACHE_CLEARED = "cache_cleared"
     FATAL = "fatal"
     DONE = "done"

@@ -12,12 +12,15 @@ No clock, no I/O: ``now`` and the wall time come in.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 from typing import Any
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import (
     Effect,
+    EndRunHung,
+    Publish,
     SampleStacks,
     SendAlert,
     SetTimer,
@@ -33,9 +36,11 @@ from dflashd.supervisor.model.hang import (
     TakeSample,
     Wait,
 )
+from dflashd.supervisor.model.hang import decide as decide_hang
+from dflashd.supervisor.model.inputs import HangLook
 from dflashd.supervisor.model.judge import Finding, Judgement, Sample
 from dflashd.supervisor.model.stacks import StacksDump
-from dflashd.supervisor.model.startup import StartupAction, StartupStuck
+from dflashd.supervisor.model.startup import StartupAction, StartupStuck, startup_decide
 from dflashd.supervisor.model.verdicts import Notice
 from dflashd.supervisor.model.world import Share, world_summary
 
@@ -245,3 +250,63 @@ def startup_named(
         Event.HANG_CHECK, {"finding": "startup_wait", **fields}, log_level="warning"
     )
     return replace(watch, waiting=fields), (check, SendAlert(Notice.WAITING, why, fields))
+
+
+def looked(
+    watch: HangWatch, look: HangLook, now: float, hang_at: float | None
+) -> tuple[HangWatch, tuple[Effect, ...]]:
+    """The live run looked at (``step``'s arm): a sample that came back joins its round, then
+    the start-up decider (no first step yet) or the hang decider says what to do, and the arms
+    of :mod:`hangwatch` carry it out.  A proven hang ends in :class:`EndRunHung` for the
+    executor."""
+    if look.sample is not None:
+        watch = sampled(watch, *look.sample)
+    start = look.startup
+    if start is not None:  # no first step yet
+        available = start.stacks_available and watch.waiting is None
+        starting = startup_decide(
+            start.started_mono,
+            available,
+            watch.sampling,
+            watch.evidence(),
+            now,
+            stale_lock=start.stale_lock,
+        )
+        watch, effects, stuck = startup_arm(watch, starting, hang_at)
+        if stuck is None:
+            return watch, effects
+        held = [{"path": path, "age_s": age} for path, age in start.held]
+        watch, named = startup_named(watch, stuck.judgement, held, look.wall)
+        return watch, (*effects, *named, Publish())
+    if look.view is None:
+        return watch, ()
+    view = look.view
+    if view.worker_rounds != watch.worker_rounds:
+        watch = afresh(watch, view.worker_rounds)
+    watch = after_progress(watch, view.last_progress)  # a step's, never the restart's
+    if view.restarted_at is not None and (view.last_progress or 0.0) < view.restarted_at:
+        view = replace(view, last_progress=view.restarted_at)  # suspect from the restart on
+    view = replace(view, sampling=watch.sampling)
+    action = decide_hang(view, watch.evidence(), now, look.limits)
+    suspect = None
+    if isinstance(action, TakeSample) and not watch.samples and not action.quick:  # say why
+        typical = statistics.median(view.intervals) if view.intervals else None
+        suspect = {
+            "no_step_for_s": round(now - (view.last_progress or now), 3),
+            "step": look.step,
+            "typical_interval_s": None if typical is None else round(typical, 3),
+        }
+    watch, effects = hang_arm(
+        watch,
+        action,
+        now,
+        look.wall,
+        hang_at,
+        share=look.share,
+        suspect=suspect,
+        quick_for=view.last_progress,
+    )
+    if isinstance(action, EndHung):
+        judged = action.judgement
+        effects = (*effects, EndRunHung(judged.why, judged.frames, action.hung_after_s))
+    return watch, effects

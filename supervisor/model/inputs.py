@@ -81,6 +81,7 @@ class ReleaseLooked:
     # uncorrectable ECC counts when it launched
     health: tuple[GpuHealth, ...] = ()
     ecc_at_launch: dict[int, int] = field(default_factory=dict)
+    room: tuple[int, int] | None = None  # asked for: (free, size) bytes (None: unreadable)
 
 
 @dataclass(frozen=True, slots=True)

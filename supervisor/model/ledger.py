@@ -15,6 +15,7 @@ from typing import Any, Final
 from dflashd.supervisor.model.effects import Incident, UpdateLedger
 from dflashd.supervisor.model.goodput import GoodputLedger
 from dflashd.supervisor.model.policy import RestartHistory
+from dflashd.supervisor.model.verdicts import RoomHold
 
 __all__ = ["Incident", "Ledger", "UpdateLedger", "capped_exit"]
 
@@ -56,6 +57,7 @@ class Ledger:
     agent_worker_failures: int = 0
     goodput: GoodputLedger = field(default_factory=lambda: GoodputLedger(first_start=0.0))
     diverged_at: int | None = None  # the step where a run's loss last diverged
+    hold: RoomHold | None = None  # what the next relaunch waits for (a rule's)
 
     def took(self, book: UpdateLedger) -> Ledger:
         """The ledger after one :class:`UpdateLedger` effect."""
@@ -87,4 +89,8 @@ class Ledger:
             changes["goodput"] = book.goodput
         if book.diverged_at is not None:
             changes["diverged_at"] = book.diverged_at
+        if book.hold is not None:
+            changes["hold"] = book.hold
+        if book.hold_over:
+            changes["hold"] = None
         return replace(self, **changes)

@@ -17,7 +17,7 @@ from typing import Final
 
 from dflashd.supervisor.model.bounds import bounded_field as _key
 from dflashd.supervisor.model.bounds import seconds_field as _seconds
-from dflashd.supervisor.model.verdicts import EARLY_DEATHS, UNFIXABLE_REASONS, Verdict
+from dflashd.supervisor.model.verdicts import EARLY_DEATHS, UNFIXABLE_REASONS, AnyVerdict, Verdict
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def backoff_delay(failures: int, policy: RestartConfig, jitter: float) -> float:
 
 
 def decide(
-    verdict: Verdict,
+    verdict: AnyVerdict,
     *,
     exit_code: int | None,
     reached_first_step: bool,

@@ -10,7 +10,6 @@ answer back as the next input.  No clock, no I/O: ``now`` and the jitter come in
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -30,6 +29,7 @@ from dflashd.supervisor.model.effects import (
     Publish,
     RestartIn,
     RunLaunched,
+    SayLaunched,
     SendAlert,
     SetTimer,
     SettleGoodput,
@@ -42,16 +42,8 @@ from dflashd.supervisor.model.effects import (
 from dflashd.supervisor.model.ending import conclude
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
-from dflashd.supervisor.model.hang import EndHung, HangWatch, TakeSample
-from dflashd.supervisor.model.hang import decide as decide_hang
-from dflashd.supervisor.model.hangwatch import (
-    afresh,
-    after_progress,
-    hang_arm,
-    sampled,
-    startup_arm,
-    startup_named,
-)
+from dflashd.supervisor.model.hang import HangWatch
+from dflashd.supervisor.model.hangwatch import looked
 from dflashd.supervisor.model.inputs import (
     ChildExited,
     DeadlineDue,
@@ -75,11 +67,12 @@ from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.preflight import GpuHealth, preflight
 from dflashd.supervisor.model.relaunch import relaunch_effects
+from dflashd.supervisor.model.rules import ALERTED_BY_DEFAULT
 from dflashd.supervisor.model.runstate import RunState, stall_decide
-from dflashd.supervisor.model.startup import startup_decide
-from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS, AlertKind, EndedBy
+from dflashd.supervisor.model.verdicts import AlertKind, EndedBy
 
 LAUNCH_RETRY_S: Final = 1.0  # a launch deferred for want of descriptors is tried again after this
+HOLD_LOOK_S: Final = 5.0  # a relaunch a rule holds (room on a full disk) looks again after this
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +80,7 @@ class Rules:
     """What the daemon decides by (from the config; constant for its life)."""
 
     policy: RestartConfig = field(default_factory=RestartConfig)
-    alerts_on: tuple[AlertKind, ...] = DEFAULT_ALERTS
+    alerts_on: tuple[AlertKind, ...] = ALERTED_BY_DEFAULT
     watchdog_every_s: float | None = None  # systemd's WatchdogSec, halved (None: no watchdog)
     vram_grace_s: float = 300.0  # a run with no first step holding no GPU memory past it ends
     gpus_allowed: tuple[int, ...] | None = None  # the config's ``gpus`` list (None: all)
@@ -219,7 +212,7 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, launch_effects(state, now)
         case Launched(facts):  # its facts are the current run's from now on
             launched = (RunLaunched(facts.started_mono), EnterState(State.RUNNING), Publish())
-            return replace(state, run=facts), launched
+            return replace(state, run=facts), (*launched, SayLaunched())
         case LaunchPutOff(run_no, error, freed, clear):
             effects = deferred_launch(run_no, error, freed=freed, clear_cache=clear, now=now)
             return replace(state, deferred_run_no=run_no), effects
@@ -238,6 +231,8 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             cleared = tuple(SetTimer(d, None) for d in RUN_DEADLINES)
             first = () if launched is None else (RunLaunched(launched.started_mono),)
             tail = (Publish(),) if publish else ()
+            if launched is not None:  # the spawn failed: said once its records are written
+                tail = (*tail, SayLaunched(facts.obs.spawn_error or "spawn failed"))
             current = state if launched is None else replace(state, run=launched)
             return current, (*first, *cleared, *outcome.effects, *tail)
         case StopRequested(timeout_s, alive):
@@ -248,16 +243,25 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, (*effects, NotifySystemd("STOPPING=1"), *live, Publish())
         case DeadlineDue(deadline):
             return state, _due(state, deadline, now)
-        case ReleaseLooked(wait_until, effects, ready, health, ecc):
+        case ReleaseLooked(wait_until, effects, ready, health, ecc, room):
             if wait_until is not None:
                 return state, (SetTimer(Deadline.RELEASE_CHECK, wait_until),)
             if not ready:
                 return state, effects
-            return state, (*effects, *checked_launch(state, health, ecc, now))
+            hold = state.ledger.hold
+            if hold is not None and room is not None and not hold.ready(*room):
+                # no relaunch into a disk that is still full: looked at again
+                return state, (*effects, SetTimer(Deadline.RELEASE_CHECK, now + HOLD_LOOK_S))
+            over: tuple[Effect, ...] = ()
+            if hold is not None:  # room again (or the path can no longer be read: not held)
+                free, size = room if room is not None else (None, None)
+                fields = {"waited_for": hold.describe(), "free_bytes": free, "size_bytes": size}
+                over = (WriteRecord(Event.HOLD_OVER, fields), UpdateLedger(hold_over=True))
+            return state, (*effects, *over, *checked_launch(state, health, ecc, now))
         case Emptied(run_no, current, alive):
             waiting = state.deadlines.release_check_at is not None
             if waiting and current == run_no and not alive:
-                return state, (SetTimer(Deadline.RELEASE_CHECK, None), LookForRelease())
+                return state, (SetTimer(Deadline.RELEASE_CHECK, None), look_for_release(state))
             return state, ()
         case Decided(effects):
             return state, effects
@@ -288,11 +292,17 @@ def _due(state: DaemonState, deadline: Deadline, now: float) -> tuple[Effect, ..
             every = state.rules.watchdog_every_s or 1.0
             return (NotifySystemd("WATCHDOG=1"), SetTimer(Deadline.WATCHDOG, now + every))
         case Deadline.RESTART | Deadline.RELEASE_CHECK:
-            return (LookForRelease(),)
+            return (look_for_release(state),)
         case Deadline.STOP:
             return (StopTimedOut(),)
         case _:  # the live run's own (kill, hang): its control reads the table
             return ()
+
+
+def look_for_release(state: DaemonState) -> LookForRelease:
+    """The look before a relaunch; for one a rule holds, the room where it waits, too."""
+    hold = state.ledger.hold
+    return LookForRelease(room_of=None if hold is None else hold.path)
 
 
 def observed(state: DaemonState, facts: RunState) -> DaemonState:
@@ -337,63 +347,3 @@ def step(state: DaemonState, heard: Input, now: float) -> Step:
         restart = state.deadlines.set(Deadline.RESTART, None)
         state = replace(state, deferred_run_no=None, deadlines=restart)
     return fold(state, effects, now)
-
-
-def looked(
-    watch: HangWatch, look: HangLook, now: float, hang_at: float | None
-) -> tuple[HangWatch, tuple[Effect, ...]]:
-    """The live run looked at (``step``'s arm): a sample that came back joins its round, then
-    the start-up decider (no first step yet) or the hang decider says what to do, and the arms
-    of :mod:`hangwatch` carry it out.  A proven hang ends in :class:`EndRunHung` for the
-    executor."""
-    if look.sample is not None:
-        watch = sampled(watch, *look.sample)
-    start = look.startup
-    if start is not None:  # no first step yet
-        available = start.stacks_available and watch.waiting is None
-        starting = startup_decide(
-            start.started_mono,
-            available,
-            watch.sampling,
-            watch.evidence(),
-            now,
-            stale_lock=start.stale_lock,
-        )
-        watch, effects, stuck = startup_arm(watch, starting, hang_at)
-        if stuck is None:
-            return watch, effects
-        held = [{"path": path, "age_s": age} for path, age in start.held]
-        watch, named = startup_named(watch, stuck.judgement, held, look.wall)
-        return watch, (*effects, *named, Publish())
-    if look.view is None:
-        return watch, ()
-    view = look.view
-    if view.worker_rounds != watch.worker_rounds:
-        watch = afresh(watch, view.worker_rounds)
-    watch = after_progress(watch, view.last_progress)  # a step's, never the restart's
-    if view.restarted_at is not None and (view.last_progress or 0.0) < view.restarted_at:
-        view = replace(view, last_progress=view.restarted_at)  # suspect from the restart on
-    view = replace(view, sampling=watch.sampling)
-    action = decide_hang(view, watch.evidence(), now, look.limits)
-    suspect = None
-    if isinstance(action, TakeSample) and not watch.samples and not action.quick:  # say why
-        typical = statistics.median(view.intervals) if view.intervals else None
-        suspect = {
-            "no_step_for_s": round(now - (view.last_progress or now), 3),
-            "step": look.step,
-            "typical_interval_s": None if typical is None else round(typical, 3),
-        }
-    watch, effects = hang_arm(
-        watch,
-        action,
-        now,
-        look.wall,
-        hang_at,
-        share=look.share,
-        suspect=suspect,
-        quick_for=view.last_progress,
-    )
-    if isinstance(action, EndHung):
-        judged = action.judgement
-        effects = (*effects, EndRunHung(judged.why, judged.frames, action.hung_after_s))
-    return watch, effects

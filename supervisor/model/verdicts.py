@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, TypeAlias
@@ -50,8 +51,21 @@ class Notice(StrEnum):
     GPU_UNUSABLE = "gpu_unusable"  # a GPU needs a reset or a reboot: never relaunched onto
 
 
-AlertKind: TypeAlias = Verdict | Notice  # what an alert is about: a verdict, or a notice
-ALERT_KINDS: Final[tuple[AlertKind, ...]] = (*Verdict, *Notice)
+class RuleVerdict(str):
+    """A verdict a rule of the registry names (:mod:`~dflashd.supervisor.model.rules`), not
+    one of the built-in :class:`Verdict` members; reads as its name, as they do."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> str:
+        """Its name (as a :class:`Verdict` member's ``value``)."""
+        return str.__str__(self)
+
+
+AnyVerdict: TypeAlias = Verdict | RuleVerdict
+AlertKind: TypeAlias = Verdict | Notice | RuleVerdict  # a verdict (built in or a rule's), a notice
+ALERT_KINDS: Final[tuple[AlertKind, ...]] = (*Verdict, *Notice)  # the built-in ones
 
 
 def alert_kind(name: str) -> AlertKind:
@@ -116,7 +130,7 @@ class Observations:
 class Classification:
     """A verdict and the detail that explains it."""
 
-    verdict: Verdict
+    verdict: AnyVerdict
     reason: str
 
 
@@ -248,3 +262,48 @@ def classify(obs: Observations, early_death_s: float = DEFAULT_EARLY_DEATH_S) ->
             return Classification(Verdict.SILENT_DEATH, _death_reason(obs))
         return Classification(Verdict.CRASH_BEFORE_FIRST_STEP, _death_reason(obs))
     return Classification(Verdict.CRASHED, _death_reason(obs))
+
+
+@dataclass(frozen=True, slots=True)
+class RoomHold:
+    """A relaunch held until the filesystem holding ``path`` (empty: the job's working
+    directory) has room again: at least ``min_free_bytes`` free, or ``min_free_share`` of
+    its size on a small one."""
+
+    path: str
+    min_free_bytes: int = 1 << 30
+    min_free_share: float = 0.05
+
+    def ready(self, free: int, size: int) -> bool:
+        """The filesystem (``free`` of ``size`` bytes) has room for the job again."""
+        return free >= min(self.min_free_bytes, int(size * self.min_free_share))
+
+    def describe(self) -> str:
+        """What the relaunch waits for, in words."""
+        return f"room on {self.path or 'the job’s working directory'}"
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """What a rule read in a dead run's evidence: the reason, and what a relaunch must wait for
+    (None: the restart policy alone decides when)."""
+
+    reason: str
+    hold: RoomHold | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One verdict read from a dead run's evidence, ahead of the built-in ``crashed`` and
+    ``crash_before_first_step`` (docs/design.md, "Verdicts"): the evidence it reads (its
+    output tail and the top frames of the stacks taken before its end: ``reads`` gives what it
+    found, or None), whether it alerts by default, its colours (terminal, report) and one
+    line of what it means.  Its policy: the restart policy's, and a relaunch held until the
+    host shows what ``Found.hold`` names."""
+
+    verdict: RuleVerdict
+    reads: Callable[[Observations, tuple[str, ...]], Found | None]
+    meaning: str
+    alert: bool = True
+    colour: str = "magenta"
+    html_colour: str = "#00838f"

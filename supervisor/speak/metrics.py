@@ -16,7 +16,8 @@ from dflashd.supervisor import __version__
 from dflashd.supervisor.host.config import parse_listen
 from dflashd.supervisor.model.goodput import GoodputView, lost_seconds, view_from_json
 from dflashd.supervisor.model.lifecycle import Phase, State
-from dflashd.supervisor.model.verdicts import ALERT_KINDS, Verdict
+from dflashd.supervisor.model.rules import ALL_ALERT_KINDS
+from dflashd.supervisor.model.verdicts import Verdict
 
 _MIB: Final = 1024 * 1024
 STUCK_S: Final = 30.0  # /healthz: a loop silent this long is stuck (a liveness probe restarts it)
@@ -115,7 +116,7 @@ def metric_families(snapshot: dict[str, Any], extra: dict[str, Any], now: float)
         "dflashd_alerts", "Alert deliveries attempted, by kind and outcome", labels=["kind", "ok"]
     )
     sent = extra.get("alerts_by_kind") or {}
-    for kind in ALERT_KINDS:
+    for kind in ALL_ALERT_KINDS:
         for ok in ("true", "false"):
             alerts.add_metric([kind.value, ok], float(sent.get(f"{kind.value}:{ok}", 0.0)))
     yield alerts

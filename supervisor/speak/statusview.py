@@ -79,6 +79,7 @@ class StatusView(TypedDict):
     command: list[str]
     cwd: str  # where the job runs (absolute)
     next_restart_in_s: float | None
+    restart_held_until: str | None  # a rule holds the relaunch until this ("room on /ckpt")
     log_stats: LogStats
     node: str  # config "node", or the host name: this node's name in a larger job
     # the job this node belongs to and its rank: job, rank, scheduler ("slurm" or "torchrun"),
