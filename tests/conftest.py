@@ -117,11 +117,7 @@ def _gpu_available() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long tests start first, spread over the workers; GPU tests are skipped, with the
-    reason shown, on machines without a GPU."""
-    workers = getattr(config.option, "numprocesses", None)
-    if isinstance(workers, int) and workers > 1:
-        items[:] = longest_first(items, workers)
+    """GPU tests are skipped, with the reason shown, on machines without a GPU."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
@@ -129,43 +125,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason is not None:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=f"GPU test: {reason}"))
-
-
-def _long_s(item: pytest.Item) -> float:
-    marker = item.get_closest_marker("long")
-    return float(marker.args[0]) if marker is not None and marker.args else 0.0
-
-
-def longest_first(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
-    """The collection reordered so that each worker's first share (xdist's worksteal deals
-    the collection out in ``workers`` contiguous shares, and steals from a share's end)
-    begins with long tests, dealt longest first to the share with the least long time: the
-    suite's wall time is no longer one worker running the real-time suites in a row at the
-    end (longest processing time first).  Deterministic, as every worker must collect the
-    same order."""
-    long = sorted((i for i in items if _long_s(i) > 0), key=lambda i: (-_long_s(i), i.nodeid))
-    if not long:
-        return items
-    rest = [i for i in items if _long_s(i) == 0]
-    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
-    loads = [0.0] * workers
-    for item in long:
-        lightest = loads.index(min(loads))
-        heads[lightest].append(item)
-        loads[lightest] += _long_s(item)
-    # the shares worksteal cuts: len//n for the first, then of what is left, and so on
-    total, shares, left = len(items), [], len(items)
-    for k in range(workers):
-        shares.append(left // (workers - k))
-        left -= shares[-1]
-    ordered: list[pytest.Item] = []
-    for head, size in zip(heads, shares, strict=True):
-        take = max(0, size - len(head))
-        ordered += head + rest[:take]
-        rest = rest[take:]
-    ordered += rest
-    assert len(ordered) == total
-    return ordered
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -77,7 +77,6 @@ def test_two_gloo_ranks_one_frozen_are_ended_hung_and_the_odd_rank_named(
     assert stacks.get("odd_rank_out") == [1], stacks
 
 
-@pytest.mark.long(57)
 def test_pauses_that_work_are_never_ended(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Checkpoint, eval, data preparation and first-compile pauses, with stacks (and the first
     two without): all complete."""
@@ -170,7 +169,6 @@ def _helper(code: str, *args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, proc.stdout.readline().strip()  # its port, or "ready": an event, not a sleep
 
 
-@pytest.mark.long(57)
 def test_waits_outside_the_run_are_never_ended_and_frozen_loops_beside_chatty_threads_are(
     tmp_path: Path,
 ) -> None:
@@ -222,7 +220,6 @@ def test_waits_outside_the_run_are_never_ended_and_frozen_loops_beside_chatty_th
             proc.communicate()
 
 
-@pytest.mark.long(40)
 @pytest.mark.trainer  # torch's own FileBaton
 def test_a_start_up_waiting_on_a_stale_build_lock_is_named_with_the_lock_and_never_ended(
     start_daemon: Start, tmp_path: Path

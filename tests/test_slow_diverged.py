@@ -46,7 +46,6 @@ def _hog(cpu: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", code])
 
 
-@pytest.mark.long(34)
 def test_a_cpu_hog_on_the_jobs_cpu_is_named_and_the_run_recovers(
     start_daemon: Start, hogs: list[subprocess.Popen[bytes]], home: Path
 ) -> None:
@@ -76,7 +75,6 @@ def test_a_cpu_hog_on_the_jobs_cpu_is_named_and_the_run_recovers(
     print(f"slow detected {detected_s:.1f} s after the hogs started")  # the note's figure
 
 
-@pytest.mark.long(41)
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
 def test_a_slowed_rank_under_torchrun_is_named_the_straggler(
     start_daemon: Start, home: Path
@@ -98,7 +96,6 @@ def test_a_slowed_rank_under_torchrun_is_named_the_straggler(
     assert status["slow"]["straggler"]["straggler_ranks"] == [1]
 
 
-@pytest.mark.long(25)
 def test_a_steady_job_with_pauses_raises_nothing(start_daemon: Start) -> None:
     """(c) Steady steps with a checkpoint-like pause every 200 steps: a baseline, no ``slow``,
     no ``diverged`` (the loss wanders in its range)."""

@@ -404,7 +404,6 @@ def test_hang_before_cuda_is_stalled_without_gpu(start_daemon: Start, tmp_path: 
     )
 
 
-@pytest.mark.long(25)
 def test_per_thread_backends_and_dense_fallback_is_exit_78(
     start_daemon: Start, tmp_path: Path
 ) -> None:

@@ -71,7 +71,6 @@ STEP = st.one_of(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@pytest.mark.long(32)
 @given(st.lists(STEP, min_size=1, max_size=40))
 def test_any_sequence_of_faults_loses_nothing_uncounted(
     tmp_path_factory: pytest.TempPathFactory, steps: list[tuple]

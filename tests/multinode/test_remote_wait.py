@@ -77,7 +77,6 @@ def _node(
     return Node(name, root / name, config)
 
 
-@pytest.mark.long(78)
 def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_or_save_is_never_ended(
     tmp_path: Path,
 ) -> None:
@@ -126,7 +125,6 @@ def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_or_save_is_never_end
 REMOTE_WAIT_S = float(os.environ.get("DFLASHD_REMOTE_WAIT_S", "30"))
 
 
-@pytest.mark.long(93)
 def test_every_rank_of_every_node_waiting_on_each_other_is_ended_through_the_store(
     tmp_path: Path,
 ) -> None:
@@ -177,7 +175,6 @@ def test_every_rank_of_every_node_waiting_on_each_other_is_ended_through_the_sto
     assert ended_by_store, "at least one node ended the stuck world from the store's reports"
 
 
-@pytest.mark.long(42)
 def test_a_rank_frozen_in_its_own_code_is_ended_by_its_node_and_the_job_completes(
     tmp_path: Path,
 ) -> None:

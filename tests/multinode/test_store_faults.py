@@ -30,7 +30,6 @@ EVAL_S = 40.0
 FREEZE_S = 20.0  # under torchrun's own store read_timeout (60 s): its agents wait it out
 
 
-@pytest.mark.long(56)
 def test_a_frozen_store_host_never_gets_a_waiting_rank_ended(tmp_path: Path) -> None:
     port = free_port()
     args = ["20", str(EVAL_S), "30", "eval", str(tmp_path / "eval.bin")]
@@ -79,7 +78,6 @@ def test_a_frozen_store_host_never_gets_a_waiting_rank_ended(tmp_path: Path) -> 
     assert any(c.fields.get("finding") == "elsewhere" for c in checks), checks
 
 
-@pytest.mark.long(130)
 def test_a_restart_round_while_a_node_is_suspect_starts_afresh_and_a_hang_after_is_found(
     tmp_path: Path,
 ) -> None:

@@ -20,7 +20,6 @@ pytestmark = pytest.mark.trainer
 CPU_TRAINER = ["--workers", "1", "--batch", "4", "--log-every", "5", "--dist-timeout-s", "20"]
 
 
-@pytest.mark.long(100)
 def test_two_nodes_survive_a_dead_worker_and_a_dead_agent(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     figures = run_scenario(
