@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from dflashd.supervisor.model.diskfull import DISK_FULL
 from dflashd.supervisor.model.verdicts import (
     ALERT_KINDS,
     DEFAULT_ALERTS,
@@ -26,7 +27,7 @@ from dflashd.supervisor.model.verdicts import (
     Verdict,
 )
 
-RULES: Final[tuple[Rule, ...]] = ()
+RULES: Final[tuple[Rule, ...]] = (DISK_FULL,)
 
 # the built-in verdicts a rule may name more precisely: a death the job had of its own
 READ_BY_RULES: Final = frozenset({Verdict.CRASHED, Verdict.CRASH_BEFORE_FIRST_STEP})
