@@ -31,7 +31,6 @@ from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
-    EndRun,
     EndRunHung,
     KillHolders,
     KillRun,
@@ -47,8 +46,6 @@ from dflashd.supervisor.model.effects import (
     SendAlert,
     SettleProcesses,
     SignalRun,
-    StopRun,
-    StopTimedOut,
     UpdateLedger,
     WriteRecord,
 )
@@ -59,7 +56,6 @@ from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.model.step import DaemonState, step
-from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import Dumper
@@ -75,13 +71,7 @@ class Hands(Protocol):
 
     def look_for_release(self, run: Run | None, now: float, room_of: str | None) -> Input: ...
 
-    def stop_run(self, run: Run, timeout_s: float) -> None: ...
-
-    def stop_timed_out(self, run: Run | None) -> None: ...
-
     def end_hung(self, run: Run, hung: EndRunHung) -> None: ...
-
-    def end_run(self, run: Run, why: EndedBy) -> None: ...
 
     def settle(self, run: Run, *, kill_now: bool) -> None: ...
 
@@ -225,11 +215,6 @@ class DaemonCore:
                 self._queue.append(Heard(run, answer))
             case PrepareStandby():
                 hands.prepare_standby(run)
-            case StopRun(timeout_s):
-                if run is not None:
-                    hands.stop_run(run, timeout_s)
-            case StopTimedOut():
-                hands.stop_timed_out(run)
             case SignalRun(to, signum):
                 custody = run.custody if run is not None else None
                 if custody is not None and to == "group":
@@ -248,9 +233,6 @@ class DaemonCore:
             case EndRunHung():
                 if run is not None:
                     hands.end_hung(run, effect)
-            case EndRun(why):
-                if run is not None:
-                    hands.end_run(run, why)
             case Publish():
                 hands.publish()
             case NotifySystemd(text):

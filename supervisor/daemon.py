@@ -44,6 +44,7 @@ from dflashd.supervisor.model.inputs import (
     StatusWritten,
     StopRequested,
 )
+from dflashd.supervisor.model.killing import STACKS_BOUND_S
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState
 from dflashd.supervisor.model.progress import Limits, NotifyMessage
@@ -62,7 +63,7 @@ from dflashd.supervisor.watch.linewatch import LineMatcher, LineWatcher
 from dflashd.supervisor.watch.nvml import NvmlSampler
 from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.run import Run
-from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, StackDumps
+from dflashd.supervisor.watch.stackdumps import StackDumps
 
 _WAKE: Final = b"\x00"
 log = get_logger("dflashd")
@@ -120,7 +121,8 @@ class Daemon:
         every = self._systemd.watchdog_interval_s
         allowed = config.gpus if isinstance(config.gpus, tuple) else None  # the pre-flight's
         rules = Rules(config.restart, config.alerts.on, every, config.vram_grace_s, allowed)
-        rules = replace(rules, gpu_fallback=config.gpu_fallback)
+        no_dumps = None if self.dumps.available else self.dumps.tool()
+        rules = replace(rules, gpu_fallback=config.gpu_fallback, no_dumps=no_dumps)
         self.core = DaemonCore(DaemonState(rules), clock, self.reporter, self.runs)
         self.runs.current = lambda: self.core.run
         self.standby_view = launcher.standby_view  # status: the next run's waiting interpreter
@@ -194,9 +196,7 @@ class Daemon:
         handlers = {
             "status": lambda _: self._status_shown(),
             "stop": stop,
-            "stacks": lambda req: stacks_command(
-                self.dumps, self.core.apply, self.reporter.log_path, self.run, req
-            ),
+            "stacks": lambda req: stacks_command(self.dumps, self.core, self.run, req),
         }
         self.wakeups = Wakeups(
             self.home, self.clock, self.inbox.read_fd, handlers, self.reporter.home_dir.fd

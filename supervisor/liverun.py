@@ -1,23 +1,22 @@
-"""Ending a live run: the one module that carries out dflashd's end of a run that has not died.
+"""The live run, watched for its end: what the shell reads of it for the model's deciders.
 
-Four ways, each decided in the model and carried out here: ``dflashd stop`` (SIGTERM to the
-job's group, SIGKILL past ``stop_timeout_s``), a proven hang (``step``'s ``HangLook`` arm, from
-sampled stacks: :class:`~dflashd.supervisor.model.effects.EndRunHung`), a stall (the progress
-deadline passed; this module looks at the host, ``step``'s ``StallLook`` arm decides) and no
-GPU memory past its grace (``step``'s ``GpuSeen`` arm); the last two, and a diverged loss, come
-as :class:`~dflashd.supervisor.model.effects.EndRun`.  Before every kill dflashd decided, it
-dumps the run's stacks with py-spy (the job keeps running meanwhile) and waits for the dump up
-to ``STACKS_BOUND_S``; where py-spy is missing or fails, it asks faulthandler for a dump
-instead (SIGABRT: ``PYTHONFAULTHANDLER=1``) and kills after ``DUMP_GRACE_S``.  The run's death
-then takes the usual walk (reap -> conclude -> apply), with the run's facts saying who ended
-it (``ended_by``) and where the dump is (``stacks``).
+Every end of a live run is decided in the model and carried out by the one executor:
+``dflashd stop`` (SIGTERM to the job's group, SIGKILL past ``stop_timeout_s``), a stall, no
+GPU memory, a diverged loss (:class:`~dflashd.supervisor.model.effects.EndRun`), each a dump
+then the kill, or faulthandler's dump where py-spy cannot read the run
+(:mod:`~dflashd.supervisor.model.killing`); a proven hang
+(:class:`~dflashd.supervisor.model.effects.EndRunHung`), whose proving sample's files are
+written here.  This module hands the model what it reads: the run's hang and start-up view
+(``step``'s ``HangLook`` arm), a dump that came back (``DumpRead``), the kill's deadline, the
+host's answer when the progress deadline passed (``StallLook``).  The run's death then takes
+the usual walk (reap -> conclude), its facts saying who ended it (``ended_by``) and where the
+dump is (``stacks``).
 """
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from dflashd.supervisor.host.caches import file_age, stale_build_locks
 from dflashd.supervisor.host.clock import Clock
@@ -28,28 +27,32 @@ from dflashd.supervisor.model.effects import (
     EndRunHung,
     KeepStacks,
     KillRun,
-    SetTimer,
-    SignalRun,
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import HangLimits, HangSampled, HangView, HangWatch
-from dflashd.supervisor.model.inputs import HangLook, Input, Observed, StartupView
+from dflashd.supervisor.model.inputs import (
+    DeadlineDue,
+    DumpRead,
+    HangLook,
+    Input,
+    Observed,
+    StartupView,
+)
 from dflashd.supervisor.model.judge import SAMPLES, Sample
 from dflashd.supervisor.model.progress import Limits
 from dflashd.supervisor.model.stacks import StacksDump, StacksTaken, alert_lines
 from dflashd.supervisor.model.verdicts import EndedBy
-from dflashd.supervisor.watch.observe import Apply, RunObserver
+from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.pacewatch import straggler
 from dflashd.supervisor.watch.run import Run
-from dflashd.supervisor.watch.stackdumps import STACKS_BOUND_S, Dumper
+from dflashd.supervisor.watch.stackdumps import Dumper
 from dflashd.supervisor.watch.worldshare import node_rank, world_share
-
-DUMP_GRACE_S: Final = 3.0  # between SIGABRT (faulthandler's dump) and SIGKILL
 
 
 class LiveRunControl:
-    """Stop, dump, end and kill the live run, each at its deadline."""
+    """What the shell reads of the live run for the model: its hang view, its dumps, its
+    kill's deadline, its stall."""
 
     def __init__(
         self,
@@ -59,7 +62,7 @@ class LiveRunControl:
         dumps: Dumper,
         deadlines: Callable[[], Deadlines],
         hang: Callable[[], HangWatch],
-        look: Callable[[Run, Input], object],
+        look: Callable[[Run | None, Input], object],
     ) -> None:
         self.clock, self.observer = clock, observer
         self.limits, self.dumps = limits, dumps
@@ -72,74 +75,23 @@ class LiveRunControl:
         a record, signals, dumps or alerts itself."""
         self.observer.apply(run, effects, publish=publish)
 
-    def stop(self, run: Run, timeout_s: float) -> None:
-        """``dflashd stop``: SIGTERM to the run's group (and SIGCONT, should it be stopped)."""
-        if run.custody is None:
-            return
-        self._act(
-            run,
-            WriteRecord(Event.STOPPING, {"signal": "SIGTERM", "timeout_s": timeout_s}),
-            SignalRun("group", signal.SIGTERM),
-            SignalRun("group", signal.SIGCONT),  # should it be stopped
-            SetTimer(Deadline.STOP, self.clock.monotonic() + timeout_s),
-        )
-
-    def end(self, run: Run, why: EndedBy) -> None:
-        """The model ended the run (a stall, no GPU memory, a diverged loss): a dump, then the
-        kill."""
-        if run.custody is None or not run.alive:
-            return
-        self._dump_then_kill(run, why.value, Event.ENDING_RUN)
-
-    def _dump_then_kill(self, run: Run, why: str, event: Event) -> None:
-        if not self.dumps.available:
-            self._faulthandler(run, why, event, self.dumps.tool())
-            return
-        dump_id = self.dumps.next_id(run)
-        fields = {"why": why, "dump": "py-spy", "then": "SIGKILL", "bound_s": STACKS_BOUND_S}
-        self._act(
-            run,
-            DumpStacks(why, dump_id, before_kill=True),
-            WriteRecord(event, fields, log_level="warning"),
-            SetTimer(Deadline.KILL, self.clock.monotonic() + STACKS_BOUND_S),  # the dump's bound
-        )
-
-    def _faulthandler(self, run: Run, why: str, event: Event, py_spy: str | None) -> None:
-        """The fallback: faulthandler prints every thread's Python stack on SIGABRT."""
-        custody = run.custody
-        if custody is None:
-            return
-        fields: dict[str, Any] = {"why": why, "dump": "faulthandler", "signal": "SIGABRT"}
-        fields |= {"then": "SIGKILL", "py_spy": py_spy}
-        self._act(
-            run,
-            WriteRecord(event, fields, log_level="warning"),
-            SignalRun("root", signal.SIGABRT),
-            # SIGCONT after it, so a stopped (SIGSTOPped) child wakes up to take it.
-            SignalRun("group", signal.SIGCONT),
-            SetTimer(Deadline.KILL, self.clock.monotonic() + DUMP_GRACE_S),
-        )
-
     def taken(self, run: Run | None, message: StacksTaken) -> None:
-        """A dump finished: its record and file; a kill that waited for it goes ahead now."""
+        """A dump finished: its files written, and what follows handed to the model (its
+        record; the kill that waited for it: model/killing.py)."""
         fields, level = self.dumps.taken(message, self.clock.time())
         said = WriteRecord(Event.STACKS, fields, log_level=level, run_no=message.run_no)
         if message.dump.trigger == "slow" and run is not None and run.run_no == message.run_no:
             facts, found = straggler(run.facts, fields)  # the straggler, if any
             self.look(run, Observed(facts, (said, *found)))
             return
-        ours = run is not None and run.run_no == message.run_no
-        if run is None or not ours or run.facts.dump_before_kill != message.dump_id:
-            self._act(run, said)
-            return
-        kept = KeepStacks(kept_stacks(fields))
-        if not run.alive or run.custody is None:
-            self._act(run, said, kept)
-        elif message.dump.ok:
-            self._act(run, said, kept, SetTimer(Deadline.KILL, None), KillRun())
-        else:  # py-spy could not read the run (a seccomp profile, say): faulthandler's dump
-            self._act(run, said, kept)
-            self._faulthandler(run, message.dump.trigger, Event.ENDING_RUN, message.dump.error)
+        dump = message.dump
+        alive = run is not None and run.run_no == message.run_no and run.alive
+        alive = alive and run is not None and run.custody is not None
+        kept = kept_stacks(fields)
+        read = DumpRead(
+            message.run_no, message.dump_id, said, kept, dump.ok, dump.trigger, dump.error, alive
+        )
+        self.look(run, read)
 
     # -- hangs: the evidence decides (hang.py), this applies ---------------------------------
 
@@ -216,8 +168,7 @@ class LiveRunControl:
         live = run is not None and run.alive and run.pid is not None
         if live and run is not None:
             if self.deadlines().is_due(Deadline.KILL, now):
-                # a dump past its bound is not waited for any longer
-                self._act(run, SetTimer(Deadline.KILL, None), KillRun())
+                self.look(run, DeadlineDue(Deadline.KILL))  # a dump past its bound: the kill
             if not run.facts.ended_by_us:
                 self._look(run, now)
             facts = run.facts
@@ -226,16 +177,6 @@ class LiveRunControl:
                 looked = self.observer.stall_look(run, now)
                 if looked is not None:
                     self.look(run, looked)
-
-    def stop_timed_out(self, run: Run | None) -> None:
-        """The stop's grace is over: the stacks (py-spy), then SIGKILL."""
-        live = run is not None and run.alive and run.pid is not None
-        if not live or run is None or run.facts.dump_before_kill is not None:
-            return
-        if self.dumps.available:
-            self._dump_then_kill(run, "stop_timeout", Event.STOP_TIMEOUT)
-        elif run.custody is not None:  # no py-spy: the stop's grace is over, no more waiting
-            self._act(run, WriteRecord(Event.STOP_TIMEOUT, {"signal": "SIGKILL"}), KillRun())
 
 
 def kept_stacks(fields: dict[str, Any]) -> dict[str, Any]:
@@ -246,20 +187,24 @@ def kept_stacks(fields: dict[str, Any]) -> dict[str, Any]:
     return {**stacks, "top": alert_lines(fields)}
 
 
+class Asker(Protocol):
+    """What ``dflashd stacks`` asks of the core: a dump, through the model (which names it)."""
+
+    state: Any  # the model's state: ``last_dump_id``
+
+    def apply(
+        self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
+    ) -> None: ...
+
+
 def stacks_command(
-    dumps: Dumper, act: Apply, log_path: object, run: Run | None, request: dict[str, Any]
+    dumps: Dumper, core: Asker, run: Run | None, request: dict[str, Any]
 ) -> dict[str, Any]:
-    """``dflashd stacks``: start a dump of the live run (through the executor, ``act``); the
+    """``dflashd stacks``: a dump of the live run asked of the model (which names it); the
     client waits for its record."""
     if run is None or not run.alive:
         return {"ok": False, "error": "no live run to dump"}
     if not dumps.available:
         return {"ok": False, "error": dumps.tool()}
-    dump_id = dumps.next_id(run)
-    act(run, (DumpStacks("command", dump_id, native=bool(request.get("native"))),))
-    return {
-        "ok": True,
-        "run": run.run_no,
-        "dump_id": dump_id,
-        "log": str(log_path),
-    }
+    core.apply(run, (DumpStacks("command", "", native=bool(request.get("native"))),))
+    return {"ok": True, "run": run.run_no, "dump_id": core.state.last_dump_id}

@@ -34,7 +34,6 @@ from dflashd.supervisor.model.inputs import (
     LaunchPutOff,
     ReleaseLooked,
 )
-from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.reaped import mark_reaped, reaped_facts, spawn_failed_facts
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
@@ -148,23 +147,9 @@ class Runs:
 
     # -- the executor's other hands ---------------------------------------------------------
 
-    def stop_run(self, run: Run, timeout_s: float) -> None:
-        """SIGTERM to the live run (its control keeps the stop's deadline)."""
-        if run.alive:
-            self.live.stop(run, timeout_s)
-
     def end_hung(self, run: Run, hung: EndRunHung) -> None:
         """A proven hang: the live run's control ends it (its dump, then the kill)."""
         self.live.end_hung(run, hung)
-
-    def end_run(self, run: Run, why: EndedBy) -> None:
-        """The model ended the live run (a stall, no GPU memory, a diverged loss): its dump,
-        then the kill."""
-        self.live.end(run, why)
-
-    def stop_timed_out(self, run: Run | None) -> None:
-        """The stop's grace is over: the stacks, then SIGKILL."""
-        self.live.stop_timed_out(run)
 
     def settle(self, run: Run, *, kill_now: bool) -> None:
         """The dead run's processes: killed now, or left to end before the next launch."""

@@ -159,11 +159,18 @@ def _run(core: DaemonCore, run_no: int, clock: ManualClock) -> tuple[Run, RunSta
     return Run(run_no, core.facts_of), facts
 
 
+class NoDumps:
+    """Stack dumps that are not there (no py-spy)."""
+
+    available = False
+
+
 class Hands:
     """The executor's hands, scripted: what it was asked to do, in order."""
 
     def __init__(self) -> None:
         self.done: list[str] = []
+        self.dumps = NoDumps()
 
     def launch(self, effect: Launch) -> tuple[Run | None, Input]:
         self.done.append("launch")
@@ -175,12 +182,6 @@ class Hands:
     def look_for_release(self, run: Run | None, now: float, room_of: str | None) -> Input:
         self.done.append("look")
         return ReleaseLooked(now + 1.0)
-
-    def stop_run(self, run: Run, timeout_s: float) -> None:
-        self.done.append(f"stop_run {timeout_s}")
-
-    def stop_timed_out(self, run: Run | None) -> None:
-        self.done.append("stop_timed_out")
 
     def settle(self, run: Run, *, kill_now: bool) -> None:
         self.done.append(f"settle {kill_now}")
@@ -235,11 +236,15 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
     core.step(run, StopRequested(7.0, alive=True))
     assert core.loop.stop_requested and core.loop.state.value == "stopping"
     assert core.deadlines.release_check_at is None and core.ledger.goodput.stop_at is not None
-    assert hands.done[1:] == ["STOPPING=1", "stop_run 7.0", "publish"]
-    assert core.due(Deadline.STOP) is False  # 5 s in: the grace runs until 40 s
-    clock.advance(35.0)
+    assert hands.done[1:] == ["STOPPING=1", "publish"]  # the signals: run's custody (none here)
+    stopping = [n for n, e, _ in written.records if e is Event.STOPPING]
+    assert (
+        stopping == [3, 3] and core.deadlines.stop_at
+    )  # the one applied above, the stop's == t + 5.0 + 7.0  # the grace is the stop's
+    assert core.due(Deadline.STOP) is False  # 5 s in: the grace runs 7 s
+    clock.advance(7.0)
     assert core.due(Deadline.STOP) is True and core.deadlines.stop_at is None
-    assert hands.done[-1] == "stop_timed_out"
+    assert core.state.run is not None and core.state.run.dump_before_kill == "3-1"  # its stacks
 
 
 def test_the_core_counts_the_launch_gap_and_the_end_into_goodput(tmp_path: Path) -> None:

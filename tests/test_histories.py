@@ -16,7 +16,10 @@ import pytest
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import (
+    DumpStacks,
     Effect,
+    EndRun,
+    KillRun,
     Launch,
     LookForRelease,
     NotifySystemd,
@@ -26,8 +29,8 @@ from dflashd.supervisor.model.effects import (
     SayLaunched,
     SendAlert,
     SetTimer,
+    SignalRun,
     StopRun,
-    StopTimedOut,
     UpdateLedger,
     WriteRecord,
 )
@@ -37,6 +40,7 @@ from dflashd.supervisor.model.inputs import (
     ChildExited,
     DeadlineDue,
     Decided,
+    DumpRead,
     Emptied,
     Input,
     LaunchPutOff,
@@ -44,6 +48,7 @@ from dflashd.supervisor.model.inputs import (
     Started,
     StopRequested,
 )
+from dflashd.supervisor.model.killing import DUMP_GRACE_S, STACKS_BOUND_S
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartConfig
@@ -166,9 +171,11 @@ def test_a_stop_ends_the_live_run_or_the_daemon_at_once(alive: bool) -> None:
         fresh(), [(0.0, Started()), (0.1, launch_heard(0.1)), (5.0, StopRequested(7.0, alive))]
     )
     stop = said[-1]
+    signals = ["WriteRecord(stopping)", "SignalRun", "SignalRun"]  # SIGTERM, SIGCONT
     assert kinds(stop) == (
-        ["NotifySystemd", "StopRun", "Publish"] if alive else ["NotifySystemd", "Publish"]
+        ["NotifySystemd", *signals, "Publish"] if alive else ["NotifySystemd", "Publish"]
     )
+    assert (state.deadlines.stop_at == 12.0) is alive  # the grace, then the stacks and the kill
     assert isinstance(stop[0], NotifySystemd) and stop[0].text == "STOPPING=1"
     assert state.loop.stop_requested
     assert state.loop.state is (State.STOPPING if alive else State.STOPPED)
@@ -197,11 +204,74 @@ def test_the_stop_timeout_asks_for_the_stacks_then_the_kill() -> None:
         [
             (0.0, Started()),
             (0.1, launch_heard(0.1)),
-            (5.0, Decided((SetTimer(Deadline.STOP, 12.0),))),
+            (5.0, StopRequested(7.0, alive=True)),
             (12.0, DeadlineDue(Deadline.STOP)),
         ],
     )
-    assert said[-1] == [StopTimedOut()] and state.deadlines.stop_at is None
+    dump, record = said[-1]
+    assert dump == DumpStacks("stop_timeout", "1-1", before_kill=True)
+    assert isinstance(record, WriteRecord) and record.event is Event.STOP_TIMEOUT
+    assert state.deadlines.stop_at is None and state.deadlines.kill_at == 12.0 + STACKS_BOUND_S
+    assert state.run is not None and state.run.dump_before_kill == "1-1"
+    said_back = WriteRecord(Event.STACKS, {"dump_id": "1-1"})
+    state, read = step(
+        state, DumpRead(1, "1-1", said_back, {"top": []}, True, "stop_timeout", None, True), 13.0
+    )
+    assert read == (said_back, KillRun())  # the dump is in: the kill, its timer cleared
+    assert state.deadlines.kill_at is None and state.run is not None
+    assert state.run.stacks == {"top": []} and state.run.dump_before_kill is None
+
+
+def test_transition_stopping_to_killed_without_py_spy_is_at_once() -> None:
+    _state, said = play(
+        fresh(no_dumps="unavailable: py-spy not found"),
+        [
+            (0.0, Started()),
+            (0.1, launch_heard(0.1)),
+            (5.0, StopRequested(7.0, alive=True)),
+            (12.0, DeadlineDue(Deadline.STOP)),
+        ],
+    )
+    assert said[-1] == [WriteRecord(Event.STOP_TIMEOUT, {"signal": "SIGKILL"}), KillRun()]
+
+
+@pytest.mark.parametrize(
+    ("ok", "awaited", "alive", "then"),
+    [
+        (True, True, True, ["WriteRecord(stacks)", "KillRun"]),
+        (
+            False,
+            True,
+            True,
+            ["WriteRecord(stacks)", "WriteRecord(ending_run)", "SignalRun", "SignalRun"],
+        ),
+        (True, True, False, ["WriteRecord(stacks)"]),  # died meanwhile: kept, nothing to kill
+        (True, False, True, ["WriteRecord(stacks)"]),  # a dump the kill does not wait for
+    ],
+)
+def test_transition_ending_after_a_dump(
+    ok: bool, awaited: bool, alive: bool, then: list[str]
+) -> None:
+    """A stall ends the run: the dump first (named by the model), then the kill; a dump py-spy
+    could not take is followed by faulthandler's (SIGABRT, SIGCONT), the kill 3 s later."""
+    state, said = play(
+        fresh(),
+        [
+            (0.0, Started()),
+            (0.1, launch_heard(0.1)),
+            (1.0, Decided((EndRun(EndedBy.NO_PROGRESS),))),
+        ],
+    )
+    assert kinds(said[-1]) == ["DumpStacks", "WriteRecord(ending_run)"]
+    dump_id = "1-1" if awaited else "1-9"
+    said_back = WriteRecord(Event.STACKS, {"dump_id": dump_id})
+    read = DumpRead(
+        1, dump_id, said_back, {"top": []}, ok, "no_progress", None if ok else "seccomp", alive
+    )
+    state, effects = step(state, read, 2.0)
+    assert kinds(effects) == then
+    if not ok:
+        assert state.deadlines.kill_at == 2.0 + DUMP_GRACE_S
 
 
 def test_a_launch_put_off_keeps_its_number_and_clears_the_cache_on_the_retry() -> None:
@@ -251,4 +321,4 @@ def test_a_spawn_failure_is_current_and_concluded_in_one_step() -> None:
     assert effects[-1] == SayLaunched(
         "No such file"
     )  # start's client hears of it after the records
-    assert not any(isinstance(e, Launch | StopRun) for e in effects)
+    assert not any(isinstance(e, Launch | StopRun | SignalRun) for e in effects)

@@ -100,6 +100,7 @@ def deadlines_set(state: DaemonState) -> list[str]:
         "release": table.release_check_at,
         "stop": table.at(Deadline.STOP),
         "watchdog": table.at(Deadline.WATCHDOG),
+        "kill": table.at(Deadline.KILL),
     }
     return [name for name, when in at.items() if when is not None]
 
@@ -109,9 +110,15 @@ ROWS: list[tuple[str, Input, list[str], str, list[str]]] = [
     ("fresh", Started(), ["Launch"], "starting", []),
     ("fresh", StopRequested(30.0, False), ["NotifySystemd", "Publish"], "stopped", []),
     ("fresh", DeadlineDue(Deadline.WATCHDOG), ["NotifySystemd"], "starting", ["watchdog"]),
-    ("running", StopRequested(30.0, True), ["NotifySystemd", "StopRun", "Publish"], "stopping", []),
+    (
+        "running",
+        StopRequested(30.0, True),
+        ["NotifySystemd", "WriteRecord(stopping)", "SignalRun", "SignalRun", "Publish"],
+        "stopping",
+        ["stop"],
+    ),
     ("running", DeadlineDue(Deadline.WATCHDOG), ["NotifySystemd"], "running", ["watchdog"]),
-    ("running", DeadlineDue(Deadline.KILL), [], "running", []),  # the live run's control's
+    ("running", DeadlineDue(Deadline.KILL), ["KillRun"], "running", []),  # a dump past its bound
     ("running", DeadlineDue(Deadline.HANG), [], "running", []),
     ("running", Emptied(1, 1, True), [], "running", []),  # no release awaited
     ("running", StatusChanged(), [], "running", []),
@@ -140,9 +147,22 @@ ROWS: list[tuple[str, Input, list[str], str, list[str]]] = [
         "stopped",
         [],
     ),
-    ("stopping", StopRequested(30.0, True), [], "stopping", []),  # asked twice: once
-    ("stopping", DeadlineDue(Deadline.STOP), ["StopTimedOut"], "stopping", []),
-    ("stopping", DeadlineDue(Deadline.WATCHDOG), ["NotifySystemd"], "stopping", ["watchdog"]),
+    ("stopping", StopRequested(30.0, True), [], "stopping", ["stop"]),  # asked twice: once
+    # the grace is over: the stacks, the kill when they are in (model/killing.py)
+    (
+        "stopping",
+        DeadlineDue(Deadline.STOP),
+        ["DumpStacks", "WriteRecord(stop_timeout)"],
+        "stopping",
+        ["kill"],
+    ),
+    (
+        "stopping",
+        DeadlineDue(Deadline.WATCHDOG),
+        ["NotifySystemd"],
+        "stopping",
+        ["stop", "watchdog"],
+    ),
     ("fatal", StopRequested(30.0, False), [], "fatal", []),
     ("fatal", DeadlineDue(Deadline.WATCHDOG), ["NotifySystemd"], "fatal", ["watchdog"]),
 ]

@@ -22,6 +22,7 @@ from dflashd.supervisor.model.effects import (
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
 from dflashd.supervisor.model.inputs import Decided, GpuSeen, Observed, StallLook
+from dflashd.supervisor.model.killing import STACKS_BOUND_S
 from dflashd.supervisor.model.runstate import RunState, stall_decide
 from dflashd.supervisor.model.step import DaemonState, Rules, step
 from dflashd.supervisor.model.verdicts import EndedBy, Notice
@@ -106,7 +107,7 @@ def test_the_stall_arm_ends_the_run_once_and_remembers_the_cpu_seen() -> None:
     state, said = step(state, StallLook(1, runnable=False, cpu_used_s=3.0), 100.0)
     assert said == () and state.run is not None and state.run.cpu_seen_s == 3.0
     state, said = step(state, StallLook(1, runnable=False, cpu_used_s=3.0), 200.0)
-    assert said == (EndRun(EndedBy.NO_PROGRESS),)
+    assert said == ending("no_progress")  # the dump, then the kill (model/killing.py)
     assert state.run is not None and state.run.ended_by is EndedBy.NO_PROGRESS
     assert step(state, StallLook(1, runnable=False, cpu_used_s=3.0), 300.0)[1] == ()
     assert step(running(), StallLook(2, False, 1.0), 100.0) == (running(), ())  # not this run
@@ -143,12 +144,13 @@ def test_the_no_gpu_memory_arm(use: ChildGpuUse, at: float, stepped: bool, ends:
     gpus = ({"index": 0, "memory_used_mib": 0.0},)
     record = WriteRecord(Event.GPU, {"gpus": list(gpus)})
     state, said = step(state, GpuSeen(facts, (record,), gpus, use), at)
-    assert state.run == (replace(facts, ended_by=EndedBy.NO_GPU_MEMORY) if ends else facts)
+    ended = replace(facts, ended_by=EndedBy.NO_GPU_MEMORY, dump_before_kill="1-1")
+    assert state.run == (ended if ends else facts)
     if not ends:
         assert said == (record,)
         return
     snapshot = WriteRecord(Event.GPU_SNAPSHOT, {"gpus": [dict(gpus[0])], "method": "process"})
-    assert said == (record, snapshot, EndRun(EndedBy.NO_GPU_MEMORY))
+    assert said == (record, snapshot, *ending("no_gpu_memory"))
     assert state.run is not None and state.run.ended_by is EndedBy.NO_GPU_MEMORY
     assert step(state, GpuSeen(state.run, (), gpus, use), at + 1)[1] == ()  # once
 
@@ -165,23 +167,23 @@ FOLDS: dict[str, tuple[RunState, tuple[Effect, ...], dict[str, object], int]] = 
         {"alerted": frozenset({Notice.SLOW})},
         1,
     ),
-    "a stop ends the run as stopped": (
+    "a stop ends the run as stopped (its record, SIGTERM, SIGCONT)": (
         run_state(0.0),
         (StopRun(30.0),),
         {"ended_by": EndedBy.STOP},
-        1,
+        3,
     ),
     "a stop after dflashd ended it keeps the first reason": (
         replace(run_state(0.0), ended_by=EndedBy.NO_PROGRESS),
         (StopRun(30.0),),
         {"ended_by": EndedBy.NO_PROGRESS},
-        1,
+        3,
     ),
-    "an end decided twice is carried out once": (
+    "an end decided twice is carried out once (its dump, its record)": (
         run_state(0.0),
         (EndRun(EndedBy.DIVERGED), EndRun(EndedBy.NO_PROGRESS)),
-        {"ended_by": EndedBy.DIVERGED},
-        1,
+        {"ended_by": EndedBy.DIVERGED, "dump_before_kill": "1-1"},
+        2,
     ),
     "a proven hang says how long it hung": (
         run_state(0.0),
@@ -241,6 +243,16 @@ def test_a_diverged_loss_with_stop_ends_the_run_through_the_model() -> None:
     diverged = replace(state.run, diverged={"step": 40, "then": "stop"})
     said_before = (WriteRecord(Event.DIVERGED, {"step": 40}), EndRun(EndedBy.DIVERGED))
     state, said = step(state, Observed(diverged, said_before), 60.0)
-    assert said == said_before
+    assert said == (said_before[0], *ending("diverged"))
     assert state.run is not None and state.run.ended_by is EndedBy.DIVERGED
     assert state.run.diverged == {"step": 40, "then": "stop"}
+
+
+def ending(why: str) -> tuple[Effect, ...]:
+    """What an end dflashd decided is folded into: the dump (named by the model), its record;
+    the kill's bound is a timer in the state."""
+    fields = {"why": why, "dump": "py-spy", "then": "SIGKILL", "bound_s": STACKS_BOUND_S}
+    return (
+        DumpStacks(why, "1-1", before_kill=True),
+        WriteRecord(Event.ENDING_RUN, fields, log_level="warning"),
+    )

@@ -181,14 +181,10 @@ class LookForRelease:
 
 @dataclass(frozen=True, slots=True)
 class StopRun:
-    """``dflashd stop`` for the live run: SIGTERM to its group, SIGKILL past ``timeout_s``."""
+    """``dflashd stop`` for the live run: SIGTERM to its group, SIGKILL past ``timeout_s``
+    (folded by ``step`` into the signals and the grace: model/killing.py)."""
 
     timeout_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class StopTimedOut:
-    """The stop's grace is over: the live run's stacks, then SIGKILL."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +221,8 @@ class KeepStacks:
 @dataclass(frozen=True, slots=True)
 class EndRun:
     """dflashd ends the live run for ``why`` (a stall, no GPU memory, a diverged loss): a
-    stacks dump, then the kill.  Dropped where dflashd already ends it."""
+    stacks dump, then the kill (folded by ``step`` into them: model/killing.py).  Dropped
+    where dflashd already ends it."""
 
     why: EndedBy
 
@@ -288,7 +285,6 @@ Effect = (
     | LookForRelease
     | PrepareStandby
     | StopRun
-    | StopTimedOut
     | SignalRun
     | KillRun
     | DumpStacks

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dflashd.supervisor.model.deadlines import Deadline
-from dflashd.supervisor.model.effects import Effect
+from dflashd.supervisor.model.effects import Effect, WriteRecord
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.hang import HangLimits, HangView
 from dflashd.supervisor.model.judge import Sample
@@ -170,6 +170,22 @@ class HangLook:
     sample: tuple[Sample, StacksDump] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DumpRead:
+    """A stacks dump of run ``run_no`` came back, its files written: its ``stacks`` record
+    (``said``), what the run keeps of it (``kept``), whether py-spy read the run (``ok``; else
+    ``error``), what asked for it, and whether the run still lives."""
+
+    run_no: int
+    dump_id: str
+    said: WriteRecord
+    kept: Mapping[str, Any]
+    ok: bool
+    trigger: str
+    error: str | None
+    alive: bool
+
+
 Input = (
     Started
     | ChildExited
@@ -186,4 +202,5 @@ Input = (
     | StatusChanged
     | StatusWritten
     | HangLook
+    | DumpRead
 )

@@ -10,6 +10,7 @@ answer back as the next input.  No clock, no I/O: ``now`` and the jitter come in
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -23,6 +24,7 @@ from dflashd.supervisor.model.effects import (
     EnterState,
     ExitDaemon,
     KeepStacks,
+    KillRun,
     Launch,
     LookForRelease,
     NotifySystemd,
@@ -35,7 +37,6 @@ from dflashd.supervisor.model.effects import (
     SettleGoodput,
     StopAsked,
     StopRun,
-    StopTimedOut,
     UpdateLedger,
     WriteRecord,
 )
@@ -48,6 +49,7 @@ from dflashd.supervisor.model.inputs import (
     ChildExited,
     DeadlineDue,
     Decided,
+    DumpRead,
     Emptied,
     GpuSeen,
     HangLook,
@@ -61,6 +63,12 @@ from dflashd.supervisor.model.inputs import (
     StatusChanged,
     StatusWritten,
     StopRequested,
+)
+from dflashd.supervisor.model.killing import (
+    after_dump,
+    dump_then_kill,
+    stop_grace_over,
+    stop_signals,
 )
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState, State
@@ -85,6 +93,7 @@ class Rules:
     vram_grace_s: float = 300.0  # a run with no first step holding no GPU memory past it ends
     gpus_allowed: tuple[int, ...] | None = None  # the config's ``gpus`` list (None: all)
     gpu_fallback: bool = False  # relaunch on the other GPUs when one is unusable
+    no_dumps: str | None = None  # why py-spy cannot dump the run (None: it can)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +107,8 @@ class DaemonState:
     deferred_run_no: int | None = None  # a deferred launch keeps its number
     hang: HangWatch = field(default_factory=HangWatch)  # the current run's hang evidence
     run: RunState | None = None  # the current (or last) run's facts
+    dumps_asked: int = 0  # stack dumps asked for so far: the next one's id is its run's and this
+    last_dump_id: str | None = None  # the id given to the last dump asked for
 
 
 Step = tuple[DaemonState, tuple[Effect, ...]]
@@ -107,25 +118,36 @@ def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
     """Fold the effects that change the state into it; return it and the rest, in order."""
     loop, deadlines, ledger, run = state.loop, state.deadlines, state.ledger, state.run
     out: list[Effect] = []
-    for effect in effects:
+    pending = deque(effects)  # an end dflashd decides is folded into the effects it means
+    while pending:
+        effect = pending.popleft()
         match effect:
             case SendAlert(kind):
                 run = run.alerted_of(kind) if run is not None else None
                 out.append(effect)
-            case StopRun():
+            case StopRun(timeout_s):
                 if run is not None and not run.ended_by_us:
                     run = run.ending(EndedBy.STOP)
-                out.append(effect)
+                pending.extendleft(reversed(stop_signals(timeout_s, now)))
             case EndRun(why):
                 if run is None or run.ended_by_us:
                     continue  # dflashd ends it already: one end, its first reason
                 run = run.ending(why)
-                out.append(effect)
+                no_dumps = state.rules.no_dumps
+                ending = dump_then_kill(why.value, Event.ENDING_RUN, no_dumps, now)
+                pending.extendleft(reversed(ending))
             case EndRunHung(hung_after_s=hung_after_s):
                 run = run.ending(EndedBy.HUNG, hung_after_s=hung_after_s) if run else None
                 out.append(effect)
-            case DumpStacks(dump_id=dump_id, before_kill=True):
-                run = replace(run, dump_before_kill=dump_id) if run is not None else None
+            case DumpStacks(dump_id=dump_id, before_kill=before_kill):
+                if not dump_id:  # named here: the run's number and the count of dumps asked
+                    asked = state.dumps_asked + 1
+                    dump_id = f"{run.run_no if run is not None else 0}-{asked}"
+                    state = replace(state, dumps_asked=asked)
+                    effect = replace(effect, dump_id=dump_id)
+                state = replace(state, last_dump_id=dump_id)
+                if before_kill and run is not None:
+                    run = replace(run, dump_before_kill=dump_id)
                 out.append(effect)
             case KeepStacks(stacks):
                 run = replace(run, stacks=stacks, dump_before_kill=None) if run else None
@@ -277,6 +299,11 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
                 return state, ()
             run, why = stall_decide(run, runnable=runnable, cpu_used_s=cpu_used_s, now=now)
             return replace(state, run=run), (() if why is None else (EndRun(why),))
+        case DumpRead(run_no, dump_id, said, kept, ok, trigger, error, alive):
+            run = state.run
+            awaited = run is not None and run.run_no == run_no and run.dump_before_kill == dump_id
+            flags = {"awaited": awaited, "alive": alive, "ok": ok}
+            return state, after_dump(said, kept, **flags, trigger=trigger, error=error, now=now)
         case StatusChanged():
             return replace(state, deadlines=state.deadlines.changed()), ()
         case StatusWritten():
@@ -293,9 +320,12 @@ def _due(state: DaemonState, deadline: Deadline, now: float) -> tuple[Effect, ..
             return (NotifySystemd("WATCHDOG=1"), SetTimer(Deadline.WATCHDOG, now + every))
         case Deadline.RESTART | Deadline.RELEASE_CHECK:
             return (look_for_release(state),)
-        case Deadline.STOP:
-            return (StopTimedOut(),)
-        case _:  # the live run's own (kill, hang): its control reads the table
+        case Deadline.STOP:  # the grace is over, and the run lives (its end clears it)
+            waiting = state.run.dump_before_kill if state.run is not None else None
+            return stop_grace_over(waiting, state.rules.no_dumps, now)
+        case Deadline.KILL:  # the dump the kill waited for is past its bound (the run lives)
+            return (KillRun(),)
+        case _:  # the live run's hang look: its control reads the table
             return ()
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -53,8 +53,6 @@ from dflashd.supervisor.model.world import (
 )
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.run import Run
-
-STACKS_BOUND_S: Final = 10.0  # before a kill: the dump, or the kill goes ahead without it
 
 
 class Dumper(Protocol):

@@ -11,7 +11,6 @@ is thawed the evaluation ends and both nodes complete their first run.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -115,13 +114,15 @@ def test_a_restart_round_while_a_node_is_suspect_starts_afresh_and_a_hang_after_
             run_cli("stop", "--home", str(node.home), "--timeout", "5")
     assert isinstance(ended, EventRecord)
     verdict = (ended.fields["verdict"], ended.fields["reason"])
-    world = "every node of the world waits" in str(ended.fields.get("hang_evidence"))
-    if world or ended.fields.get("waited_elsewhere"):
-        # seen once in CI on the loaded 2-core machine: the next round's workers both stuck in
-        # gloo's init_process_group (torch's own), so no rank reached its freeze.  The stuck
-        # world is still found afresh: ended through the store (every node waits), or, its
-        # peer node ended first, a crash after that wait elsewhere
-        assert "_new_process_group_helper" in json.dumps(ended.fields), ended.fields
+    world = "every node of the world waits"
+    ends = [str(e.fields.get("evidence")) for n in (host, peer) for e in n.events("ending_run")]
+    if ended.fields.get("waited_elsewhere") or world in str(ended.fields.get("hang_evidence")):
+        # seen on the loaded 2-core machine: the round after the kill never formed on both
+        # nodes (the next round's workers stuck in torch's gloo init, or B's agent kept its
+        # old round while A's new rank waited for it), so no rank reached its freeze.  The
+        # stuck world is still found afresh, through the store: B ended for it, or A ended
+        # first and B's rank crashed after its wait elsewhere
+        assert any(world in evidence for evidence in ends), (ended.fields, ends)
         return
     assert verdict == ("stalled", "hung"), ended.fields
     assert ended.fields["hung_after_s"] <= 60, ended.fields
