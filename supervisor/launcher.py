@@ -24,7 +24,7 @@ from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.processops import ProcessOps
-from dflashd.supervisor.host.proof import Launched
+from dflashd.supervisor.host.proof import SpawnedChild
 from dflashd.supervisor.host.spawn import (
     FLIGHT_FILE,
     LIVE_BARS_ENV,
@@ -281,7 +281,7 @@ class Launcher:
         argv: tuple[str, ...],
         cwd: Path,
         env: dict[str, str],
-    ) -> Launched:
+    ) -> SpawnedChild:
         """The standby told to run the job (the spawn record is on disk), else a cold spawn."""
         if warm is not None:
             try:
@@ -292,7 +292,7 @@ class Launcher:
         return self.ops.spawn(argv, cwd=cwd, env=env, run_no=run_no)
 
     @staticmethod
-    def _go(standby: Standby) -> Launched:
+    def _go(standby: Standby) -> SpawnedChild:
         """The standby becomes the launch: told to run the job (its custody, its pipes)."""
         custody = standby.launched.custody
         if custody is None or not custody.signal_root(GO_SIGNAL):

@@ -25,7 +25,7 @@ from dflashd.supervisor.doubles import HostDoubles
 from dflashd.supervisor.host.clock import ManualClock
 from dflashd.supervisor.host.config import parse_config
 from dflashd.supervisor.host.home import Home
-from dflashd.supervisor.host.proof import Launched
+from dflashd.supervisor.host.proof import SpawnedChild
 from dflashd.supervisor.model.effects import WriteRecord
 from dflashd.supervisor.model.preflight import GpuHealth
 from dflashd.supervisor.model.stacks import StacksTaken, summary
@@ -115,14 +115,14 @@ class ScriptedProcesses:
 
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
-    ) -> Launched:
+    ) -> SpawnedChild:
         if self.fail_spawns:
             raise self.fail_spawns.pop(0)
         pid, self.next_pid = self.next_pid, self.next_pid + 1
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         self.children[pid] = ScriptedChild(pid, out_w, err_w)
-        return Launched(pid, out_r, err_r, custody=ScriptedCustody(self, pid))
+        return SpawnedChild(pid, out_r, err_r, custody=ScriptedCustody(self, pid))
 
     def die(self, pid: int, *, code: int | None = None, sig: int | None = None) -> None:
         """The child ends: its pipes close, its wait status is ready."""

@@ -43,7 +43,7 @@ _IN_RUN: Final = ("startup_s", "redone_s", "slow_s", "productive_s", "detection_
 
 
 @dataclass
-class Incident:
+class RunCostRow:
     """One run's end and what it cost."""
 
     run: int
@@ -89,7 +89,7 @@ class Incident:
 class GoodputData:
     """What the section needs, folded from the records."""
 
-    incidents: dict[int, Incident] = field(default_factory=dict)
+    incidents: dict[int, RunCostRow] = field(default_factory=dict)
     absent: list[tuple[float, Cost]] = field(default_factory=list)  # (daemon start, its gap)
     # The daemon is alive now: the newest run without an exit record is live, counted up to
     # this wall time (as status counts it).  None: the log's own end.
@@ -108,7 +108,7 @@ class GoodputData:
                 if earlier.ended is not None and earlier.downtime_after_s is None:
                     earlier.downtime_after_s = before
             bests = [i.best_step for i in self.incidents.values() if i.best_step is not None]
-            self.incidents[run] = Incident(
+            self.incidents[run] = RunCostRow(
                 run,
                 at,
                 downtime_before_s=before,
@@ -131,7 +131,7 @@ class GoodputData:
         elif event == Event.GOODPUT_CARRIED:
             self.absent.append((at, cost_from_json(fields)))
 
-    def cost_of(self, incident: Incident) -> Cost:
+    def cost_of(self, incident: RunCostRow) -> Cost:
         """A run's cost: its exit record's, or for the run still alive, settled up to now."""
         if incident.ended is not None:
             return incident.cost

@@ -23,7 +23,7 @@ from dflashd.supervisor.host.custody import (
     open_base,
 )
 from dflashd.supervisor.host.procfs import cmdline_text, read_stat
-from dflashd.supervisor.host.proof import MODE_PID, PIDFD_SUPPORTED, Launched
+from dflashd.supervisor.host.proof import MODE_PID, PIDFD_SUPPORTED, SpawnedChild
 from dflashd.supervisor.host.recovery import recover
 from dflashd.supervisor.host.spawn import spawn
 from dflashd.supervisor.model.effects import WriteRecord
@@ -55,7 +55,7 @@ class HostProcesses:
 
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
-    ) -> Launched:
+    ) -> SpawnedChild:
         """See :func:`dflashd.supervisor.host.spawn.spawn`; the child enters ``run-N``'s cgroup."""
         cgroup = self._run_cgroup(run_no)
         launched = spawn(argv, cwd=cwd, env=env, cgroup=cgroup)

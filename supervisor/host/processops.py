@@ -1,5 +1,5 @@
 """The process seam's contract, in a leaf: what the daemon does to processes (:class:`ProcessOps`);
-what a launch gives back (:class:`~dflashd.supervisor.host.proof.Launched`) sits with the custody.
+what a launch gives back (:class:`~dflashd.supervisor.host.proof.SpawnedChild`) sits with the custody.
 
 The real implementation is :class:`~dflashd.supervisor.host.groups.HostProcesses`; the loop tests
 drive the daemon through a scripted one.  Importing the type pulls in no implementation: the
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from dflashd.supervisor.host.proof import Launched
+from dflashd.supervisor.host.proof import SpawnedChild
 from dflashd.supervisor.model.effects import WriteRecord
 
-__all__ = ["Launched", "ProcessOps"]
+__all__ = ["ProcessOps", "SpawnedChild"]
 
 
 class ProcessOps(Protocol):
@@ -28,7 +28,7 @@ class ProcessOps(Protocol):
 
     def spawn(
         self, argv: tuple[str, ...], *, cwd: Path, env: Mapping[str, str], run_no: int
-    ) -> Launched:
+    ) -> SpawnedChild:
         """Fork and exec in a new session, in the run's custody; OSError when exec fails."""
         ...
 

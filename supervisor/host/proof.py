@@ -214,7 +214,7 @@ class ProvenSet:
 
 
 @dataclass(slots=True)
-class Launched:
+class SpawnedChild:
     """A running child: its pid (also its process group and session id), its pipes, its custody."""
 
     pid: int

@@ -19,7 +19,7 @@ from typing import Final
 from dflashd.logs.drain import grow_pipe
 from dflashd.supervisor.host.cgroups import enter_cgroup_fd, open_procs_fd
 from dflashd.supervisor.host.custody import die_with_parent
-from dflashd.supervisor.host.proof import Launched
+from dflashd.supervisor.host.proof import SpawnedChild
 
 PR_SET_PDEATHSIG: Final = 1
 # Variables systemd gives *us*; the child must get dflashd's NOTIFY_SOCKET, never systemd's.
@@ -112,7 +112,7 @@ def spawn(
     env: Mapping[str, str],
     death_signal: int = signal.SIGTERM,
     cgroup: Path | None = None,
-) -> Launched:
+) -> SpawnedChild:
     """Fork and exec ``argv`` (in ``cgroup`` when given); raises OSError when exec fails."""
     procs_fd = open_procs_fd(cgroup)
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
@@ -141,7 +141,7 @@ def spawn(
         os.close(err_w)
         if procs_fd is not None:
             os.close(procs_fd)
-    return Launched(process.pid, out_r, err_r, process)
+    return SpawnedChild(process.pid, out_r, err_r, process)
 
 
 def set_child_subreaper() -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from dflashd.supervisor.host.proof import Launched
+from dflashd.supervisor.host.proof import SpawnedChild
 
 STANDBY_SCRIPT: Final = Path(__file__).parents[2] / "trainer" / "standby.py"
 _PYTHON: Final = re.compile(r"^python(?:[0-9]+(?:\.[0-9]+)?)?$")
@@ -88,7 +88,7 @@ class Standby:
     """The next run's interpreter, started: its process, and what it was started with."""
 
     run_no: int
-    launched: Launched
+    launched: SpawnedChild
     argv: tuple[str, ...]  # the job's command it stands in for
     cwd: Path
     env: dict[str, str]

@@ -197,7 +197,7 @@ def post_webhook(
     return (200 <= status < 300), f"HTTP {status}"
 
 
-class _Sink:
+class _AlertSink:
     """One alert sink on its own thread: a failure or hang of one never silences another."""
 
     def __init__(self, name: str, deliver: Callable[[dict[str, Any], str], AlertOutcome]) -> None:
@@ -267,7 +267,7 @@ class AlertDispatcher:
         if alerts.file:
             path = alerts.file
             dispatcher._sinks.append(
-                _Sink("file", lambda p, v: AlertOutcome("file", *append_alert(path, p), v))
+                _AlertSink("file", lambda p, v: AlertOutcome("file", *append_alert(path, p), v))
             )
         return dispatcher
 
@@ -291,11 +291,11 @@ class AlertDispatcher:
         self._running: dict[int, subprocess.Popen[bytes]] = {}
         self._ended_at_exit: set[int] = set()
         self._closing = threading.Event()
-        self._sinks: list[_Sink] = []
+        self._sinks: list[_AlertSink] = []
         if webhook_url:
-            self._sinks.append(_Sink("webhook", self._deliver_webhook))
+            self._sinks.append(_AlertSink("webhook", self._deliver_webhook))
         if command:
-            self._sinks.append(_Sink("command", self._run_command))
+            self._sinks.append(_AlertSink("command", self._run_command))
 
     @property
     def enabled(self) -> bool:

@@ -153,7 +153,7 @@ def renderer_for(stream: LogStream, environ: Mapping[str, str]) -> Renderer:
     return render_json
 
 
-class _Sink:
+class _LogSink:
     """Where events go now: a stream and its renderer, above a level (or a capture list)."""
 
     def __init__(self) -> None:
@@ -170,7 +170,7 @@ class _Sink:
             self.stream.flush()
 
 
-_SINK: Final = _Sink()
+_SINK: Final = _LogSink()
 
 
 class _SinkWriter:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dflashd.logs.drain import PipeDrain
-from dflashd.supervisor.host.proof import Launched, RunCustody
+from dflashd.supervisor.host.proof import RunCustody, SpawnedChild
 from dflashd.supervisor.model.lifecycle import Phase
 from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.watch.elastic import ElasticState
@@ -48,7 +48,7 @@ class Run:
 
     run_no: int
     book: FactsBook
-    launched: Launched | None = None
+    launched: SpawnedChild | None = None
     drains: tuple[PipeDrain, ...] = ()
     watcher: StepWatcher | None = None  # the drains' callback; flushed when the child dies
     elastic: ElasticState | None = None  # the job is a torchrun agent (a node of a larger job)
@@ -76,7 +76,7 @@ class Run:
 
     @property
     def alive(self) -> bool:
-        """Launched and not yet reaped."""
+        """SpawnedChild and not yet reaped."""
         return self.launched is not None and not self.reaped
 
     @property
