@@ -77,7 +77,7 @@ class Hands(Protocol):
 
     def notify_systemd(self, text: str) -> None: ...
 
-    def publish(self) -> object: ...
+    def publish(self, *, shown: bool = False, final: bool = False) -> object: ...
 
     def gpus_seen(self) -> list[dict[str, Any]]: ...
 
@@ -233,8 +233,8 @@ class DaemonCore:
             case EndRunHung():
                 if run is not None:
                     hands.end_hung(run, effect)
-            case Publish():
-                hands.publish()
+            case Publish(shown, final):
+                hands.publish(shown=shown, final=final)
             case NotifySystemd(text):
                 hands.notify_systemd(text)
             case _:  # a change to the state reaches here only through a bug in fold

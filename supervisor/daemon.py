@@ -34,7 +34,7 @@ from dflashd.supervisor.launcher import Launcher
 from dflashd.supervisor.liverun import LiveRunControl, stacks_command
 from dflashd.supervisor.model.bounds import MAX_SECONDS
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
-from dflashd.supervisor.model.effects import SetTimer, WriteRecord
+from dflashd.supervisor.model.effects import Publish, SetTimer, WriteRecord
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import HangSampled
 from dflashd.supervisor.model.inputs import (
@@ -50,13 +50,14 @@ from dflashd.supervisor.model.lifecycle import LoopState
 from dflashd.supervisor.model.progress import Limits, NotifyMessage
 from dflashd.supervisor.model.stacks import StacksTaken
 from dflashd.supervisor.model.step import DaemonState, Rules
+from dflashd.supervisor.publisher import Publisher
 from dflashd.supervisor.runs import FirstLaunch, LoopCallbacks, RunParts, Runs
 from dflashd.supervisor.snapshot import goodput_totals, status_view
 from dflashd.supervisor.speak.control import stop_handler
 from dflashd.supervisor.speak.daemonlog import reopen_daemon_log
 from dflashd.supervisor.speak.diagnostics import get_logger
 from dflashd.supervisor.speak.reporter import MetricsUnavailable, Reporter
-from dflashd.supervisor.speak.statusview import StatusView, one_line, read_state
+from dflashd.supervisor.speak.statusview import StatusView, read_state
 from dflashd.supervisor.speak.wakeups import Wakeups
 from dflashd.supervisor.watch.gpuwatch import GpuSettings, GpuWatch
 from dflashd.supervisor.watch.linewatch import LineMatcher, LineWatcher
@@ -116,7 +117,12 @@ class Daemon:
         hands = (self.observer, launcher, self.live, self.ended_runs, self._systemd)
         parts = RunParts(self.ops, self.reporter, self.gpu, *hands)
         facts_of = lambda run_no: self.core.facts_of(run_no)  # noqa: E731, PLW0108 (core: below)
-        callbacks = LoopCallbacks(self._drain_inbox, self._publish, hang, facts_of, on_first_launch)
+        written = lambda: self.core.step(self.run, StatusWritten())  # noqa: E731
+        totals = lambda: goodput_totals(self)  # noqa: E731
+        goodput = lambda: (self.ledger.goodput, clock.monotonic())  # noqa: E731
+        self.publisher = Publisher(self.reporter, self.status, totals, goodput, written)
+        publish = self.publisher.publish
+        callbacks = LoopCallbacks(self._drain_inbox, publish, hang, facts_of, on_first_launch)
         self.runs = Runs(clock, parts, callbacks)
         every = self._systemd.watchdog_interval_s
         allowed = config.gpus if isinstance(config.gpus, tuple) else None  # the pre-flight's
@@ -267,7 +273,7 @@ class Daemon:
 
     def _heard(self, said: list[NotifyMessage]) -> None:
         for msg in said:
-            if self.observer.notify(self.run, msg, self.clock.monotonic()):
+            if self.observer.datagram(self.run, msg, self.clock.monotonic()):
                 self.core.changed()
 
     def _drain_inbox(self) -> None:
@@ -323,7 +329,7 @@ class Daemon:
         for deadline in (Deadline.STOP, Deadline.RESTART, Deadline.RELEASE_CHECK):
             core.due(deadline)
         if core.deadlines.state_write_due(now):
-            self._publish()
+            core.execute(run, (Publish(),))
 
     # -- control and status ---------------------------------------------------------------
 
@@ -333,25 +339,8 @@ class Daemon:
 
     def _status_shown(self) -> dict[str, Any]:
         """``status`` for a client, published and saved as shown: no total shown goes back."""
-        view = self.status()
-        self._publish(view, shown=True)
-        return dict(view)
-
-    def _publish(self, view: StatusView | None = None, *, shown: bool = False) -> str:
-        """state.json, metrics and systemd's STATUS= from one snapshot; returns its one line."""
-        self.core.step(self.run, StatusWritten())
-        view = view or self.status()  # built once per publish
-        summary = one_line(view)
-        self.reporter.publish(view, summary)
-        self._save_goodput(ended=False, shown=shown)
-        return summary
-
-    def _save_goodput(self, *, ended: bool, shown: bool = False) -> None:
-        totals, best = goodput_totals(self)
-        first_start, now = self.ledger.goodput.first_start, self.clock.monotonic()
-        self.reporter.save_goodput(
-            first_start, totals, best_step=best, daemon_ended=ended, now=now, shown=shown
-        )
+        self.core.execute(self.run, (Publish(shown=True),))
+        return dict(self.publisher.last_view or self.status())
 
     # -- shutdown -------------------------------------------------------------------------
 
@@ -385,9 +374,12 @@ def _closing_steps(daemon: Daemon) -> list[tuple[str, Callable[[], object]]]:
                 run, (WriteRecord(Event.DAEMON_EXIT, {"state": daemon.state.value}),)
             ),
         ),
-        # a refused start leaves status as it was: no phantom "starting" state
-        ("state", lambda: daemon._publish() if daemon._opened else None),
-        ("goodput", lambda: daemon._save_goodput(ended=True) if daemon._opened else None),
+        # the last status and goodput totals; a refused start leaves status as it was (no
+        # phantom "starting" state)
+        (
+            "state",
+            lambda: daemon.core.execute(run, (Publish(final=True),)) if daemon._opened else None,
+        ),
         ("reporter", daemon.reporter.close),
         ("wakeups", lambda: daemon.wakeups.close() if daemon.wakeups is not None else None),
         ("inbox", daemon.inbox.close),

@@ -70,7 +70,7 @@ class LoopCallbacks:
     for it)."""
 
     process_inbox: Callable[[], None]
-    publish: Callable[[], str]
+    publish: Callable[..., str]  # (shown=, final=): publisher.Publisher.publish
     hang_watch: Callable[[], HangWatch]  # the current run's hang evidence (the model's)
     facts_of: FactsBook  # a run's facts (the model's)
     on_first_launch: FirstLaunch | None = None
@@ -159,9 +159,9 @@ class Runs:
         """One sd_notify message."""
         self.systemd.notify(text)
 
-    def publish(self) -> str:
+    def publish(self, *, shown: bool = False, final: bool = False) -> str:
         """Write the status now."""
-        return self.callbacks.publish()
+        return self.callbacks.publish(shown=shown, final=final)
 
     @property
     def dumps(self) -> Dumper:

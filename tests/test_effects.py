@@ -189,7 +189,7 @@ class Hands:
     def notify_systemd(self, text: str) -> None:
         self.done.append(text)
 
-    def publish(self) -> object:
+    def publish(self, *, shown: bool = False, final: bool = False) -> object:
         self.done.append("publish")
         return None
 
@@ -301,7 +301,7 @@ class Reentering(Hands):
         self.done.append(f"launch turn {self.core[0].turns}")
         return self.run[0], Launched(self.facts[0])
 
-    def publish(self) -> object:
+    def publish(self, *, shown: bool = False, final: bool = False) -> object:
         core = self.core[0]
         self.done.append(f"publish turn {core.turns}")
         core.step(None, StatusWritten())  # heard during a turn: waits for its own

@@ -422,6 +422,11 @@ ACTORS = {
     "dflashd.supervisor.speak.reporter",
     "dflashd.supervisor.host.custody",
     "dflashd.supervisor.watch.stackdumps",  # a native dump's own SIGCONT, in its thread
+    "dflashd.supervisor.publisher",  # the status's one writer: the executor's Publish, and the
+    # loop's throttled write, a client's status and the close through it
+    # start-up, before the loop's first turn: what a dead daemon left is proven ours and ended
+    # (host/recovery.py) before anything is carried over; it has no run to act through yet
+    "dflashd.supervisor.carryover",
 }
 ACTS = {
     "record",
@@ -433,6 +438,12 @@ ACTS = {
     "kill_all",
     "launch",
     "start_dump",
+    "signal_all",
+    "recover",
+    "notify",
+    "publish",
+    "save_goodput",
+    "end_stale_cgroup",
 }
 
 

@@ -246,7 +246,12 @@ class EndRunHung:
 
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """Write the status now (state.json, metrics, systemd's STATUS=)."""
+    """Write the status now (state.json, metrics, systemd's STATUS=, the goodput totals):
+    ``shown``, as a client's ``status`` showed it (no total shown ever goes back); ``final``,
+    the daemon's last write."""
+
+    shown: bool = False
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)

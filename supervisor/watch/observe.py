@@ -153,7 +153,7 @@ class RunObserver:
         r.moved(progress)
         self._progressed(r, change, now)
 
-    def notify(self, run: Run | None, msg: NotifyMessage, now: float) -> bool:
+    def datagram(self, run: Run | None, msg: NotifyMessage, now: float) -> bool:
         """One sd_notify datagram; ignored unless its sender belongs to the live run."""
         if run is None or not run.alive:
             return False
