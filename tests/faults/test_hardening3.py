@@ -238,8 +238,8 @@ def test_status_of_a_daemon_without_its_socket_says_it_runs(
         status = run_cli("status", "--home", str(home))
         assert status.returncode == 0, status.stdout
         said.append(status.stdout)
-        if "does not answer" in status.stdout:
-            break
+        if "control socket" in status.stdout:  # "busy or hung": the socket was bound again
+            break  # between the client's try and its look for why (seen under load)
     assert "does not answer" in said[-1] and "control socket" in said[-1], said
     deadline = time.monotonic() + 30
     while not (home / "control.sock").exists() and time.monotonic() < deadline:
