@@ -8,6 +8,7 @@ suite does not run as root (slurmd must be able to become the job's user).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from dflashd.logs import EventRecord, LineRecord, read_records
-from tests.conftest import dflashd_argv
+from tests.conftest import dflashd_argv, run_cli
 
 NEEDED = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "scontrol")
 pytestmark = pytest.mark.skipif(
@@ -206,6 +207,17 @@ def test_srun_dflashd_relaunches_and_scancel_ends_it_inside_killwait(
             dflashd_argv("status", "--home", str(home)), capture_output=True, text=True
         )
         assert shown.returncode == 0 and "running" in shown.stdout, shown.stdout
+        tailed = subprocess.run(
+            dflashd_argv("tail", "--home", str(home), "-n", "5"), capture_output=True, text=True
+        )
+        assert tailed.returncode == 0 and "step " in tailed.stdout, tailed.stdout
+        stacks = subprocess.run(
+            dflashd_argv("stacks", "--home", str(home)), capture_output=True, text=True
+        )
+        tool = json.loads(run_cli("status", "--home", str(home), "--json").stdout)["stacks_tool"]
+        if str(tool).startswith("py-spy"):  # an extra: where it is installed, it must work
+            assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+            assert "job.py" in stacks.stdout, stacks.stdout  # the job's own frame, from Slurm's
         asked = time.monotonic()
         assert cluster.run("scancel", job_id).returncode == 0
         records = _wait_records(
