@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,11 +179,17 @@ def test_the_example_config_turns_no_default_alert_off() -> None:
     import tomllib
 
     from dflashd.supervisor.host.config import parse_config
-    from dflashd.supervisor.model.verdicts import DEFAULT_ALERTS
+    from dflashd.supervisor.model.rules import ALERTED_BY_DEFAULT
 
     example = Path(__file__).parent.parent / "systemd" / "dflashd.toml.example"
     config = parse_config(tomllib.loads(example.read_text()))
-    assert set(config.alerts.on) == set(DEFAULT_ALERTS)
+    assert set(config.alerts.on) == set(ALERTED_BY_DEFAULT)  # a rule's verdicts too (disk_full)
+    # and the lists a user copies from the README and the guide
+    root = Path(__file__).parent.parent
+    for doc in ("README.md", "docs/guide.md"):
+        for listed in re.findall(r'on = \[([^\]]*"fatal"[^\]]*)\]', (root / doc).read_text()):
+            names = set(re.findall(r'"([a-z_]+)"', listed))
+            assert {k.value for k in ALERTED_BY_DEFAULT} <= names, (doc, listed)
 
 
 def test_one_job_per_home_a_warning_and_ls_lists_every_daemon(tmp_path: Path) -> None:

@@ -253,3 +253,30 @@ def test_a_stop_signal_to_the_whole_tree_is_a_stop_not_a_crash(
     assert daemon.wait(30) == 0
     assert [e.fields["verdict"] for e in daemon.events("exit")] == ["stopped"]
     assert daemon.events("restart") == [] and daemon.events("spawn")[-1].run == 1
+
+
+def test_tail_of_the_previous_run_with_one_run_says_there_is_none(
+    tmp_path: Path, home: Path
+) -> None:
+    """Issue 54: `tail --run previous` on a home with one run says there is no previous run
+    (never "no run 0"), in one line, with the usage exit code."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    done = _foreground(home, config, sys.executable, "-c", "print('step 1')")
+    assert done.returncode == 0, done.stderr
+    tailed = run_cli("tail", "--home", str(home), "--run", "previous")
+    assert tailed.returncode == 2, tailed.stdout + tailed.stderr
+    said = tailed.stderr.strip().splitlines()
+    assert len(said) == 1 and "no previous run" in said[0] and "run 1 is the only one" in said[0]
+
+
+def test_the_units_have_no_placeholder_and_install_torch_first() -> None:
+    """Issue 54: the units' header installs torch before dflashd (a plain install pulls a
+    multi-GB CUDA build) and names no placeholder documentation."""
+    units = Path(__file__).parent.parent / "systemd"
+    for unit in ("dflashd.service", "dflashd@.service"):
+        text = (units / unit).read_text()
+        assert "example.invalid" not in text and "Documentation=https://example" not in text
+        installs = [line for line in text.splitlines() if "pip install" in line]
+        # the template unit installs nothing itself (the plain unit's header says how)
+        assert installs if unit == "dflashd.service" else True, unit
+        assert not installs or "torch" in installs[0], (unit, installs)
