@@ -270,6 +270,28 @@ def test_every_query_of_the_dashboard_and_the_rules_names_a_metric_dflashd_serve
     assert per_job == [], per_job  # every panel is one job's, across its nodes
 
 
+def test_grafanas_own_sdk_loads_the_dashboard_into_its_panel_and_query_types() -> None:
+    """Issue 55: the dashboard as Grafana's foundation SDK decodes it: every panel's options are
+    the options of the plugin its type names (a misspelt type or plugin stays a bare dict),
+    every query a Prometheus one with an expression, and it goes back to JSON whole."""
+    from grafana_foundation_sdk.cog.plugins import register_default_plugins
+    from grafana_foundation_sdk.models import dashboard, prometheus
+
+    register_default_plugins()
+    data = json.loads((ROOT / "deploy" / "grafana" / "dflashd-job.json").read_text())
+    loaded = dashboard.Dashboard.from_json(data)
+    assert loaded.panels is not None and len(loaded.panels) == len(data["panels"]) >= 8
+    for panel in loaded.panels:
+        assert isinstance(panel, dashboard.Panel), panel
+        plugin = type(panel.options).__module__.rsplit(".", 1)[-1]
+        assert plugin == panel.type_val, (panel.title, panel.type_val, type(panel.options))
+        assert panel.targets and all(
+            isinstance(t, prometheus.Dataquery) and t.expr for t in panel.targets
+        ), panel.title
+    again = loaded.to_json()
+    assert again["uid"] == data["uid"] and len(again["panels"]) == len(data["panels"])
+
+
 @pytest.mark.skipif(
     shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)"
 )
