@@ -21,7 +21,6 @@ from dflashd.supervisor.model.verdicts import Observations
 from dflashd.supervisor.watch.run import Run
 
 ELSEWHERE_RECENT_S: Final = 60.0  # a wait elsewhere seen this recently explains a death
-CPU_LIFE_SHARE: Final = 0.1  # a run that used at least this share of a CPU over its life was alive
 
 
 def mark_reaped(run: Run, status: int | None, ops: ProcessOps) -> float | None:
@@ -45,20 +44,6 @@ def mark_reaped(run: Run, status: int | None, ops: ProcessOps) -> float | None:
     return cpu_s
 
 
-def lived_s(run: RunState, duration_s: float, cpu_s: float | None) -> float:
-    """From the launch to the last sign of life: output, notify or GPU activity; the whole
-    duration when the run kept a tenth of a CPU busy over it (a silent CPU-bound job)."""
-    progress = run.progress
-    last = max(
-        progress.last_alive_mono or run.started_mono,
-        progress.last_progress_mono or run.started_mono,
-    )
-    lived = max(0.0, last - run.started_mono)
-    if cpu_s is not None and duration_s > 0 and cpu_s >= CPU_LIFE_SHARE * duration_s:
-        lived = duration_s
-    return lived
-
-
 def observations(
     run: Run,
     status: int | None,
@@ -78,7 +63,7 @@ def observations(
         gpu_xids=facts.gpu_xids,
         status_unknown=status is None,
         oom_kills=run.custody.oom_kills() if run.custody is not None else 0,
-        lived_s=lived_s(facts, duration_s, cpu_s),
+        lived_s=facts.lived_s(duration_s, cpu_s),
         cpu_s=cpu_s or 0.0,
         diverged=_diverged(facts),
     )

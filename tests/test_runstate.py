@@ -256,3 +256,22 @@ def ending(why: str) -> tuple[Effect, ...]:
         DumpStacks(why, "1-1", before_kill=True),
         WriteRecord(Event.ENDING_RUN, fields, log_level="warning"),
     )
+
+
+@pytest.mark.parametrize(
+    ("alive_at", "step_at", "duration", "cpu", "lived"),
+    [
+        (None, None, 30.0, None, 0.0),  # nothing seen, CPU unknown: it never lived
+        (12.0, None, 30.0, 0.5, 12.0),  # output until 12 s: it lived 12 s
+        (12.0, 20.0, 30.0, 0.5, 20.0),  # a step at 20 s is a sign of life too
+        (None, None, 400.0, 41.0, 400.0),  # silent but a tenth of a CPU busy: all of it
+        (None, None, 400.0, 39.0, 0.0),  # silent, under a tenth: no sign of life
+    ],
+)
+def test_how_long_a_run_lived_tells_an_early_death_from_a_crash(
+    alive_at: float | None, step_at: float | None, duration: float, cpu: float | None, lived: float
+) -> None:
+    """Issue 52: the rule once computed in the shell (reaped.py) is the model's."""
+    facts = run_state(0.0)
+    progress = replace(facts.progress, last_alive_mono=alive_at, last_progress_mono=step_at)
+    assert replace(facts, progress=progress).lived_s(duration, cpu) == lived

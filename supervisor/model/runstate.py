@@ -16,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from dflashd.supervisor.model.goodput import RunTimes
 from dflashd.supervisor.model.gpuspin import PowerSeen
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.verdicts import AlertKind, EndedBy, Observations
+
+CPU_LIFE_SHARE: Final = 0.1  # a run that used at least this share of a CPU over its life was alive
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,20 @@ class RunState:
     def alerted_of(self, kind: AlertKind) -> RunState:
         """An alert of ``kind`` was sent for this run."""
         return replace(self, alerted=self.alerted | {kind})
+
+    def lived_s(self, duration_s: float, cpu_s: float | None) -> float:
+        """From the launch to the last sign of life (output, notify or GPU activity): what
+        tells an early death from a crash (``classify``); the whole duration when the run kept
+        :data:`CPU_LIFE_SHARE` of a CPU busy over it (a silent CPU-bound job)."""
+        progress = self.progress
+        last = max(
+            progress.last_alive_mono or self.started_mono,
+            progress.last_progress_mono or self.started_mono,
+        )
+        lived = max(0.0, last - self.started_mono)
+        if cpu_s is not None and duration_s > 0 and cpu_s >= CPU_LIFE_SHARE * duration_s:
+            lived = duration_s
+        return lived
 
     def ending(self, why: EndedBy, *, hung_after_s: float | None = None) -> RunState:
         """dflashd decided to end the run, for ``why``."""
