@@ -45,8 +45,10 @@ from dflashd.supervisor.model.effects import (
     SayLaunched,
     SendAlert,
     SettleProcesses,
+    SignalLeftovers,
     SignalRun,
     UpdateLedger,
+    WatchEmpty,
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
@@ -69,7 +71,9 @@ class Hands(Protocol):
 
     def say_launched(self, run: Run | None, error: str | None) -> None: ...
 
-    def look_for_release(self, run: Run | None, now: float, room_of: str | None) -> Input: ...
+    def look_for_release(self, run: Run | None, look: LookForRelease) -> Input: ...
+
+    def watch_empty(self, run: Run) -> None: ...
 
     def end_hung(self, run: Run, hung: EndRunHung) -> None: ...
 
@@ -198,6 +202,12 @@ class DaemonCore:
             case SettleProcesses(kill_now):
                 if run is not None:
                     hands.settle(run, kill_now=kill_now)
+            case SignalLeftovers(signum):
+                if run is not None and run.custody is not None:
+                    run.custody.signal_all(signal.Signals(signum))
+            case WatchEmpty():
+                if run is not None:
+                    hands.watch_empty(run)
             case KillHolders(pids):
                 custody = run.custody if run is not None else None
                 if custody is not None:  # each a holder proven to belong to the dead run
@@ -210,8 +220,8 @@ class DaemonCore:
                 self._queue.append(Heard(launched, answer))  # the next turn's input
             case SayLaunched(error):
                 hands.say_launched(run, error)
-            case LookForRelease(room_of):
-                answer = hands.look_for_release(run, self.clock.monotonic(), room_of)
+            case LookForRelease():
+                answer = hands.look_for_release(run, effect)
                 self._queue.append(Heard(run, answer))
             case PrepareStandby():
                 hands.prepare_standby(run)

@@ -2,8 +2,8 @@
 
 A run's custody (its cgroup, or its pidfd-proven members) outlives its reaped child while
 anything of it lives.  :meth:`EndedRuns.settle` carries out the applier's
-``SettleProcesses`` effect; :meth:`EndedRuns.end_leftovers` ends what is left before a
-relaunch (SIGTERM, then SIGKILL after a grace); :meth:`EndedRuns.sweep` ends everything at
+``SettleProcesses`` effect; :meth:`EndedRuns.leftovers` names what is left before a
+relaunch (the model ends it: model/leftovers.py); :meth:`EndedRuns.sweep` ends everything at
 shutdown.  Proven processes only: every signal goes through the run's custody.
 """
 
@@ -12,28 +12,14 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from typing import Final
 
 from dflashd.supervisor.host.custody import end_adopted
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.proof import RunCustody
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.leftovers import LEFTOVER_GIVE_UP_S, Leftovers
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.run import Run
-
-LEFTOVER_GRACE_S: Final = 3.0  # a dead run's leftovers: between SIGTERM and SIGKILL
-# Leftovers that hold no state of the job's, so no grace: SIGKILL at once.  Inductor's compile
-# workers outlive a SIGKILLed trainer; one slow to go on SIGTERM would hold the relaunch for the
-# whole grace (nanoGPT's on the H200 went within it: the 2.1 s once blamed on them were a GPU
-# sample taken before the death, see gpuwatch.py).
-STATELESS_LEFTOVERS: Final = ("torch/_inductor/compile_worker/",)
-LEFTOVER_POLL_S: Final = 0.1
-LEFTOVER_GIVE_UP_S: Final = 10.0  # SIGKILLed 7 s ago and still there: relaunch anyway
-
-
-def stateless(cmdline: str) -> bool:
-    """A leftover that holds nothing of the job's (a compile worker): it needs no grace."""
-    return any(marker in cmdline for marker in STATELESS_LEFTOVERS)
 
 
 class EndedRuns:
@@ -44,7 +30,6 @@ class EndedRuns:
     ) -> None:
         self.ops, self.reporter = ops, reporter
         self.ended: list[RunCustody] = []  # ended runs whose processes may outlive them
-        self._leftovers_since: float | None = None
         self.on_empty = on_empty  # posts RunEmptied to the loop
 
     def settle(self, run: Run, *, kill_now: bool) -> None:
@@ -70,55 +55,25 @@ class EndedRuns:
         self._forget_empty()
         self.ended.append(custody)
 
-    def end_leftovers(self, run: Run | None, now: float) -> float | None:
-        """Before a relaunch, end what the dead run left running; None once nothing is left.
-
-        What is left is what the run's custody proves its own: its cgroup's processes, or
-        the pidfd-proven members (its group while the child was unreaped, descendants of
+    def leftovers(self, run: Run | None) -> Leftovers | None:
+        """What the dead run left running, as its custody proves it (its cgroup's processes,
+        or the pidfd-proven members: its group while the child was unreaped, descendants of
         proven members, and processes carrying this home's id and the run's number: a
-        torchrun agent's workers run in sessions of their own).  SIGTERM, then SIGKILL
-        (``cgroup.kill``) after ``LEFTOVER_GRACE_S``.  Returns when to look again meanwhile.
-        """
+        torchrun agent's workers run in sessions of their own), named; None once nothing is
+        left.  What to do with them is the model's (model/leftovers.py)."""
         custody = run.custody if run is not None and not run.alive else None
         pids = custody.members() if custody is not None else set()
         if not pids or run is None or custody is None:
-            self._leftovers_since = None
             self._forget_empty()
             return None
-        if self._leftovers_since is None:
-            self._leftovers_since = now
-            named = {str(pid): self.ops.cmdline(pid) for pid in sorted(pids)}
-            at_once = [int(pid) for pid, cmdline in named.items() if stateless(cmdline)]
-            self.reporter.record(
-                run.run_no,
-                Event.ENDING_LEFTOVERS,
-                log_level="warning",
-                pids=named,
-                signal="SIGTERM",
-                sigkill_at_once=at_once,
-                by=custody.mode,
-            )
-            for pid in at_once:
-                custody.signal_pid(pid, signal.SIGKILL)
-            custody.signal_all(signal.SIGTERM)
-            custody.signal_all(signal.SIGCONT)
-            self._watch_until_empty(custody, run.run_no)
-            return now + LEFTOVER_GRACE_S  # unless the watcher says "empty" first
-        elif now - self._leftovers_since >= LEFTOVER_GIVE_UP_S:
-            # Unkillable (stuck in the kernel, say): say so, and launch anyway.
-            self.reporter.record(run.run_no, Event.LEFTOVER_PROCESSES, pids=sorted(pids))
-            self._leftovers_since = None
-            return None
-        elif now - self._leftovers_since >= LEFTOVER_GRACE_S:
-            custody.kill_all()
-            return self._leftovers_since + LEFTOVER_GIVE_UP_S
-        return now + LEFTOVER_POLL_S
+        named = tuple((pid, self.ops.cmdline(pid)) for pid in sorted(pids))
+        return Leftovers(run.run_no, named, custody.mode)
 
-    def _watch_until_empty(self, custody: RunCustody, run_no: int) -> None:
+    def watch_until_empty(self, run: Run) -> None:
         """A thread waits for the run to empty (``cgroup.events``, or pidfds turning readable)
         and wakes the loop: the relaunch follows the last leftover at once, not a poll."""
-        notify = self.on_empty
-        if notify is None:
+        notify, custody, run_no = self.on_empty, run.custody, run.run_no
+        if notify is None or custody is None:
             return
 
         def watch() -> None:

@@ -25,7 +25,7 @@ from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.room import room_at
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
 from dflashd.supervisor.liverun import LiveRunControl
-from dflashd.supervisor.model.effects import EndRunHung, Launch
+from dflashd.supervisor.model.effects import EndRunHung, Launch, LookForRelease
 from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.inputs import (
     ChildExited,
@@ -135,15 +135,20 @@ class Runs:
         if callback is not None:
             callback({**info, "log": str(self.reporter.log_path), "daemon_pid": os.getpid()})
 
-    def look_for_release(self, run: Run | None, now: float, room_of: str | None) -> Input:
-        """Is nothing of the dead run left, and its GPU memory released?  And, asked for a
-        relaunch a rule holds (``room_of``), how much room its filesystem has?"""
-        if (wait := self.ended_runs.end_leftovers(run, now)) is not None:
-            return ReleaseLooked(wait)  # nothing of the dead run lives into the next
-        check = self.gpu.release_check(run, self.ops, now)
+    def look_for_release(self, run: Run | None, look: LookForRelease) -> Input:
+        """What the dead run left running, else whether its GPU memory is released; and,
+        asked for a relaunch a rule holds (``room_of``), how much room its filesystem has."""
+        if not look.past_leftovers and (left := self.ended_runs.leftovers(run)) is not None:
+            return ReleaseLooked(left)  # the model ends them (model/leftovers.py)
+        check = self.gpu.release_check(run, self.ops, self.clock.monotonic())
+        room_of = look.room_of
         room = None if room_of is None else room_at(room_of, self.launcher.config.cwd)
         found = (check.effects, check.ready, check.health, check.ecc_at_launch, room)
         return ReleaseLooked(None, *found)
+
+    def watch_empty(self, run: Run) -> None:
+        """A thread waits for the dead run to empty, then wakes the loop."""
+        self.ended_runs.watch_until_empty(run)
 
     # -- the executor's other hands ---------------------------------------------------------
 

@@ -17,6 +17,7 @@ from dflashd.supervisor.model.effects import (
     EnterState,
     KillHolders,
     Launch,
+    LookForRelease,
     SetTimer,
     StopAsked,
     UpdateLedger,
@@ -33,6 +34,7 @@ from dflashd.supervisor.model.inputs import (
     StatusWritten,
     StopRequested,
 )
+from dflashd.supervisor.model.leftovers import LEFTOVER_GRACE_S, Leftovers
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.runstate import RunState
@@ -179,9 +181,12 @@ class Hands:
     def say_launched(self, run: Run | None, error: str | None) -> None:
         self.done.append(f"say_launched {error}")
 
-    def look_for_release(self, run: Run | None, now: float, room_of: str | None) -> Input:
+    def look_for_release(self, run: Run | None, look: LookForRelease) -> Input:
         self.done.append("look")
-        return ReleaseLooked(now + 1.0)
+        return ReleaseLooked(Leftovers(1, ((99, "python train.py"),), "pidfd"))
+
+    def watch_empty(self, run: Run) -> None:
+        self.done.append("watch_empty")
 
     def settle(self, run: Run, *, kill_now: bool) -> None:
         self.done.append(f"settle {kill_now}")
@@ -267,7 +272,7 @@ def test_a_launch_put_off_keeps_its_number_for_the_retry(tmp_path: Path) -> None
     clock.advance(LAUNCH_RETRY_S)
     assert core.due(Deadline.RESTART) is True
     assert hands.done[1:] == ["look"]  # the host is asked first: is the dead run gone?
-    assert core.deadlines.release_check_at == pytest.approx(clock.monotonic() + 1.0)
+    assert core.deadlines.release_check_at == pytest.approx(clock.monotonic() + LEFTOVER_GRACE_S)
 
 
 def test_a_slow_incident_open_when_the_daemon_died_is_closed_once_with_its_lost_run() -> None:

@@ -19,6 +19,7 @@ from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
     EndRun,
+    KillHolders,
     KillRun,
     Launch,
     LookForRelease,
@@ -50,6 +51,7 @@ from dflashd.supervisor.model.inputs import (
 )
 from dflashd.supervisor.model.killing import DUMP_GRACE_S, STACKS_BOUND_S
 from dflashd.supervisor.model.ledger import Ledger
+from dflashd.supervisor.model.leftovers import LEFTOVER_GRACE_S, Leftovers
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.runstate import RunFacts
@@ -296,10 +298,14 @@ def test_a_launch_put_off_keeps_its_number_and_clears_the_cache_on_the_retry() -
 def test_a_dead_run_still_holding_the_gpu_is_looked_at_again_or_at_once_when_emptied() -> None:
     state = step(fresh(), died(1, CRASH, 60.0), 60.0)[0]
     state, effects = step(state, DeadlineDue(Deadline.RESTART), 62.0)
-    state, effects = step(state, ReleaseLooked(65.0), 62.0)  # processes left: look again at 65
-    assert effects == () and state.deadlines.release_check_at == 65.0
+    left = Leftovers(1, ((77, "python train.py"),), "cgroup")
+    state, effects = step(state, ReleaseLooked(left), 62.0)  # processes left: SIGTERM, a grace
+    assert kinds(effects)[0] == "WriteRecord(ending_leftovers)"
+    assert state.deadlines.release_check_at == 62.0 + LEFTOVER_GRACE_S
     state, effects = step(state, Emptied(run_no=1, current_run_no=1, current_alive=False), 63.0)
     assert effects == (LookForRelease(),) and state.deadlines.release_check_at is None
+    _, effects = step(state, ReleaseLooked(None, (), ready=True), 63.1)  # none left: launched
+    assert any(isinstance(e, Launch) for e in effects)
     _, effects = step(state, Emptied(run_no=1, current_run_no=1, current_alive=False), 63.5)
     assert effects == ()  # no look was waiting: nothing to do
 
@@ -322,3 +328,41 @@ def test_a_spawn_failure_is_current_and_concluded_in_one_step() -> None:
         "No such file"
     )  # start's client hears of it after the records
     assert not any(isinstance(e, Launch | StopRun | SignalRun) for e in effects)
+
+
+@pytest.mark.parametrize(
+    ("looks", "then"),
+    [
+        # (seconds after the first look, what that look asks for)
+        (
+            (0.0,),
+            [
+                "WriteRecord(ending_leftovers)",
+                "KillHolders",
+                "SignalLeftovers",
+                "SignalLeftovers",
+                "WatchEmpty",
+            ],
+        ),
+        ((0.0, 1.0), []),  # within the grace: looked at again shortly
+        ((0.0, 3.0), ["KillRun"]),  # the grace is over: SIGKILL to all of it
+        ((0.0, 3.0, 10.0), ["WriteRecord(leftover_processes)", "LookForRelease"]),  # given up
+    ],
+)
+def test_transition_leftovers_term_then_kill_then_give_up(
+    looks: tuple[float, ...], then: list[str]
+) -> None:
+    """Issue 52: the leftovers' escalation, once in the shell (endedruns.py), is the model's:
+    SIGTERM (a compile worker SIGKILLed at once), SIGKILL after 3 s, given up after 10 s (the
+    relaunch goes ahead, past them)."""
+    state = step(fresh(), died(1, CRASH, 60.0), 60.0)[0]
+    state = step(state, DeadlineDue(Deadline.RESTART), 62.0)[0]
+    named = ((77, "python train.py"), (78, "python -m torch/_inductor/compile_worker/__main__"))
+    effects: tuple[Effect, ...] = ()
+    for after in looks:
+        state, effects = step(state, ReleaseLooked(Leftovers(1, named, "pidfd")), 62.0 + after)
+    assert kinds(effects) == then
+    if then and then[0] == "WriteRecord(ending_leftovers)":
+        assert effects[1] == KillHolders((78,))  # the stateless one at once
+    if then and then[-1] == "LookForRelease":
+        assert effects[-1] == LookForRelease(past_leftovers=True) and state.leftovers_since is None

@@ -31,6 +31,7 @@ from dflashd.supervisor.model.inputs import (
     StopRequested,
 )
 from dflashd.supervisor.model.ledger import Ledger
+from dflashd.supervisor.model.leftovers import Leftovers
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.step import DaemonState, Rules, step
@@ -42,6 +43,10 @@ from dflashd.supervisor.model.verdicts import (
     Verdict,
 )
 from tests.tables import launch_heard
+
+LEFT = Leftovers(
+    1, ((4242, "python worker.py"),), "cgroup"
+)  # a dead run's leftover, as its custody names it
 
 POLICY = RestartConfig(backoff_initial_s=2.0)
 
@@ -71,7 +76,7 @@ HISTORIES: dict[str, list[tuple[float, Input]]] = {
         (0.1, launch_heard(0.1)),
         (60.0, CRASH_NO_PROGRESS),
         (62.0, DeadlineDue(Deadline.RESTART)),
-        (62.0, ReleaseLooked(70.0)),
+        (62.0, ReleaseLooked(LEFT)),  # SIGTERM to what run 1 left; looked at again
     ],
     "stopping": [(0.0, Started()), (0.1, launch_heard(0.1)), (5.0, StopRequested(30.0, True))],
     "fatal": [(0.0, Started()), (0.1, launch_heard(0.1)), (60.0, FATAL_78)],
@@ -127,7 +132,19 @@ ROWS: list[tuple[str, Input, list[str], str, list[str]]] = [
     ("backoff", StopRequested(30.0, False), ["NotifySystemd", "Publish"], "stopped", []),
     ("backoff", ReleaseLooked(None, (), ready=True), ["Launch"], "starting", []),  # no stale timer
     ("restart due", ReleaseLooked(None, (), ready=True), ["Launch"], "starting", []),
-    ("restart due", ReleaseLooked(70.0), [], "backoff", ["release"]),
+    (
+        "restart due",
+        ReleaseLooked(LEFT),
+        [
+            "WriteRecord(ending_leftovers)",
+            "KillHolders",
+            "SignalLeftovers",
+            "SignalLeftovers",
+            "WatchEmpty",
+        ],
+        "backoff",
+        ["release"],
+    ),
     ("restart due", StopRequested(30.0, False), ["NotifySystemd", "Publish"], "stopped", []),
     (
         "backoff",
@@ -139,7 +156,13 @@ ROWS: list[tuple[str, Input, list[str], str, list[str]]] = [
     ("waiting for release", Emptied(1, 1, False), ["LookForRelease"], "backoff", []),
     ("waiting for release", Emptied(1, 2, True), [], "backoff", ["release"]),  # a newer run
     ("waiting for release", DeadlineDue(Deadline.RELEASE_CHECK), ["LookForRelease"], "backoff", []),
-    ("waiting for release", ReleaseLooked(75.0), [], "backoff", ["release"]),
+    (  # still there 38 s after they were found: said, and the relaunch goes ahead
+        "waiting for release",
+        ReleaseLooked(LEFT),
+        ["WriteRecord(leftover_processes)", "LookForRelease"],
+        "backoff",
+        ["release"],
+    ),
     (
         "waiting for release",
         StopRequested(30.0, False),

@@ -139,6 +139,19 @@ class KillHolders:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalLeftovers:
+    """A signal to every process the dead run left (its custody proves them its own)."""
+
+    signum: int
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEmpty:
+    """Watch the dead run's custody on a thread until nothing of it is left (an input then:
+    the relaunch follows the last leftover at once, not a poll)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ExitDaemon:
     """The daemon ends with ``code`` (done, stopped, fatal)."""
 
@@ -177,6 +190,7 @@ class LookForRelease:
     the job's working directory)."""
 
     room_of: str | None = None
+    past_leftovers: bool = False  # what the dead run left was given up on: not looked for again
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +298,8 @@ Effect = (
     | StopAsked
     | RunLaunched
     | KillHolders
+    | SignalLeftovers
+    | WatchEmpty
     | ExitDaemon
     | Launch
     | SayLaunched

@@ -15,6 +15,7 @@ from dflashd.supervisor.model.effects import Effect, WriteRecord
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.hang import HangLimits, HangView
 from dflashd.supervisor.model.judge import Sample
+from dflashd.supervisor.model.leftovers import Leftovers
 from dflashd.supervisor.model.preflight import GpuHealth
 from dflashd.supervisor.model.runstate import RunFacts, RunState
 from dflashd.supervisor.model.stacks import StacksDump
@@ -70,11 +71,11 @@ class DeadlineDue:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseLooked:
-    """The answer to :class:`~dflashd.supervisor.model.effects.LookForRelease`: ``wait_until``,
-    the dead run still has processes (look again then); else ``effects`` (the GPU release
-    check's records) and ``ready``, its memory is released."""
+    """The answer to :class:`~dflashd.supervisor.model.effects.LookForRelease`: ``leftovers``,
+    what the dead run still has running (model/leftovers.py decides); else ``effects`` (the
+    GPU release check's records) and ``ready``, its memory is released."""
 
-    wait_until: float | None
+    leftovers: Leftovers | None = None
     effects: tuple[Effect, ...] = ()
     ready: bool = False
     # the GPUs the dead run held, read for the pre-flight (model/preflight.py), and their

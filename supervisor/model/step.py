@@ -71,6 +71,7 @@ from dflashd.supervisor.model.killing import (
     stop_signals,
 )
 from dflashd.supervisor.model.ledger import Ledger
+from dflashd.supervisor.model.leftovers import leftovers_step
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.preflight import GpuHealth, preflight
@@ -109,6 +110,7 @@ class DaemonState:
     run: RunState | None = None  # the current (or last) run's facts
     dumps_asked: int = 0  # stack dumps asked for so far: the next one's id is its run's and this
     last_dump_id: str | None = None  # the id given to the last dump asked for
+    leftovers_since: float | None = None  # the dead run's leftovers were first found then
 
 
 Step = tuple[DaemonState, tuple[Effect, ...]]
@@ -265,9 +267,12 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, (*effects, NotifySystemd("STOPPING=1"), *live, Publish())
         case DeadlineDue(deadline):
             return state, _due(state, deadline, now)
-        case ReleaseLooked(wait_until, effects, ready, health, ecc, room):
-            if wait_until is not None:
-                return state, (SetTimer(Deadline.RELEASE_CHECK, wait_until),)
+        case ReleaseLooked(leftovers, effects, ready, health, ecc, room):
+            if leftovers is not None:  # nothing of the dead run lives into the next
+                since, ending, go_on = leftovers_step(state.leftovers_since, leftovers, now)
+                state = replace(state, leftovers_since=since)
+                return state, (*ending, *((look_for_release(state, past=True),) if go_on else ()))
+            state = replace(state, leftovers_since=None)
             if not ready:
                 return state, effects
             hold = state.ledger.hold
@@ -329,10 +334,11 @@ def _due(state: DaemonState, deadline: Deadline, now: float) -> tuple[Effect, ..
             return ()
 
 
-def look_for_release(state: DaemonState) -> LookForRelease:
-    """The look before a relaunch; for one a rule holds, the room where it waits, too."""
+def look_for_release(state: DaemonState, *, past: bool = False) -> LookForRelease:
+    """The look before a relaunch; for one a rule holds, the room where it waits, too
+    (``past``: the dead run's leftovers were given up on)."""
     hold = state.ledger.hold
-    return LookForRelease(room_of=None if hold is None else hold.path)
+    return LookForRelease(room_of=None if hold is None else hold.path, past_leftovers=past)
 
 
 def observed(state: DaemonState, facts: RunState) -> DaemonState:
