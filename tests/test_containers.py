@@ -9,7 +9,9 @@ import shutil
 import signal
 import subprocess
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -312,3 +314,49 @@ def test_the_alert_rules_pass_promtools_own_tests() -> None:
         text=True,
     )
     assert tested.returncode == 0 and "SUCCESS" in tested.stdout, tested.stdout + tested.stderr
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)"
+)
+def test_a_live_scrape_passes_promtools_metric_lint_and_serves_every_queried_series(
+    start_daemon: Callable[..., Any],
+) -> None:
+    """Issue 55: a real daemon's /metrics, scraped live, as promtool lints it (names, types,
+    help, units), and every series the dashboard and the rules query is in it."""
+    import re
+    import urllib.request
+
+    from tests.conftest import child
+    from tests.test_alerts_metrics import free_port
+
+    yaml = pytest.importorskip("yaml")
+    port = free_port()
+    daemon = start_daemon(
+        child("progress_then.py", "notify", "hang", "7"), metrics_listen=f"127.0.0.1:{port}"
+    )
+    daemon.wait_event("metrics_on")
+    daemon.wait_event("first_step")
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    linted = subprocess.run(
+        ["promtool", "check", "metrics"], input=body, capture_output=True, check=False
+    )
+    assert linted.returncode == 0, (linted.stdout + linted.stderr).decode()
+    families = set(re.findall(rb"^# TYPE (dflashd_[a-z_]+) ", body, re.M))
+    served = set(re.findall(rb"^(dflashd_[a-z_]+)", body, re.M)) | {
+        f + suffix for f in families for suffix in (b"", b"_bucket", b"_sum", b"_count", b"_total")
+    }
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dflashd-job.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((ROOT / "systemd" / "dflashd-alerts.rules.yml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    queried = {n.encode() for e in exprs for n in re.findall(r"\b(dflashd_[a-z_]+)", e)}
+    # served only once there is something to say: a torchrun job's agent and rendezvous, a
+    # relaunch's recovery, a pace learnt (the exporter's full snapshot above covers them)
+    later = {
+        b"dflashd_agent_restarts_total",
+        b"dflashd_rendezvous_waiting_seconds",
+        b"dflashd_recovery_seconds",
+        b"dflashd_step_seconds",
+    }
+    assert queried and queried - later <= served, sorted(queried - later - served)

@@ -364,19 +364,26 @@ def test_two_quick_ctrl_c_end_start_with_one_line_and_130(
     config = write_config(tmp_path / "c.toml", {"gpus": "none", "start_wait_s": 120})
     argv = dflashd_argv("start", "--home", str(home), "--config", str(config), "--")
     argv += child("prints_then_waits.py")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    interrupted_starts.append(proc)
-    if after_s == "launched":
-        assert proc.stdout is not None
-        assert "launched" in proc.stdout.readline()
-    else:
-        assert isinstance(after_s, float)
-        time.sleep(after_s)  # the moment under test: a user's finger, not an event
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.02)
-    if proc.poll() is None:
+    for _attempt in range(3):
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        interrupted_starts.append(proc)
+        if after_s == "launched":
+            assert proc.stdout is not None
+            assert "launched" in proc.stdout.readline()
+        else:
+            assert isinstance(after_s, float)
+            time.sleep(after_s)  # the moment under test: a user's finger, not an event
         proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+        time.sleep(0.02)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        # on a loaded machine 0.15 s can land in the interpreter's own start-up, before any of
+        # dflashd runs (Python says "Could not import runpy module" and exits 1): not this test's
+        if "Could not import runpy module" not in err:
+            break
+    else:
+        pytest.skip("each Ctrl-C landed in the interpreter's start-up, before dflashd ran")
     assert proc.returncode == 130, (out, err)
     said = [line for line in err.splitlines() if line.strip()]
     assert len(said) == 1 and said[0].startswith("dflashd: "), err
