@@ -141,6 +141,10 @@ class DaemonCore:
         input, the model's next state, its effects carried out.  Called while a turn runs (an
         adapter heard something as an effect ran), the input only waits for its own turn."""
         self._queue.append(Heard(run, heard, run_no))
+        self._take_turns()
+
+    def _take_turns(self) -> None:
+        """Take the queued inputs one turn each, unless a turn already runs (it takes them)."""
         if self._turning:
             return
         self._turning = True
@@ -187,6 +191,7 @@ class DaemonCore:
         number = run_no if run_no is not None else (run.run_no if run is not None else 0)
         for effect in effects:
             self._execute_one(run, number, effect)
+        self._take_turns()  # effects carried out outside a turn: their answers' turns now
 
     def _execute_one(self, run: Run | None, number: int, effect: Effect) -> None:
         hands = self.hands

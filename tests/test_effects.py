@@ -337,3 +337,15 @@ def test_the_executor_never_enters_step_again_an_answer_is_the_next_turn(tmp_pat
     assert core.turns == 3  # Started, Launched, StatusWritten: one after another
     assert core.run is run and core.loop.state is State.RUNNING
     assert core.deadlines.last_state_write == clock.monotonic()  # StatusWritten was taken
+
+
+def test_an_answer_to_an_effect_carried_out_outside_a_turn_is_taken_at_once(
+    tmp_path: Path,
+) -> None:
+    """The daemon carries out a few effects itself (the status written on its timer, a
+    client's status, the close): an answer one of them brings is still a turn of its own."""
+    core, written, _clock, hands = _core(tmp_path)
+    core.execute(None, (Launch(clear_cache=False, run_no=None, best_before=None, downtime_s=None),))
+    assert hands.done == ["launch"] and core.turns == 1  # its answer (put off) was taken
+    assert core.state.deferred_run_no == 1
+    assert [e for _, e, _ in written.records] == [Event.LAUNCH_DEFERRED]
