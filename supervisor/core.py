@@ -75,7 +75,7 @@ class Hands(Protocol):
 
     def watch_empty(self, run: Run) -> None: ...
 
-    def end_hung(self, run: Run, hung: EndRunHung) -> None: ...
+    def hang_dump(self, run: Run) -> Input: ...
 
     def settle(self, run: Run, *, kill_now: bool) -> None: ...
 
@@ -245,9 +245,9 @@ class DaemonCore:
             case SampleStacks(share):
                 if run is not None:
                     hands.dumps.sample(run, share)
-            case EndRunHung():
+            case EndRunHung():  # the proving sample's files; the kill is the answer's turn
                 if run is not None:
-                    hands.end_hung(run, effect)
+                    self._queue.append(Heard(run, hands.hang_dump(run)))
             case Publish(shown, final):
                 hands.publish(shown=shown, final=final)
             case NotifySystemd(text):

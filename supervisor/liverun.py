@@ -24,9 +24,6 @@ from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
-    EndRunHung,
-    KeepStacks,
-    KillRun,
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
@@ -34,6 +31,7 @@ from dflashd.supervisor.model.hang import HangLimits, HangSampled, HangView, Han
 from dflashd.supervisor.model.inputs import (
     DeadlineDue,
     DumpRead,
+    HangDumpWritten,
     HangLook,
     Input,
     Observed,
@@ -42,7 +40,6 @@ from dflashd.supervisor.model.inputs import (
 from dflashd.supervisor.model.judge import SAMPLES, Sample
 from dflashd.supervisor.model.progress import Limits
 from dflashd.supervisor.model.stacks import StacksDump, StacksTaken, alert_lines
-from dflashd.supervisor.model.verdicts import EndedBy
 from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.pacewatch import straggler
 from dflashd.supervisor.watch.run import Run
@@ -69,11 +66,6 @@ class LiveRunControl:
         # the daemon's deadline table and the run's hang watch (the model keeps both), and the
         # way to hand the model what this module knows of the live run (an input)
         self.deadlines, self.hang, self.look = deadlines, hang, look
-
-    def _act(self, run: Run | None, *effects: Effect, publish: bool = False) -> None:
-        """What this module decided, handed to the model and the one executor: it never writes
-        a record, signals, dumps or alerts itself."""
-        self.observer.apply(run, effects, publish=publish)
 
     def taken(self, run: Run | None, message: StacksTaken) -> None:
         """A dump finished: its files written, and what follows handed to the model (its
@@ -141,26 +133,17 @@ class LiveRunControl:
             return
         self._look(run, self.clock.monotonic(), sample)
 
-    def end_hung(self, run: Run, hung: EndRunHung) -> None:
-        """A proven hang (the model's verdict, its facts already say so): the sample that
-        proved it is the run's dump (its file and record), and the kill follows at once (no
-        second dump)."""
-        if run.custody is None or not run.alive:
-            return
+    def hang_dump(self, run: Run) -> HangDumpWritten:
+        """A proven hang (the model's verdict): the sample that proved it is the run's dump,
+        its file written here and its record handed back; the model kills at once."""
+        alive = run.custody is not None and run.alive
         dump = self.hang().last_dump
-        said: tuple[Effect, ...] = ()
-        if dump is not None:
-            dump.trigger = "hung"
-            taken = StacksTaken(run.run_no, "hang", dump)
-            fields, level = self.dumps.taken(taken, self.clock.time())
-            said = (
-                WriteRecord(Event.STACKS, fields, log_level=level),
-                KeepStacks(kept_stacks(fields)),
-            )
-        ending: dict[str, Any] = {"why": EndedBy.HUNG.value, "evidence": hung.why}
-        ending |= {"frames": list(hung.frames), "hung_after_s": hung.hung_after_s}
-        ending |= {"dump": "py-spy", "then": "SIGKILL"}
-        self._act(run, *said, WriteRecord(Event.ENDING_RUN, ending, log_level="warning"), KillRun())
+        if not alive or dump is None:
+            return HangDumpWritten(run.run_no, None, None, alive)
+        dump.trigger = "hung"
+        fields, level = self.dumps.taken(StacksTaken(run.run_no, "hang", dump), self.clock.time())
+        said = WriteRecord(Event.STACKS, fields, log_level=level)
+        return HangDumpWritten(run.run_no, said, kept_stacks(fields), alive)
 
     def check(self, run: Run | None, now: float) -> None:
         """The live run's deadlines: the kill after a dump, a hang, a stall (the model decides

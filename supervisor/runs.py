@@ -25,7 +25,7 @@ from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.room import room_at
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
 from dflashd.supervisor.liverun import LiveRunControl
-from dflashd.supervisor.model.effects import EndRunHung, Launch, LookForRelease
+from dflashd.supervisor.model.effects import Launch, LookForRelease
 from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.inputs import (
     ChildExited,
@@ -152,9 +152,10 @@ class Runs:
 
     # -- the executor's other hands ---------------------------------------------------------
 
-    def end_hung(self, run: Run, hung: EndRunHung) -> None:
-        """A proven hang: the live run's control ends it (its dump, then the kill)."""
-        self.live.end_hung(run, hung)
+    def hang_dump(self, run: Run) -> Input:
+        """A proven hang: the sample that proved it written as the run's dump; the model
+        kills it on the answer (model/killing.py)."""
+        return self.live.hang_dump(run)
 
     def settle(self, run: Run, *, kill_now: bool) -> None:
         """The dead run's processes: killed now, or left to end before the next launch."""

@@ -19,6 +19,7 @@ from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
     EndRun,
+    EndRunHung,
     KillHolders,
     KillRun,
     Launch,
@@ -43,6 +44,7 @@ from dflashd.supervisor.model.inputs import (
     Decided,
     DumpRead,
     Emptied,
+    HangDumpWritten,
     Input,
     LaunchPutOff,
     ReleaseLooked,
@@ -366,3 +368,23 @@ def test_transition_leftovers_term_then_kill_then_give_up(
         assert effects[1] == KillHolders((78,))  # the stateless one at once
     if then and then[-1] == "LookForRelease":
         assert effects[-1] == LookForRelease(past_leftovers=True) and state.leftovers_since is None
+
+
+@pytest.mark.parametrize("alive", [True, False])
+def test_transition_proven_hang_to_killed_after_its_dump_is_written(alive: bool) -> None:
+    """Issue 52: a proven hang's kill is the model's, on the turn its proving sample's files
+    are written (the record of the dump, the run's stacks, the ending record, SIGKILL)."""
+    hung = EndRunHung("every thread waits, unmoved", ("train.py:40 wait",), 6.2)
+    state, said = play(
+        fresh(), [(0.0, Started()), (0.1, launch_heard(0.1)), (9.0, Decided((hung,)))]
+    )
+    assert said[-1] == [hung] and state.run is not None and state.run.ended_by is EndedBy.HUNG
+    record = WriteRecord(Event.STACKS, {"dump_id": "hang"})
+    state, effects = step(state, HangDumpWritten(1, record, {"top": ["t"]}, alive), 9.1)
+    if not alive:
+        assert effects == () and state.hung_end is None
+        return
+    assert kinds(effects) == ["WriteRecord(stacks)", "WriteRecord(ending_run)", "KillRun"]
+    ending = effects[1]
+    assert isinstance(ending, WriteRecord) and ending.fields["hung_after_s"] == 6.2
+    assert state.run is not None and state.run.stacks == {"top": ["t"]} and state.hung_end is None

@@ -187,6 +187,18 @@ class DumpRead:
     alive: bool
 
 
+@dataclass(frozen=True, slots=True)
+class HangDumpWritten:
+    """The sample that proved run ``run_no`` hung, written as its dump (``said``: its
+    ``stacks`` record, None when no sample was kept; ``kept``: what the run keeps of it), and
+    whether the run still lives."""
+
+    run_no: int
+    said: WriteRecord | None
+    kept: Mapping[str, Any] | None
+    alive: bool
+
+
 Input = (
     Started
     | ChildExited
@@ -204,4 +216,5 @@ Input = (
     | StatusWritten
     | HangLook
     | DumpRead
+    | HangDumpWritten
 )

@@ -18,6 +18,7 @@ from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
+    EndRunHung,
     KeepStacks,
     KillRun,
     SetTimer,
@@ -78,6 +79,19 @@ def stop_grace_over(
     if no_dumps is None:
         return dump_then_kill("stop_timeout", Event.STOP_TIMEOUT, None, now)
     return (WriteRecord(Event.STOP_TIMEOUT, {"signal": "SIGKILL"}), KillRun())
+
+
+def hung_kill(
+    hung: EndRunHung, said: WriteRecord | None, kept: Mapping[str, Any] | None
+) -> tuple[Effect, ...]:
+    """A proven hang: the sample that proved it is the run's dump (``said``, its ``stacks``
+    record, and what the run keeps of it; None: no sample was kept), then the kill at once,
+    with no second dump."""
+    ending: dict[str, Any] = {"why": "hung", "evidence": hung.why}
+    ending |= {"frames": list(hung.frames), "hung_after_s": hung.hung_after_s}
+    ending |= {"dump": "py-spy", "then": "SIGKILL"}
+    dumped = () if said is None else (said, KeepStacks(kept or {}))
+    return (*dumped, WriteRecord(Event.ENDING_RUN, ending, log_level="warning"), KillRun())
 
 
 def after_dump(

@@ -52,6 +52,7 @@ from dflashd.supervisor.model.inputs import (
     DumpRead,
     Emptied,
     GpuSeen,
+    HangDumpWritten,
     HangLook,
     Input,
     Launched,
@@ -67,6 +68,7 @@ from dflashd.supervisor.model.inputs import (
 from dflashd.supervisor.model.killing import (
     after_dump,
     dump_then_kill,
+    hung_kill,
     stop_grace_over,
     stop_signals,
 )
@@ -111,6 +113,7 @@ class DaemonState:
     dumps_asked: int = 0  # stack dumps asked for so far: the next one's id is its run's and this
     last_dump_id: str | None = None  # the id given to the last dump asked for
     leftovers_since: float | None = None  # the dead run's leftovers were first found then
+    hung_end: EndRunHung | None = None  # a proven hang whose kill waits for its dump's files
 
 
 Step = tuple[DaemonState, tuple[Effect, ...]]
@@ -140,7 +143,8 @@ def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
                 pending.extendleft(reversed(ending))
             case EndRunHung(hung_after_s=hung_after_s):
                 run = run.ending(EndedBy.HUNG, hung_after_s=hung_after_s) if run else None
-                out.append(effect)
+                state = replace(state, hung_end=effect)
+                out.append(effect)  # the proving sample's files written; the kill follows
             case DumpStacks(dump_id=dump_id, before_kill=before_kill):
                 if not dump_id:  # named here: the run's number and the count of dumps asked
                     asked = state.dumps_asked + 1
@@ -160,7 +164,7 @@ def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
                 ledger = replace(ledger, goodput=goodput)
             case RunLaunched(started_mono):
                 ledger = replace(ledger, goodput=ledger.goodput.launched(started_mono))
-                state = replace(state, hang=HangWatch())  # a new run: no evidence yet
+                state = replace(state, hang=HangWatch(), hung_end=None)  # a new run: no evidence
                 out.append(effect)  # the shell's current run from now on
             case StopAsked(at):
                 loop = replace(loop, stop_requested=True)
@@ -309,6 +313,11 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             awaited = run is not None and run.run_no == run_no and run.dump_before_kill == dump_id
             flags = {"awaited": awaited, "alive": alive, "ok": ok}
             return state, after_dump(said, kept, **flags, trigger=trigger, error=error, now=now)
+        case HangDumpWritten(run_no, said, kept, alive):
+            hung, run = state.hung_end, state.run
+            if hung is None or run is None or run.run_no != run_no:
+                return state, ()
+            return replace(state, hung_end=None), (hung_kill(hung, said, kept) if alive else ())
         case StatusChanged():
             return replace(state, deadlines=state.deadlines.changed()), ()
         case StatusWritten():
