@@ -15,15 +15,13 @@ dump is (``stacks``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from dflashd.supervisor.host.caches import file_age, stale_build_locks
 from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
-    DumpStacks,
-    Effect,
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
@@ -35,6 +33,7 @@ from dflashd.supervisor.model.inputs import (
     HangLook,
     Input,
     Observed,
+    StacksAsked,
     StartupView,
 )
 from dflashd.supervisor.model.judge import SAMPLES, Sample
@@ -175,9 +174,7 @@ class Asker(Protocol):
 
     state: Any  # the model's state: ``last_dump_id``
 
-    def apply(
-        self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
-    ) -> None: ...
+    def step(self, run: Run | None, heard: Input, *, run_no: int | None = None) -> None: ...
 
 
 def stacks_command(
@@ -189,5 +186,5 @@ def stacks_command(
         return {"ok": False, "error": "no live run to dump"}
     if not dumps.available:
         return {"ok": False, "error": dumps.tool()}
-    core.apply(run, (DumpStacks("command", "", native=bool(request.get("native"))),))
+    core.step(run, StacksAsked(native=bool(request.get("native"))))
     return {"ok": True, "run": run.run_no, "dump_id": core.state.last_dump_id}

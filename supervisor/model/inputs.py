@@ -96,9 +96,8 @@ class Emptied:
 
 @dataclass(frozen=True, slots=True)
 class Decided:
-    """Effects an adapter decided (the GPU watch's records of a sample with no live run, the
-    live run's control, start-up recovery): their changes to the state are folded in, the rest
-    acted on."""
+    """Effects an adapter decided (the GPU watch's records of a sample with no live run,
+    start-up recovery): their changes to the state are folded in, the rest acted on."""
 
     effects: tuple[Effect, ...]
 
@@ -188,6 +187,13 @@ class DumpRead:
 
 
 @dataclass(frozen=True, slots=True)
+class StacksAsked:
+    """``dflashd stacks``: a dump of the live run (``native``: with native frames)."""
+
+    native: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class HangDumpWritten:
     """The sample that proved run ``run_no`` hung, written as its dump (``said``: its
     ``stacks`` record, None when no sample was kept; ``kept``: what the run keeps of it), and
@@ -217,4 +223,5 @@ Input = (
     | HangLook
     | DumpRead
     | HangDumpWritten
+    | StacksAsked
 )

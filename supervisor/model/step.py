@@ -59,6 +59,7 @@ from dflashd.supervisor.model.inputs import (
     LaunchPutOff,
     Observed,
     ReleaseLooked,
+    StacksAsked,
     StallLook,
     Started,
     StatusChanged,
@@ -313,6 +314,8 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             awaited = run is not None and run.run_no == run_no and run.dump_before_kill == dump_id
             flags = {"awaited": awaited, "alive": alive, "ok": ok}
             return state, after_dump(said, kept, **flags, trigger=trigger, error=error, now=now)
+        case StacksAsked(native):  # named in the fold (the reply says its id)
+            return state, (DumpStacks("command", "", native=native),)
         case HangDumpWritten(run_no, said, kept, alive):
             hung, run = state.hung_end, state.run
             if hung is None or run is None or run.run_no != run_no:
