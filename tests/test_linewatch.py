@@ -117,3 +117,22 @@ def test_a_loss_line_before_the_bars_newest_redraw_is_kept_when_matched_late() -
     watcher.flush()
     last = posted[-1].progress
     assert last is not None and (last.step, last.loss, last.epoch) == (20, 3.388, 1.0)
+
+
+def test_a_nan_in_an_older_waiting_frame_is_never_skipped() -> None:
+    """Seen in CI on the loaded machine: the trainer's steps 11, 12 (NaN) and 13 (NaN) waited
+    as three frames; only the newest was matched (it had a step and a loss), so the divergence
+    began at 13. Every waiting frame that mentions a NaN is read, in order."""
+    watcher, _matcher, clock, posted = make()
+    watcher("stdout", frame("step 1/60 loss 4.5 acc 0.01\n"))
+    for line in (
+        "step 11/60 loss 3.920 acc 0.099",
+        "step 12/60 loss nan acc 0.106",
+        "step 13/60 loss nan acc 0.096",
+    ):
+        clock.now += MATCH_EVERY_S / 10  # inside one matching interval: the frames wait
+        watcher("stdout", frame(line + "\n"))
+    watcher.flush()
+    progress = posted[-1].progress
+    assert progress is not None and progress.step == 13
+    assert [step for step, _ in progress.losses_from_nan] == [12, 13]  # from the first NaN on

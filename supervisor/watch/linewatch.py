@@ -11,7 +11,9 @@ into :class:`~dflashd.supervisor.model.progress.Progress` (:mod:`observe`).
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -260,7 +262,13 @@ class LineWatcher:
         found: list[LineProgress] = []
         step = loss = epoch = False
         looked = 0  # bytes looked at past the frame with the step
-        for index, frame in enumerate(reversed(self._unmatched)):
+        frames = self._unmatched
+        # a NaN or an infinity in a waiting frame older than the newest step is still read: the
+        # divergence begins at its first NaN, not at the step that happened to be matched
+        nonfinite = [_mentions_nonfinite(frame) for frame in frames]
+        before = list(itertools.accumulate(nonfinite, operator.or_, initial=False))  # any older
+        for index, frame in enumerate(reversed(frames)):
+            at = len(frames) - 1 - index
             if step:
                 looked += frame.nbytes
                 if looked > LOOK_BACK_BYTES:
@@ -269,6 +277,7 @@ class LineWatcher:
                 step
                 and (loss or not _mentions(frame, "loss"))
                 and (epoch or not _mentions(frame, "poch"))
+                and not nonfinite[at]
             ):
                 continue  # cheap: a substring test, no match
             if not step and index >= MATCH_BACK and not _mentions_any(frame):
@@ -280,7 +289,7 @@ class LineWatcher:
             step = step or progress.step is not None
             loss = loss or progress.loss is not None
             epoch = epoch or progress.epoch is not None
-            if step and loss and epoch:
+            if step and loss and epoch and not before[at]:
                 break
         for progress in reversed(found):  # oldest first: the newer wins in _merged
             self._pending = _merged(self._pending, progress)
