@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 CHILDREN = Path(__file__).parent / "children"
 
@@ -75,3 +78,22 @@ def write_config(path: Path, top: Mapping[str, object], **tables: Mapping[str, o
         lines.extend(f"{k} = {toml_value(v)}" for k, v in table.items())
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@contextmanager
+def tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs mounted at ``mount`` for the test (skipped where this machine will not
+    mount one: root only), unmounted after."""
+    mount.mkdir(exist_ok=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

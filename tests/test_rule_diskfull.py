@@ -5,7 +5,6 @@ a real full tmpfs where this machine lets the test mount one."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +31,7 @@ from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.step import HOLD_LOOK_S, DaemonState, Rules, step
 from dflashd.supervisor.model.verdicts import EndedBy, Observations
 from tests.conftest import Daemon, run_cli
+from tests.helpers import tmpfs
 from tests.tables import launch_heard
 
 SAVE = (
@@ -202,23 +202,11 @@ print("saved", flush=True)
 @pytest.fixture
 def full_tmpfs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """A 4 MiB tmpfs, all but 16 KiB of it taken by a ballast file (root only)."""
-    mount = tmp_path / "ckpt"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "ckpt", "4m") as mount:
         ballast = mount / "ballast"
         with ballast.open("wb") as out:
             out.write(b"\0" * ((4 << 20) - (16 << 10)))
         yield mount, ballast
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _status(home: Path) -> dict[str, object]:
@@ -253,9 +241,11 @@ def test_a_job_on_a_full_tmpfs_waits_for_room_and_completes_once_room_returns(
     _until(lambda: _status(daemon.home).get("restart_held_until") is not None, 30)
     shown = run_cli("status", "--home", str(daemon.home))
     assert "held until room on the job’s working directory" in shown.stdout
-    # held: however long it looks, nothing is launched into the full disk
-    time.sleep(6.0)  # longer than a look (5 s): absence over a span, not a wait for an event
-    assert [r.run for r in daemon.events("spawn")] == [1]
+    # held: over more than one look (5 s), nothing is launched into the full disk
+    span = time.monotonic() + 6.0
+    while time.monotonic() < span:
+        assert [r.run for r in daemon.events("spawn")] == [1]
+        time.sleep(0.5)  # absence over a span: read again until it has passed
     ballast.unlink()
     over = daemon.wait_event("hold_over", timeout=30)
     assert over.fields["waited_for"] == "room on the job’s working directory"

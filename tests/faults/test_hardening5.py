@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
+from tests.helpers import tmpfs
 
 Start = Callable[..., Daemon]
 
@@ -98,16 +99,7 @@ def test_twenty_concurrent_starts_into_another_jobs_home_warn_once(tmp_path: Pat
 def test_a_start_refused_by_a_read_only_home_says_one_line(tmp_path: Path) -> None:
     """(8) A home with another job's history on a read-only mount: the start is refused in one
     line, with no one-home warning before it, and nothing is launched."""
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    made = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)],
-        capture_output=True,
-        check=False,
-    )
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "8m") as mount:
         home = mount / "home"
         config = write_config(tmp_path / "c.toml", {"gpus": "none"})
         first = _ran_another_job(home, config)
@@ -130,8 +122,6 @@ def test_a_start_refused_by_a_read_only_home_says_one_line(tmp_path: Path) -> No
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
         assert "another job" not in refused.stderr
         assert not marker.exists()
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x9b]")
