@@ -11,9 +11,7 @@ into :class:`~dflashd.supervisor.model.progress.Progress` (:mod:`observe`).
 
 from __future__ import annotations
 
-import itertools
 import math
-import operator
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -262,13 +260,10 @@ class LineWatcher:
         found: list[LineProgress] = []
         step = loss = epoch = False
         looked = 0  # bytes looked at past the frame with the step
-        frames = self._unmatched
-        # a NaN or an infinity in a waiting frame older than the newest step is still read: the
-        # divergence begins at its first NaN, not at the step that happened to be matched
-        nonfinite = [_mentions_nonfinite(frame) for frame in frames]
-        before = list(itertools.accumulate(nonfinite, operator.or_, initial=False))  # any older
-        for index, frame in enumerate(reversed(frames)):
-            at = len(frames) - 1 - index
+        # past the newest step, a waiting frame that mentions a NaN or an infinity is still read
+        # (within the look back): the divergence begins at its first NaN, not at the step that
+        # happened to be matched
+        for index, frame in enumerate(reversed(self._unmatched)):
             if step:
                 looked += frame.nbytes
                 if looked > LOOK_BACK_BYTES:
@@ -277,9 +272,9 @@ class LineWatcher:
                 step
                 and (loss or not _mentions(frame, "loss"))
                 and (epoch or not _mentions(frame, "poch"))
-                and not nonfinite[at]
+                and not _mentions_nonfinite(frame)
             ):
-                continue  # cheap: a substring test, no match
+                continue  # cheap: substring tests, no match
             if not step and index >= MATCH_BACK and not _mentions_any(frame):
                 continue
             progress = self._matcher.match(frame)
@@ -289,8 +284,6 @@ class LineWatcher:
             step = step or progress.step is not None
             loss = loss or progress.loss is not None
             epoch = epoch or progress.epoch is not None
-            if step and loss and epoch and not before[at]:
-                break
         for progress in reversed(found):  # oldest first: the newer wins in _merged
             self._pending = _merged(self._pending, progress)
         self._unmatched.clear()
