@@ -2,14 +2,16 @@
 
     scan(data, max_line)                      -> lines in ``data``, or -1
     encode(data, count, head, seq0, mid, tail) -> bytes
+    prefix(data, count, head)                  -> bytes
 
 ``data`` is complete lines joined by ``\\n`` (no trailing one).  ``CODEC.scan`` counts them when
 every byte is printable ASCII that a JSON string holds verbatim (0x20 to 0x7f except ``"``
 and ``\\``) and no line is longer than ``max_line`` bytes, else -1: the framer's fast path.
 :func:`encode` writes ``head + seq + mid + line + tail`` per line, ``seq`` counting up
-from ``seq0``: the records of such a frame.
+from ``seq0``: the records of such a frame.  :func:`prefix` writes ``head + line + "\\n"`` per
+line: the echo's ``r3 out | `` lines.
 
-Both exist twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,
+Each exists twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,
 run without the GIL on large inputs) and here in Python (the reference, and the fallback).
 :data:`CODEC` holds the pair in use (``CODEC.implementation``: ``"c"`` or ``"python"``);
 ``DFLASHD_PURE_PYTHON=1`` forces Python.
@@ -74,9 +76,17 @@ def encode_parts(parts: list[bytes], head: bytes, seq0: int, mid: bytes, tail: b
     return head + b"".join(pieces)
 
 
+def prefix_python(data: bytes, count: int, head: bytes) -> bytes:
+    """The reference ``CODEC.prefix``."""
+    if count < 1 or data.count(b"\n") != count - 1:
+        raise ValueError("data does not hold count lines")
+    return head + data.replace(b"\n", b"\n" + head) + b"\n"
+
+
 Scan = Callable[[bytes, int], int]
 Encode = Callable[[bytes, int, bytes, int, bytes, bytes], bytes]
 Split = Callable[[bytes, int], list[bytes] | None]
+Prefix = Callable[[bytes, int, bytes], bytes]
 
 
 @dataclass(slots=True)
@@ -86,6 +96,7 @@ class Codec:
     implementation: str  # "c" or "python"
     scan: Scan
     encode: Encode
+    prefix: Prefix
     split: Split | None = None  # Python: the scan that keeps the lines (the framer uses it)
 
 
@@ -99,8 +110,8 @@ def _built() -> ModuleType | None:
 def _codec(built: ModuleType | None) -> Codec:
     """The C loops where ``built``, else the Python ones."""
     if built is None:
-        return Codec("python", scan_python, encode_python, split_python)
-    return Codec("c", built.scan, built.encode)
+        return Codec("python", scan_python, encode_python, prefix_python, split_python)
+    return Codec("c", built.scan, built.encode, built.prefix)
 
 
 def use(implementation: str) -> Codec:
@@ -112,6 +123,7 @@ def use(implementation: str) -> Codec:
     chosen = _codec(built)
     CODEC.implementation, CODEC.scan = chosen.implementation, chosen.scan
     CODEC.encode, CODEC.split = chosen.encode, chosen.split
+    CODEC.prefix = chosen.prefix
     return previous
 
 

@@ -19,6 +19,7 @@ from typing import Final
 from dflashd.logs.logdir import LogDir
 
 VANISH_CHECK_S: Final = 1.0
+IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
 
 
 def error_text(exc: OSError) -> str:
@@ -62,18 +63,24 @@ class LiveFile:
             os.close(self.fd)
         self.fd = adopted
 
-    def append(self, data: bytes) -> bool:
-        """One append; on failure the file is cut back so it holds whole records only."""
+    def append(self, data: bytes | list[bytes]) -> bool:
+        """One append (``data`` whole, or its parts in one ``writev``: no joined copy of a
+        batch); on failure the file is cut back so it holds whole records only."""
         self._check_vanished()
         if self._detached is not None:
             self.write_errors += 1
             self.last_error = self._detached
             return False
-        view = memoryview(data)
+        parts = data if isinstance(data, list) else [data]
+        total = sum(map(len, parts))
         written = 0
         try:
-            while written < len(data):
-                written += self.dir.write(self.fd, view[written:])
+            if 1 < len(parts) <= IOV_MAX:
+                written = self.dir.writev(self.fd, parts)
+            if written < total:  # one part, too many, or a short writev: the rest from one buffer
+                view = memoryview(parts[0] if len(parts) == 1 else b"".join(parts))
+                while written < total:
+                    written += self.dir.write(self.fd, view[written:])
         except OSError as exc:
             self.write_errors += 1
             self.last_error = error_text(exc)

@@ -70,6 +70,10 @@ class LogDir:
         """One ``write(2)``."""
         return os.write(fd, data)
 
+    def writev(self, fd: int, parts: list[bytes]) -> int:
+        """One ``writev(2)`` of at most ``IOV_MAX`` parts: a batch without joining it first."""
+        return os.writev(fd, parts)
+
     def ftruncate(self, fd: int, size: int) -> None:
         """Cut the file back (a failed write's partial record)."""
         os.ftruncate(fd, size)

@@ -1,9 +1,10 @@
 """A rotating JSON-lines writer: whole records only, rotation by rename, bounded total.
 
 Files: ``<dir>/<base>`` is the live file, ``<base>.1`` the newest rotated one, up to
-``<base>.<backups>``.  A batch of records is one ``write(2)`` on an ``O_APPEND`` fd, so a
-reader never sees half a batch from a healthy disk, and a failed write is truncated
-back so the file holds whole records only.
+``<base>.<backups>``.  A batch of records is one ``write(2)`` (or one ``writev(2)`` of its
+frames' records, never joined into a copy first) on an ``O_APPEND`` fd, so a reader never sees
+half a batch from a healthy disk, and a failed write is truncated back so the file holds whole
+records only.
 
 ``seq`` is strictly increasing across rotations and across reopening the directory
 after a crash: the writer continues from the last complete record on disk and cuts
@@ -152,7 +153,7 @@ class RotatingLogWriter:
                     self.last_run = run
             if not parts:
                 return True
-            return self._append(b"".join(parts), seq - self.next_seq)
+            return self._append(parts, seq - self.next_seq)
 
     def write_event(
         self,
@@ -181,7 +182,7 @@ class RotatingLogWriter:
             self._unreported_bytes += nbytes
             self._noted_error = error
 
-    def _append(self, data: bytes, count: int, *, counted: bool = True) -> bool:
+    def _append(self, data: bytes | list[bytes], count: int, *, counted: bool = True) -> bool:
         """Append whole records, rotating within one record of ``max_bytes`` (a batch may span files).
 
         Only a file that grew is rotated: when a part cannot be written (a full disk), the
@@ -191,6 +192,10 @@ class RotatingLogWriter:
         written is not counted as dropped (the caller keeps it and writes it again).
         """
         try:
+            if isinstance(data, list):  # the frames' records, written as they are where they fit
+                if self._live.size + sum(map(len, data)) <= self.max_bytes:
+                    return self._append_part(data, count, counted)
+                data = b"".join(data)  # a rotation falls inside: cut at a record's end
             return self._append_batch(data, count, counted)
         finally:  # the writer's own records, after the batch: its seqs are taken already
             while self._own:
@@ -218,20 +223,21 @@ class RotatingLogWriter:
                 break
         return self._append_part(data, count, counted) if data else True
 
-    def _count_dropped(self, data: bytes, count: int) -> None:
+    def _count_dropped(self, data: bytes | list[bytes], count: int) -> None:
+        nbytes = len(data) if isinstance(data, bytes) else sum(map(len, data))
         self._records_dropped += count
-        self._bytes_dropped += len(data)
+        self._bytes_dropped += nbytes
         self._unreported_records += count
-        self._unreported_bytes += len(data)
+        self._unreported_bytes += nbytes
 
-    def _append_part(self, data: bytes, count: int, counted: bool = True) -> bool:
+    def _append_part(self, data: bytes | list[bytes], count: int, counted: bool = True) -> bool:
         if not self._write_all(data):
             if counted:
                 self._count_dropped(data, count)
             return False
         self.next_seq += count
         self._records_written += count
-        self._bytes_written += len(data)
+        self._bytes_written += len(data) if isinstance(data, bytes) else sum(map(len, data))
         if self._live.size >= self.max_bytes:
             self._rotate()
         return True
@@ -258,7 +264,7 @@ class RotatingLogWriter:
             self._unreported_bytes = 0
             self._noted_error = None
 
-    def _write_all(self, data: bytes) -> bool:
+    def _write_all(self, data: bytes | list[bytes]) -> bool:
         written = self._live.append(data)
         notice = self._live.take_notice()
         if notice is not None:  # the directory was swapped: said once, in the one we hold

@@ -10,6 +10,7 @@ processes, GPUs and dumps in place of the host.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import random
@@ -163,6 +164,7 @@ class Daemon:
             except OSError as exc:  # a socket or file of the home cannot be made: refuse the start
                 raise StartupError(f"{exc.filename or self.home.root}: {exc.strerror}") from None
             self._opened = True
+            gc.freeze()  # start-up's objects live on: a flood's garbage never walks them again
             self._loop()
         except StartupError:
             raise

@@ -94,6 +94,28 @@ def test_encode_refuses_a_wrong_count(encode: linecodec.Encode) -> None:
             encode(b"one\ntwo", count, b"", 1, b"", b"")
 
 
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(data=LOG_BYTES, head=st.binary(max_size=40))
+def test_prefix_agrees(data: bytes, head: bytes) -> None:
+    count = data.count(b"\n") + 1
+    want = b"".join(head + line + b"\n" for line in data.split(b"\n"))
+    assert _lines.prefix(data, count, head) == linecodec.prefix_python(data, count, head) == want
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        pytest.param(linecodec.prefix_python, id="python"),
+        pytest.param(getattr(_lines, "prefix", None), id="c", marks=needs_c),
+    ],
+)
+def test_prefix_refuses_a_wrong_count(prefix: linecodec.Prefix) -> None:
+    for count in (0, 1, 3):
+        with pytest.raises(ValueError):
+            prefix(b"one\ntwo", count, b"r1 out | ")
+
+
 def test_scan_counts_only_json_safe_lines_within_the_bound() -> None:
     assert linecodec.CODEC.scan(b"step 1\nstep 2", 6) == 2
     assert linecodec.CODEC.scan(b"", 6) == 1  # one empty line
@@ -185,6 +207,9 @@ def test_the_c_loops_agree_on_inputs_large_enough_to_leave_the_gil() -> None:
     head, mid = b'{"ts":"t","seq":', b',"run":1,"src":"stdout","line":"'
     assert _lines.encode(data, 6000, head, 7, mid, b'"}\n') == linecodec.encode_python(
         data, 6000, head, 7, mid, b'"}\n'
+    )
+    assert _lines.prefix(data, 6000, b"r1 out | ") == linecodec.prefix_python(
+        data, 6000, b"r1 out | "
     )
     for bad in (b'"', b"\\", b"\x1b", b"\xc3"):
         spoiled = data[:200_001] + bad + data[200_002:]

@@ -195,10 +195,32 @@ def _render_processor(_logger: object, method: str, event_dict: MutableMapping[s
     return _SINK.render(level, event, dict(event_dict))
 
 
+# Pretty-traceback packages structlog's dev module imports where they are installed (rich
+# brings pygments and asyncio): 4 MiB of the daemon's memory and a tenth of a second of its
+# start, for a renderer dflashd never uses (issue 53: idle and flood RSS).
+_PRETTY_TRACEBACKS: Final = ("rich", "better_exceptions")
+
+
+def _import_structlog() -> Any:
+    """``import structlog`` with the pretty-traceback packages hidden for that one import,
+    where nothing imported them yet; they import as usual afterwards."""
+    if "structlog" in sys.modules:
+        return sys.modules["structlog"]
+    hidden = [name for name in _PRETTY_TRACEBACKS if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
+    try:
+        import structlog
+    finally:
+        for name in hidden:
+            if sys.modules.get(name) is None:
+                del sys.modules[name]
+    return structlog
+
+
 def _structlog(level: int) -> Any:
     """structlog, configured for ``level`` (imported and configured on first use)."""
-    import structlog
-
+    structlog = _import_structlog()
     if _SINK.configured_level != level:
         structlog.configure(
             processors=[structlog.contextvars.merge_contextvars, _render_processor],

@@ -16,8 +16,12 @@ import threading
 from typing import BinaryIO, Final
 
 from dflashd.logs.framer import Frame
+from dflashd.logs.linecodec import CODEC
 
 MAX_QUEUED_FRAMES: Final = 256
+# ...and bytes: a flood's frames are 256 KiB each, and a terminal slower than the job held up
+# to 64 MiB of them (issue 53: the daemon's memory stays bounded whatever the job prints)
+MAX_QUEUED_BYTES: Final = 2 * 1024 * 1024
 # C0 (tab aside), DEL and C1 (0x9b is a one-character CSI to some terminals)
 _CONTROL: Final = {c: f"\\x{c:02x}" for c in (*range(9), *range(10, 32), *range(127, 160))}
 _CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
@@ -64,15 +68,24 @@ class Echo:
         self._queue: queue.Queue[tuple[int, str, Frame] | None] = queue.Queue(MAX_QUEUED_FRAMES)
         self.dropped_lines = 0
         self._reported_drops = 0
+        self._queued_bytes = 0  # frames' bytes in the queue (the drains add, the writer takes)
+        self._bytes_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="dflashd-echo", daemon=True)
         self._thread.start()
 
     def offer(self, run_no: int, src: str, frame: Frame) -> None:
         """From a drain thread: queue the frame, or count it dropped; never waits."""
+        with self._bytes_lock:
+            if self._queued_bytes + frame.nbytes > MAX_QUEUED_BYTES and self._queued_bytes:
+                self.dropped_lines += len(frame)
+                return
+            self._queued_bytes += frame.nbytes
         try:
             self._queue.put_nowait((run_no, src, frame))
         except queue.Full:
-            self.dropped_lines += len(frame)
+            with self._bytes_lock:
+                self._queued_bytes -= frame.nbytes
+                self.dropped_lines += len(frame)
 
     def _prefix(self, run_no: int, src: str) -> str:
         tag = "err" if src == "stderr" else "out"
@@ -86,8 +99,8 @@ class Echo:
             # The framer's fast path: printable ASCII with no control characters, as bytes.
             if self._raw:
                 return frame.text + b"\n"
-            head = self._prefix(run_no, src).encode()
-            return head + frame.text.replace(b"\n", b"\n" + head) + b"\n"
+            # one pass, without the GIL on a flood's frames (logs/_lines.c)
+            return CODEC.prefix(frame.text, len(frame), self._prefix(run_no, src).encode())
         ends = self._ends(frame)
         pairs = zip(frame.lines, ends, strict=True)
         if self._raw:
@@ -109,6 +122,8 @@ class Echo:
             item = self._queue.get()
             if item is None:
                 return
+            with self._bytes_lock:
+                self._queued_bytes -= item[2].nbytes
             data = self._format(*item)
             if self.dropped_lines != self._reported_drops:
                 lost = self.dropped_lines - self._reported_drops

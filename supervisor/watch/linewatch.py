@@ -186,6 +186,9 @@ LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a s
 STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most four times a second
 MATCH_EVERY_S: Final = 0.02  # after the first step, frames are matched at most 50 times a second
 MATCH_BACK: Final = 8  # waiting frames matched, newest first, before a post
+# ...and at once when this many bytes wait: a flood's 20 ms of frames held unmatched were
+# 8 MiB of the daemon's memory (issue 53: peak RSS during a flood)
+MATCH_BYTES: Final = 1024 * 1024
 # Past the newest step, older frames are searched for its loss or epoch over this many bytes
 # at most: a bar's redraws are a few hundred, while a flood's frames are 64 KiB each and each
 # search of them cost the log path (a job that never prints an epoch was searched every time).
@@ -226,6 +229,7 @@ class LineWatcher:
         self._stepped = False
         self._pending: LineProgress | None = None
         self._unmatched: list[Frame] = []  # since the last match, oldest first
+        self._unmatched_bytes = 0
         self._last_frame: Frame | None = None  # decoded only when a message is posted
         self.agent_scan: Callable[[Frame], list[AgentLine]] | None = None  # a torchrun job's
         self._agent: list[AgentLine] = []
@@ -239,7 +243,12 @@ class LineWatcher:
             self._last_frame = frame
             self._agent.extend(agent)
             self._unmatched.append(frame)
-            if not self._stepped or now - self._last_match >= MATCH_EVERY_S:
+            self._unmatched_bytes += frame.nbytes
+            if (
+                not self._stepped
+                or now - self._last_match >= MATCH_EVERY_S
+                or self._unmatched_bytes >= MATCH_BYTES
+            ):
                 self._match_unmatched(now)
             # The first step, and what the agent says (rare), go at once.
             first = (self._pending is not None and not self._stepped) or bool(agent)
@@ -287,6 +296,7 @@ class LineWatcher:
         for progress in reversed(found):  # oldest first: the newer wins in _merged
             self._pending = _merged(self._pending, progress)
         self._unmatched.clear()
+        self._unmatched_bytes = 0
         self._last_match = now
 
     def _take(self, now: float) -> LinesSeen:

@@ -36,6 +36,10 @@ class FaultyDir(LogDir):
         self._maybe_fail("write")
         return super().write(fd, data)
 
+    def writev(self, fd: int, parts: list[bytes]) -> int:
+        self._maybe_fail("write")
+        return super().writev(fd, parts)
+
     def create_new(self, name: str) -> int:
         self._maybe_fail("create_new")
         return super().create_new(name)
