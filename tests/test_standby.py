@@ -130,7 +130,7 @@ def test_a_warm_run_is_stopped_by_its_signals_as_a_cold_one(
 def test_status_shows_the_standby_and_its_memory(
     start_daemon: Start, helper: Path, home: Path
 ) -> None:
-    daemon = _warm(start_daemon, helper, child("warm_job.py", "wait"))
+    daemon = _warm(start_daemon, helper, child("warm_job.py", "wait"), HOLD="1")
     daemon.wait_event("standby", timeout=60)
     status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
     standby = status["standby"]

@@ -3,7 +3,8 @@
 ``warm_job.py MODE [ARG...]``: it prints ``as argv=... name=... path0=... file=... torch=...``
 (``torch``: whether torch was imported before its first line ran: a warm start), then steps.
 Run 1 waits until the home's standby for run 2 is ready (its manifest), touches ``$TOUCH``
-when set (a module the standby imported, changed), and exits 3.  Run 2 does as MODE says:
+when set (a module the standby imported, changed), and exits 3 (with ``$HOLD`` set it steps on
+until ended: the standby stays run 2's while a test reads it).  Run 2 does as MODE says:
 ``exit5`` (five steps, exit 5), ``wait`` (steps until ended), ``raise`` (a ValueError).
 """
 
@@ -36,7 +37,7 @@ if run == 1:
     for step in range(1, 100000):
         print(f"step {step} loss {2.0 - step * 0.001:.4f}", flush=True)
         time.sleep(0.05)
-        if os.path.exists(manifest) and step > 20:
+        if os.path.exists(manifest) and step > 20 and not os.environ.get("HOLD"):
             break
     if os.environ.get("TOUCH"):
         with open(os.environ["TOUCH"], "a") as fh:
