@@ -8,7 +8,7 @@
 every byte is printable ASCII that a JSON string holds verbatim (0x20 to 0x7f except ``"``
 and ``\\``) and no line is longer than ``max_line`` bytes, else -1: the framer's fast path.
 :func:`encode` writes ``head + seq + mid + line + tail`` per line, ``seq`` counting up
-from ``seq0``: the records of such a frame.  :func:`prefix` writes ``head + line + "\\n"`` per
+from ``seq0``: the records of such a frame.  ``CODEC.prefix`` writes ``head + line + "\\n"`` per
 line: the echo's ``r3 out | `` lines.
 
 Each exists twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,

@@ -47,6 +47,11 @@ DEFAULT_BACKUPS: Final = 10
 ROTATE_RETRY_S: Final = 1.0  # a rotation that failed is tried again this much later
 
 
+def _nbytes(data: bytes | list[bytes]) -> int:
+    """The length of records to write, whole or in parts."""
+    return len(data) if isinstance(data, bytes) else sum(map(len, data))
+
+
 class LogWriterError(Exception):
     """The log cannot be opened at all (missing permission, not a directory): a clear, one-line cause."""
 
@@ -129,15 +134,7 @@ class RotatingLogWriter:
 
     def write_frame(self, run: int, src: str, frame: Frame, wall_s: float | None = None) -> bool:
         """Write the lines of one frame as ``src`` records of ``run``. Never raises on I/O failure."""
-        if not len(frame):
-            return True
-        ts = utc_timestamp(self._clock() if wall_s is None else wall_s)
-        with self._lock:
-            if self._unreported_records:
-                self._report_drops()
-            data = encode_frame(run, src, frame, ts, self.next_seq)
-            self.last_run = run
-            return self._append(data, len(frame))
+        return self.write_frames([(run, src, frame, self._clock() if wall_s is None else wall_s)])
 
     def write_frames(self, batch: list[tuple[int, str, Frame, float]]) -> bool:
         """Write several frames (run, src, frame, wall time) in one append: one syscall for many chunks."""
@@ -193,7 +190,7 @@ class RotatingLogWriter:
         """
         try:
             if isinstance(data, list):  # the frames' records, written as they are where they fit
-                if self._live.size + sum(map(len, data)) <= self.max_bytes:
+                if self._live.size + _nbytes(data) <= self.max_bytes:
                     return self._append_part(data, count, counted)
                 data = b"".join(data)  # a rotation falls inside: cut at a record's end
             return self._append_batch(data, count, counted)
@@ -224,7 +221,7 @@ class RotatingLogWriter:
         return self._append_part(data, count, counted) if data else True
 
     def _count_dropped(self, data: bytes | list[bytes], count: int) -> None:
-        nbytes = len(data) if isinstance(data, bytes) else sum(map(len, data))
+        nbytes = _nbytes(data)
         self._records_dropped += count
         self._bytes_dropped += nbytes
         self._unreported_records += count
@@ -237,7 +234,7 @@ class RotatingLogWriter:
             return False
         self.next_seq += count
         self._records_written += count
-        self._bytes_written += len(data) if isinstance(data, bytes) else sum(map(len, data))
+        self._bytes_written += _nbytes(data)
         if self._live.size >= self.max_bytes:
             self._rotate()
         return True

@@ -197,7 +197,8 @@ def test_the_status_page_warns_only_when_the_python_loops_run() -> None:
 
 @needs_c
 def test_the_c_loops_agree_on_inputs_large_enough_to_leave_the_gil() -> None:
-    """256 KiB and more run without the GIL: the same answers, and a bad byte deep inside found."""
+    """64 KiB and more run without the GIL (this input is over 256 KiB): the same answers, and
+    a bad byte deep inside found."""
     lines = [
         b"step %09d loss %.3f tok/s 51,200 " % (i, i / 7) + b"x" * (i % 90) for i in range(6000)
     ]
