@@ -115,14 +115,15 @@ class Compressor:
         """The finisher, holding this process's compression lock (its thread may hold it
         already: the same open file), started at nice 19 and the idle I/O class."""
         self._handed_over = True  # the thread keeps the lock taken from here
-        try:
+        with contextlib.suppress(OSError):
+            # Held by another daemon's finisher: this one still starts, and waits for the lock
+            # in its own process (that finisher may have looked at the set for the last time
+            # before these files were rotated: they would stay plain).
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # another daemon's finisher has the set: it takes these files too
-            return
         argv = [sys.executable, "-I", "-S", str(SQUEEZE), "finish", self.codec, str(os.getpid())]
         argv += [f"@{self._dir_fd}", basename, str(backups)]  # the held directory, not a path
-        if self.helper_pid is not None:  # still at work: the finisher waits for it too
-            argv.append(str(self.helper_pid))
+        argv.append(str(self.helper_pid or 0))  # still at work: the finisher waits for it too
+        argv.append(f"lock={self._lock_fd}")
         try:
             self.finisher = subprocess.Popen(
                 argv,

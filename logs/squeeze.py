@@ -158,15 +158,22 @@ def _enter(where: str) -> str:
 
 
 def finish(argv: list[str]) -> int:
-    """``finish CODEC DAEMON_PID DIR BASE BACKUPS``: the daemon has exited (waited for here)
-    with rotated files still plain; compress them all.  Holds the home's compression lock,
-    inherited locked from the daemon, so no other compressor works on the set meanwhile."""
+    """``finish CODEC DAEMON_PID DIR BASE BACKUPS [HELPER_PID [lock=FD]]``: the daemon has
+    exited (waited for here) with rotated files still plain; compress them all.  Holds the
+    home's compression lock, inherited from the daemon (``lock=FD``: locked there already, or
+    taken here once another daemon's finisher lets it go), so no other compressor works on the
+    set meanwhile."""
     codec, daemon, directory, base, backups = argv[0], int(argv[1]), argv[2], argv[3], int(argv[4])
     suffix = ".zst" if codec == "zstd" else ".gz"
     directory = _enter(directory)
     _wait_gone(daemon)
-    if len(argv) > 5 and argv[5].isdigit():  # the daemon's helper, if one was at work: it
-        _wait_gone(int(argv[5]))  # writes the same temporary names, and gives up soon
+    if len(argv) > 5 and argv[5].isdigit() and argv[5] != "0":  # the daemon's helper, if one
+        _wait_gone(int(argv[5]))  # was at work: it writes the same temporary names, gives up soon
+    lock = next((a.removeprefix("lock=") for a in argv[5:] if a.startswith("lock=")), "")
+    if lock.isdigit():
+        import fcntl
+
+        fcntl.flock(int(lock), fcntl.LOCK_EX)  # the same open file: no wait where it is held
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(3):  # a new daemon may rotate more meanwhile: look again, a few times
         todo = _plain(directory, base, backups)

@@ -102,3 +102,34 @@ def test_a_new_writer_rotating_beside_a_finisher_loses_and_doubles_nothing(
     assert len(bases) == len(set(bases))  # no file packed twice
     lines = [r.line.split()[1] for r in read_records(logs) if isinstance(r, LineRecord)]
     assert sorted(map(int, lines)) == list(range(8000))
+
+
+def test_a_finisher_started_while_another_holds_the_lock_waits_then_compresses_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A daemon closes with files plain while an earlier daemon's finisher holds the set's
+    compression lock: its own finisher starts anyway and waits for the lock (the earlier one
+    may have looked at the set for the last time before these files were rotated)."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    held = os.open(logs / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # the earlier daemon's finisher, at work
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", WRITER, str(logs), "0", "4000"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        finisher = int(done.stdout.strip())
+        assert finisher > 0
+        assert _plain_rotated(logs)  # nothing compressed while the lock is held elsewhere
+    finally:
+        os.close(held)  # the earlier finisher is done
+    pidfd = os.pidfd_open(finisher)
+    select.select([pidfd], [], [], 120)
+    os.close(pidfd)
+    assert _plain_rotated(logs) == []
+    lines = [r.line.split()[1] for r in read_records(logs) if isinstance(r, LineRecord)]
+    assert sorted(map(int, lines)) == list(range(4000))
