@@ -3,44 +3,46 @@
 A training run's log always exists and loses nothing: the framer turns any byte stream
 into whole records, the writer rotates by rename with a bounded total and a ``seq`` that
 survives crashes, and the readers read across rotations (``tail -F`` included).
+
+The names below are imported on first use (``logs/__init__.pyi`` gives their types): a
+command that needs one module of the package (``dflashd status`` needs ``safejson``) does not
+pay for the writer, the sink and the readers at every start.
 """
 
-from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
-from dflashd.logs.logset import log_files
-from dflashd.logs.reader import RecordFilter, follow, last_records, read_records
-from dflashd.logs.records import (
-    EventRecord,
-    LineRecord,
-    Record,
-    RecordError,
-    decode,
-    encode,
-    reassemble,
-    utc_timestamp,
-)
-from dflashd.logs.sink import LogSink, SinkStats
-from dflashd.logs.writer import LogWriterError, RotatingLogWriter, WriterStats
+import importlib
+from typing import Any, Final
 
-__all__ = [
-    "DEFAULT_MAX_LINE_BYTES",
-    "EventRecord",
-    "Frame",
-    "LineFramer",
-    "LineRecord",
-    "LogSink",
-    "LogWriterError",
-    "Record",
-    "RecordError",
-    "RecordFilter",
-    "RotatingLogWriter",
-    "SinkStats",
-    "WriterStats",
-    "decode",
-    "encode",
-    "follow",
-    "last_records",
-    "log_files",
-    "read_records",
-    "reassemble",
-    "utc_timestamp",
-]
+_WHERE: Final = {
+    "DEFAULT_MAX_LINE_BYTES": "framer",
+    "Frame": "framer",
+    "LineFramer": "framer",
+    "log_files": "logset",
+    "RecordFilter": "reader",
+    "follow": "reader",
+    "last_records": "reader",
+    "read_records": "reader",
+    "EventRecord": "records",
+    "LineRecord": "records",
+    "Record": "records",
+    "RecordError": "records",
+    "decode": "records",
+    "encode": "records",
+    "reassemble": "records",
+    "utc_timestamp": "records",
+    "LogSink": "sink",
+    "SinkStats": "sink",
+    "LogWriterError": "writer",
+    "RotatingLogWriter": "writer",
+    "WriterStats": "writer",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dflashd.logs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"dflashd.logs.{module}"), name)
+    globals()[name] = value
+    return value
