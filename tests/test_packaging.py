@@ -45,6 +45,8 @@ def test_wheel_contains_every_package_folder(tmp_path: Path) -> None:
     )  # a namespace: never shadowed by a folder
     assert "dflashd/__main__.py" in names  # python -m dflashd
     assert "dflashd/supervisor/design.md" in names  # the design --help names
+    # the types of what dflashd.logs imports on first use, for a type checker of the user's
+    assert "dflashd/logs/__init__.pyi" in names
     # the license travels with the wheel, and the metadata names it (pip show's License)
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(metadata).decode()
