@@ -6,8 +6,9 @@ step, with no config, and relaunched; (b) pausing with no output while writing a
 checkpoint in chunks, or computing an "eval" in a Python loop: never ended; (c) the same
 pauses with stacks unavailable (``DFLASHD_STACKS=faulthandler``): never ended either.
 
-The pauses last ``DFLASHD_TEST_PAUSE_S`` (45 s here: past the quick look at 4 s and two rounds of
-sampling after the 12 s suspicion; ``tests/perf/hang_table.py`` runs the issue's 150 s ten times).  The four
+The pauses last ``DFLASHD_TEST_PAUSE_S`` (30 s here: past the quick look at 4 s, two rounds of
+sampling after the 12 s suspicion, and 12 s past the 18 s at which a hang is ended at the
+earliest; ``tests/perf/hang_table.py`` runs the issue's 150 s ten times).  The four
 pause jobs run side by side, each under its own daemon, so the suite waits once.
 """
 
@@ -27,7 +28,10 @@ from tests.conftest import FAST_RESTART, Daemon, child, write_config
 from tests.helpers import run_cli
 
 Start = Callable[..., Daemon]
-PAUSE_S = float(os.environ.get("DFLASHD_TEST_PAUSE_S", "45"))
+PAUSE_S = float(os.environ.get("DFLASHD_TEST_PAUSE_S", "30"))
+# the waits outside the run start with their helpers, before the job's 40 steps: longer, so the
+# wait itself still outlasts a suspicion and a round of samples on a loaded machine
+WAIT_S = PAUSE_S + 15
 
 
 def _ended_hung(daemon: Daemon) -> EventRecord:
@@ -183,18 +187,18 @@ def test_waits_outside_the_run_are_never_ended_and_frozen_loops_beside_chatty_th
     waiting: list[Daemon] = []
     frozen: list[Daemon] = []
     try:
-        server, port = _helper(_SLOW_SERVER, str(PAUSE_S))
+        server, port = _helper(_SLOW_SERVER, str(WAIT_S))
         lock, fifo = tmp_path / "shard.lock", tmp_path / "shard.fifo"
         os.mkfifo(fifo)
-        sibling, _ = _helper(_COMPUTING_HOLDER, "flock", str(lock), str(PAUSE_S))
-        producer, _ = _helper(_COMPUTING_HOLDER, "fifo", str(fifo), str(PAUSE_S))
+        sibling, _ = _helper(_COMPUTING_HOLDER, "flock", str(lock), str(WAIT_S))
+        producer, _ = _helper(_COMPUTING_HOLDER, "fifo", str(fifo), str(WAIT_S))
         helpers += [server, sibling, producer]
         for what, marker in (
             ("stream", f"127.0.0.1:{port}"),
             ("flock", str(lock)),
             ("fifo", str(fifo)),
         ):
-            job = child("steps_then.py", "0.1", "40", what, str(PAUSE_S), marker)
+            job = child("steps_then.py", "0.1", "40", what, str(WAIT_S), marker)
             waiting.append(Daemon(tmp_path / f"w-{what}", config, job))
         for what in ("heartbeat", "appender"):
             job = child("steps_then.py", "0.1", "40", what, "0", str(tmp_path / "side.log"))
@@ -203,7 +207,7 @@ def test_waits_outside_the_run_are_never_ended_and_frozen_loops_beside_chatty_th
             _ended_hung(daemon)
             assert daemon.wait(60) == 0  # the relaunch steps and completes
         for daemon in waiting:
-            code = daemon.wait(PAUSE_S + 120)
+            code = daemon.wait(WAIT_S + 120)
             assert code == 0, daemon.proc.stderr.read()[-2000:] if daemon.proc.stderr else code
             exits = daemon.events("exit")
             assert [e.fields["verdict"] for e in exits] == ["completed"], exits

@@ -32,7 +32,7 @@ from tests.multinode.two_nodes import Node, free_port, torchrun
 pytestmark = pytest.mark.trainer  # torch and torchrun
 
 CHILD = Path(__file__).parent.parent / "children" / "eval_then_barrier.py"
-EVAL_S = float(os.environ.get("DFLASHD_REMOTE_EVAL_S", "50"))  # two rounds and more
+EVAL_S = float(os.environ.get("DFLASHD_REMOTE_EVAL_S", "35"))  # two rounds and more
 
 
 def _node(
@@ -122,7 +122,7 @@ def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_or_save_is_never_end
     )
 
 
-REMOTE_WAIT_S = float(os.environ.get("DFLASHD_REMOTE_WAIT_S", "30"))
+REMOTE_WAIT_S = float(os.environ.get("DFLASHD_REMOTE_WAIT_S", "15"))
 
 
 def test_every_rank_of_every_node_waiting_on_each_other_is_ended_through_the_store(
