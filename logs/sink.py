@@ -26,7 +26,7 @@ from typing import Any, Final
 from dflashd.logs.framer import Frame
 from dflashd.logs.writer import RotatingLogWriter, WriterStats
 
-DEFAULT_MAX_QUEUE_BYTES: Final = 4 * 1024 * 1024
+DEFAULT_MAX_QUEUE_BYTES: Final = 8 * 1024 * 1024
 DEFAULT_STALL_S: Final = 2.0
 _COALESCE_BYTES: Final = 1 << 20
 RETRY_S: Final = 0.5

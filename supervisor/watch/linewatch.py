@@ -186,9 +186,10 @@ LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a s
 STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most four times a second
 MATCH_EVERY_S: Final = 0.02  # after the first step, frames are matched at most 50 times a second
 MATCH_BACK: Final = 8  # waiting frames matched, newest first, before a post
-# ...and at once when this many bytes wait: a flood's 20 ms of frames held unmatched were
-# 8 MiB of the daemon's memory (issue 53: peak RSS during a flood)
-MATCH_BYTES: Final = 1024 * 1024
+# ...and at once when this many bytes wait: what a flood holds unmatched is bounded whatever
+# its rate (20 ms at 700 MiB/s were 14 MiB).  A bound of 1 MiB matched so often that the
+# drain thread lost a seventh of its block rate (issue 53, measured side by side)
+MATCH_BYTES: Final = 8 * 1024 * 1024
 # Past the newest step, older frames are searched for its loss or epoch over this many bytes
 # at most: a bar's redraws are a few hundred, while a flood's frames are 64 KiB each and each
 # search of them cost the log path (a job that never prints an epoch was searched every time).
