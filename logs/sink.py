@@ -31,6 +31,22 @@ DEFAULT_STALL_S: Final = 2.0
 _COALESCE_BYTES: Final = 1 << 20
 RETRY_S: Final = 0.5
 MAX_RETRIED: Final = 10_000
+# After this much output, once the queue is empty and at most this often, the C allocator's
+# free memory goes back to the system: the buffers a chatty job's frames passed through stay
+# with the daemon otherwise (a job at 450 lines/s: 37 -> 53 MiB in 15 min; trimmed: 37.6).
+TRIM_AFTER_BYTES: Final = 8 * 1024 * 1024
+TRIM_EVERY_S: Final = 30.0
+
+
+def release_free_memory() -> None:
+    """glibc's ``malloc_trim(0)``: free heap memory returned to the system (elsewhere: nothing)."""
+    try:
+        import ctypes  # imported once the daemon has logged megabytes, never at start
+
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +84,7 @@ class LogSink:
         max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
         stall_s: float = DEFAULT_STALL_S,
         clock: Callable[[], float] = time.time,
+        trim: Callable[[], None] = release_free_memory,
     ) -> None:
         self.writer = writer
         self._clock = clock  # wall time of frames (records' ``ts``); the daemon's injected clock
@@ -86,6 +103,7 @@ class LogSink:
         self._unreported_drop_bytes = 0
         self._retry: deque[_EventItem] = deque()  # refused by the disk, written again later
         self.thread_errors = 0
+        self._trim, self._untrimmed, self._trimmed_at = trim, 0, time.monotonic()
         self._thread = threading.Thread(target=self._run, name="dflashd-log-writer", daemon=True)
         self._thread.start()
 
@@ -170,9 +188,18 @@ class LogSink:
                 self._done += len(batch)
                 self._cond.notify_all()
                 give_up = self._closing and not self._queue and bool(self._retry)
+                idle = not self._queue
+            self._maybe_trim(freed, idle)
             if give_up:
                 self._write_retried()  # one last try; what the disk still refuses is counted
                 return
+
+    def _maybe_trim(self, freed: int, idle: bool) -> None:
+        self._untrimmed += freed
+        now = time.monotonic()
+        if idle and self._untrimmed >= TRIM_AFTER_BYTES and now - self._trimmed_at >= TRIM_EVERY_S:
+            self._untrimmed, self._trimmed_at = 0, now
+            self._trim()
 
     def _write_batch(self, batch: list[_FrameItem | _EventItem]) -> int:
         freed = 0
