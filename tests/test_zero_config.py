@@ -199,6 +199,10 @@ def test_tail_grep_and_since(start_daemon: Start, home: Path) -> None:
         ("Resuming training from step 1000", None),
         ("checkpoint saved at step 500", None),
         ("2026-11-30 12:00:01 INFO Step 12/500 loss 2.31", ("plain", 12)),
+        # a hand-made bar printed with no newline, the step line glued to it (a soak found a
+        # job at 420 steps/s ended as no_progress after 900 s: no step was ever read)
+        ("  41%|#####     | 41/1000000step 42 loss 2.020 lr 3e-4", ("plain", 42)),
+        ("Substep 3 of the warm-up", None),
     ],
 )
 def test_format_edges(line: str, expected: tuple[str, int] | None) -> None:

@@ -159,9 +159,11 @@ FORMATS: Final[tuple[_Format, ...]] = (
     _tqdm(r"(?<![0-9])(?P<step>[0-9]{1,15})it \[[0-9:]{1,20},"),  # an unknown total: n it [elapsed,
     _Format(
         "plain",
-        # "resuming from step 1000", "saved at step 500" name a step, they do not take one
+        # "resuming from step 1000", "saved at step 500" name a step, they do not take one; a
+        # digit may touch it (a bar printed with no newline: "| 41/1000000step 42 loss 2.0"),
+        # a letter or "_" may not ("Substep 3", "global_step=10")
         _c(
-            r"\b[Ss](?<!from .)(?<!at .)(?<!to .)(?<!of .)(?<!after .)(?<!before .)tep"
+            r"(?<![A-Za-z_])[Ss](?<!from .)(?<!at .)(?<!to .)(?<!of .)(?<!after .)(?<!before .)tep"
             + r"\s{0,32}[:=]?"
             + _SP
             + r"([0-9]{1,15})(?:"
