@@ -72,29 +72,38 @@ print(writer.finisher.pid if writer.finisher is not None else 0, flush=True)
 """
 
 
-def test_a_new_writer_rotating_beside_a_finisher_loses_and_doubles_nothing(
-    tmp_path: Path,
-) -> None:
-    logs = tmp_path / "logs"
-    first = subprocess.run(
-        [sys.executable, "-c", WRITER, str(logs), "0", "4000"],
+def _write_and_close(logs: Path, first: int, count: int) -> int:
+    """A writer process writes ``count`` lines from ``first`` and exits at once; its
+    finisher's pid (0: none was needed)."""
+    done = subprocess.run(
+        [sys.executable, "-c", WRITER, str(logs), str(first), str(count)],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
-    finisher = int(first.stdout.strip())
+    return int(done.stdout.strip())
+
+
+def _wait_exit(pid: int) -> None:
+    """Until the process has exited (its pidfd readable), or it is gone already."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    select.select([pidfd], [], [], 120)
+    os.close(pidfd)
+
+
+def test_a_new_writer_rotating_beside_a_finisher_loses_and_doubles_nothing(
+    tmp_path: Path,
+) -> None:
+    logs = tmp_path / "logs"
+    finisher = _write_and_close(logs, 0, 4000)
     assert finisher > 0  # it closed with files in hand: a finisher took them over
     # a second "daemon" starts and rotates while the finisher may still be placing files
-    subprocess.run(
-        [sys.executable, "-c", WRITER, str(logs), "4000", "4000"], timeout=120, check=True
-    )
-    try:
-        pidfd = os.pidfd_open(finisher)
-        select.select([pidfd], [], [], 120)  # the first finisher's exit
-        os.close(pidfd)
-    except ProcessLookupError:
-        pass  # done already
+    _write_and_close(logs, 4000, 4000)
+    _wait_exit(finisher)  # the first finisher's exit
     _wait_for_compression(logs)  # and the second's, if it had one
     assert _plain_rotated(logs) == []
     names = [p.name for p in logs.iterdir()]
@@ -115,21 +124,12 @@ def test_a_finisher_started_while_another_holds_the_lock_waits_then_compresses_t
     held = os.open(logs / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)  # the earlier daemon's finisher, at work
     try:
-        done = subprocess.run(
-            [sys.executable, "-c", WRITER, str(logs), "0", "4000"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-        )
-        finisher = int(done.stdout.strip())
+        finisher = _write_and_close(logs, 0, 4000)
         assert finisher > 0
         assert _plain_rotated(logs)  # nothing compressed while the lock is held elsewhere
     finally:
         os.close(held)  # the earlier finisher is done
-    pidfd = os.pidfd_open(finisher)
-    select.select([pidfd], [], [], 120)
-    os.close(pidfd)
+    _wait_exit(finisher)
     assert _plain_rotated(logs) == []
     lines = [r.line.split()[1] for r in read_records(logs) if isinstance(r, LineRecord)]
     assert sorted(map(int, lines)) == list(range(4000))
