@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dflashd.logs.framer import Frame
+from dflashd.logs.heap import keep_freed_buffers, release_free_memory
 from dflashd.logs.writer import RotatingLogWriter, WriterStats
 
 DEFAULT_MAX_QUEUE_BYTES: Final = 8 * 1024 * 1024
@@ -31,22 +32,14 @@ DEFAULT_STALL_S: Final = 2.0
 _COALESCE_BYTES: Final = 1 << 20
 RETRY_S: Final = 0.5
 MAX_RETRIED: Final = 10_000
-# After this much output, once the queue is empty and at most this often, the C allocator's
-# free memory goes back to the system: the buffers a chatty job's frames passed through stay
-# with the daemon otherwise (a job at ~1,700 lines/s: 37 -> 53 MiB in 15 min; trimmed: 37.6).
+# After this much output, once the queue is empty (or, after a burst, has stayed empty this
+# long) and at most this often, the C allocator's free memory goes back to the system: the
+# buffers a chatty job's frames passed through stay with the daemon otherwise (a job at
+# ~1,700 lines/s: 37 -> 53 MiB in 15 min; trimmed: 37.6); within a burst they are kept for
+# reuse (logs/heap.py).
 TRIM_AFTER_BYTES: Final = 8 * 1024 * 1024
+TRIM_QUIET_S: Final = 1.0
 TRIM_EVERY_S: Final = 30.0
-
-
-def release_free_memory() -> None:
-    """glibc's ``malloc_trim(0)``: free heap memory returned to the system (elsewhere: nothing)."""
-    try:
-        import ctypes  # imported once the daemon has logged megabytes, never at start
-
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +97,7 @@ class LogSink:
         self._retry: deque[_EventItem] = deque()  # refused by the disk, written again later
         self.thread_errors = 0
         self._trim, self._untrimmed, self._trimmed_at = trim, 0, time.monotonic()
+        keep_freed_buffers()  # a flood's buffers reused, not mapped afresh (logs/heap.py)
         self._thread = threading.Thread(target=self._run, name="dflashd-log-writer", daemon=True)
         self._thread.start()
 
@@ -164,10 +158,13 @@ class LogSink:
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
-                    if self._retry:
-                        self._cond.wait(RETRY_S)
-                        break
-                    self._cond.wait()
+                    # a record to write again, or a trim owed once the burst is over
+                    timeout = RETRY_S if self._retry else self._trim_in_s()
+                    if timeout is None:
+                        self._cond.wait()
+                        continue
+                    self._cond.wait(timeout)
+                    break
                 if not self._queue and not self._retry and self._closing:
                     return
                 batch = list(self._queue)
@@ -189,15 +186,23 @@ class LogSink:
                 self._cond.notify_all()
                 give_up = self._closing and not self._queue and bool(self._retry)
                 idle = not self._queue
-            self._maybe_trim(freed, idle)
+            self._untrimmed += freed
+            if idle:  # between a trickle's lines, or woken once a burst has stopped
+                self._trim_if_due()
             if give_up:
                 self._write_retried()  # one last try; what the disk still refuses is counted
                 return
 
-    def _maybe_trim(self, freed: int, idle: bool) -> None:
-        self._untrimmed += freed
+    def _trim_in_s(self) -> float | None:
+        """How long the queue must stay empty before the owed trim; None when none is owed."""
+        if self._untrimmed < TRIM_AFTER_BYTES:
+            return None
+        return max(TRIM_QUIET_S, self._trimmed_at + TRIM_EVERY_S - time.monotonic())
+
+    def _trim_if_due(self) -> None:
+        """After a burst, once the queue stayed empty: the freed buffers back to the system."""
         now = time.monotonic()
-        if idle and self._untrimmed >= TRIM_AFTER_BYTES and now - self._trimmed_at >= TRIM_EVERY_S:
+        if self._untrimmed >= TRIM_AFTER_BYTES and now - self._trimmed_at >= TRIM_EVERY_S:
             self._untrimmed, self._trimmed_at = 0, now
             self._trim()
 

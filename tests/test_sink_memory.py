@@ -3,13 +3,15 @@ most every TRIM_EVERY_S (a chatty job's buffers otherwise stay with the daemon: 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 from dflashd.logs import sink as sink_module
 from dflashd.logs.framer import LineFramer
-from dflashd.logs.sink import TRIM_AFTER_BYTES, LogSink, release_free_memory
+from dflashd.logs.heap import release_free_memory
+from dflashd.logs.sink import TRIM_AFTER_BYTES, LogSink
 from dflashd.logs.writer import RotatingLogWriter
 
 
@@ -32,6 +34,23 @@ def test_a_burst_is_followed_by_one_trim_once_the_queue_is_empty(
     assert sink.flush(30)
     sink.close()
     assert 1 <= len(trims) <= 2
+
+
+def test_a_burst_then_silence_is_trimmed_without_more_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The buffers kept for reuse during a burst (logs/heap.py) go back once it has stopped,
+    though no further output comes to wake the writer."""
+    monkeypatch.setattr(sink_module, "TRIM_EVERY_S", 1.0)
+    monkeypatch.setattr(sink_module, "TRIM_QUIET_S", 0.05)
+    trimmed = threading.Event()
+    sink = LogSink(RotatingLogWriter(tmp_path), trim=trimmed.set)
+    frame = _frame_of(256 * 1024)
+    for _ in range(TRIM_AFTER_BYTES // (256 * 1024) + 2):
+        sink.submit_frame(1, "stdout", frame)  # type: ignore[arg-type]
+    assert sink.flush(30)
+    assert trimmed.wait(30)
+    sink.close()
 
 
 def test_a_trickle_never_trims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
