@@ -16,6 +16,7 @@ same bytes in the same run does not.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -71,6 +72,25 @@ def direct(mode: str, mib: float, work: Path) -> Result:
     report = work / "r.json"
     with open(work / "direct.log", "wb") as out:
         subprocess.run(child(mode, mib, report), stdout=out, stderr=out, check=True)
+    return result(mib, report, time.time(), 0.0)
+
+
+def pipe_ceiling(mode: str, mib: float, work: Path) -> Result:
+    """The child writing into a pipe that is read lazily (1 MiB every 2 ms, to nowhere): as fast
+    as a child can write through a pipe on this box, whoever reads it.  No launcher reading the
+    job's pipes can let it write faster; on a small box supervisord comes close to it in line
+    mode (each write(2) of a line is the child's own cost), so a ratio to supervisord cannot
+    rise far above 1 there."""
+    report = work / "r.json"
+    proc = subprocess.Popen(
+        child(mode, mib, report), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ, as dflashd's drain asks
+    while os.read(fd, 1 << 20):
+        time.sleep(0.002)
+    proc.wait(60)
     return result(mib, report, time.time(), 0.0)
 
 
@@ -177,9 +197,9 @@ def main() -> int:
     if args.ci:
         args.mib, args.reps, args.modes = 32, 3, "block,line"
     launchers = (
-        ["direct", "supervisord", "dflashd-plain"]
+        ["direct", "pipe-ceiling", "supervisord", "dflashd-plain"]
         if args.ci
-        else ["direct", "supervisord", *DFLASHD_VARIANTS]
+        else ["direct", "pipe-ceiling", "supervisord", *DFLASHD_VARIANTS]
     )
     if "supervisord" in launchers and not ensure_supervisord(args.venv, args.wheels):
         # said loudly: the guard against supervisord did not run (no registry reached)
@@ -232,6 +252,8 @@ def measure_mode(
         for name in launchers:
             if name == "direct":
                 got[name].append(direct(mode, args.mib, work))
+            elif name == "pipe-ceiling":
+                got[name].append(pipe_ceiling(mode, args.mib, work))
             elif name == "supervisord":
                 got[name].append(supervisord(mode, args.mib, work, args.venv))
             else:
@@ -253,6 +275,7 @@ def measure_mode(
         versus = ""
         if peer and name.startswith("dflashd"):
             ratios[f"{mode}:{name}/supervisord"] = mib_s / peer
+        if peer and name not in {"supervisord", "direct"}:
             versus = f"  {mib_s / peer:5.2f}x supervisord"
         print(
             f"{name:14s} {mib_s:8.1f} MiB/s {mib_s / base:5.2f}x{versus:19s}  end to end"
