@@ -53,7 +53,7 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.exitcodes import EXIT_FATAL
-from dflashd.supervisor.model.inputs import DeadlineDue, Decided, Input, StatusChanged
+from dflashd.supervisor.model.inputs import DeadlineDue, Input, StatusChanged
 from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.runstate import RunState
@@ -163,13 +163,6 @@ class DaemonCore:
         if before is not None and (after is None or after.run_no != before.run_no):
             self.retired = {before.run_no: before}  # its handles outlive it a while
         self.execute(item.run, effects, run_no=item.run_no)
-
-    def apply(
-        self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
-    ) -> None:
-        """Effects an adapter decided, through the model (``publish``: then write the status)."""
-        tail: tuple[Effect, ...] = (Publish(),) if publish else ()
-        self.step(run, Decided((*effects, *tail)))
 
     def changed(self) -> None:
         """Something status shows changed: state.json is written within the throttle."""

@@ -35,7 +35,7 @@ from dflashd.supervisor.launcher import Launcher
 from dflashd.supervisor.liverun import LiveRunControl, stacks_command
 from dflashd.supervisor.model.bounds import MAX_SECONDS
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
-from dflashd.supervisor.model.effects import Publish, SetTimer, WriteRecord
+from dflashd.supervisor.model.effects import Publish, WriteRecord
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.hang import HangSampled
 from dflashd.supervisor.model.inputs import (
@@ -210,7 +210,7 @@ class Daemon:
             self.home, self.clock, self.inbox.read_fd, handlers, self.reporter.home_dir.fd
         )
         previous = read_state(self.home.state_file, self.reporter.home_dir.fd) or {}
-        restored = carried_over(
+        carried = carried_over(
             previous,
             reporter=self.reporter,
             ops=self.ops,
@@ -219,24 +219,21 @@ class Daemon:
             boot_id=self.boot_id,
             stop_s=self.config.restart.stop_timeout_s,
         )
-        self.core.apply(None, restored.effects)
-        if restored.lost is not None:  # a run the dead daemon never saw end: concluded as any other
-            lost = ChildExited(restored.lost, random.random(), publish=False)
-            self.core.step(None, lost, run_no=restored.lost.run_no)
+        self.core.step(None, carried)
+        if carried.lost is not None:  # a run the dead daemon never saw end: concluded as any other
+            lost = ChildExited(carried.lost, random.random(), publish=False)
+            self.core.step(None, lost, run_no=carried.lost.run_no)
         child_pid = lambda: self.run.pid if self.run else None  # noqa: E731
-        off = self.gpu.begin(
+        gpus_off = self.gpu.begin(
             self.config.gpus_enabled, self._sampler_factory, child_pid, self.inbox.post_gpu
         )
-        self.core.apply(None, (off,) if off is not None else ())
         try:
             self.reporter.start_metrics(
                 self.inbox.ping
             )  # before the launch: a busy address refuses
         except MetricsUnavailable as exc:
             raise StartupError(str(exc)) from None
-        if self._systemd.watchdog_interval_s:
-            self.core.apply(None, (SetTimer(Deadline.WATCHDOG, self.clock.monotonic()),))
-        self.core.step(None, Started())
+        self.core.step(None, Started(gpus_off, bool(self._systemd.watchdog_interval_s)))
         if self.gpu.poller is not None:
             self.gpu.poller.start()  # after the launch: the first poll already sees the child
 

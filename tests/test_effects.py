@@ -11,24 +11,27 @@ import pytest
 
 from dflashd.supervisor.core import DaemonCore
 from dflashd.supervisor.host.clock import ManualClock
-from dflashd.supervisor.host.recovery import restore
+from dflashd.supervisor.host.recovery import lost_run
+from dflashd.supervisor.model.carried import restore
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import (
     EnterState,
     KillHolders,
     Launch,
     LookForRelease,
+    Publish,
     SetTimer,
     StopAsked,
     UpdateLedger,
     WriteRecord,
 )
 from dflashd.supervisor.model.events import Event
-from dflashd.supervisor.model.goodput import GoodputLedger
 from dflashd.supervisor.model.inputs import (
+    CarriedOver,
     Input,
     Launched,
     LaunchPutOff,
+    Observed,
     ReleaseLooked,
     Started,
     StatusWritten,
@@ -47,7 +50,10 @@ NOW_WALL = 1_800_000_000.0
 
 def _restored(previous: dict[str, Any], saved: tuple[float, Any, bool] | None, **kw: Any) -> Any:
     args: dict[str, Any] = {"leftovers": [], "torn_bytes": 0, "last_run": 0, **kw}
-    return restore(previous, saved_goodput=saved, now_wall=NOW_WALL, now_mono=50.0, **args)
+    lost = lost_run(previous, NOW_WALL)  # what the shell reads of state.json
+    return restore(
+        previous, saved_goodput=saved, now_wall=NOW_WALL, now_mono=50.0, lost=lost, **args
+    )
 
 
 def test_a_first_start_carries_nothing_and_writes_nothing() -> None:
@@ -217,25 +223,24 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
     core.step(run, Launched(facts))  # the run is current: its facts are the state's
     assert hands.done == ["publish", "say_launched None"] and core.facts_of(3) is facts
     hands.done.clear()
-    core.apply(
-        run,
-        (
-            EnterState(State.RUNNING),
-            SetTimer(Deadline.STOP, t + 40.0),
-            SetTimer(Deadline.RELEASE_CHECK, t + 41.0),
-            UpdateLedger(agent_restarts=1, agent_worker_failures=2),
-            WriteRecord(Event.STOPPING, {"signal": "SIGTERM"}),
-            WriteRecord(Event.GPU, {"gpus": []}, run_no=0),
-        ),
-        publish=True,
+    said = (
+        EnterState(State.RUNNING),
+        SetTimer(Deadline.STOP, t + 40.0),
+        SetTimer(Deadline.RELEASE_CHECK, t + 41.0),
+        UpdateLedger(agent_restarts=1, agent_worker_failures=2),
+        WriteRecord(Event.STOPPING, {"signal": "SIGTERM"}),
+        WriteRecord(Event.GPU, {"gpus": []}, run_no=0),
+        Publish(),
     )
+    core.step(run, Observed(facts, said))  # a reading of the live run, and what it says
     assert before == DaemonState()  # a value: the old state is untouched, the new one kept
     assert core.run is run and core.loop.state is State.RUNNING
     assert (core.deadlines.stop_at, core.deadlines.release_check_at) == (t + 40.0, t + 41.0)
     assert (core.ledger.agent_restarts, core.ledger.agent_worker_failures) == (1, 2)
     assert [(n, e) for n, e, _ in written.records] == [(3, Event.STOPPING), (0, Event.GPU)]
     assert hands.done == ["publish"]
-    core.apply(run, (UpdateLedger(agent_restarts=1),))  # counters add up; no publish unless asked
+    # counters add up; no publish unless asked
+    core.step(run, Observed(facts, (UpdateLedger(agent_restarts=1),)))
     assert core.ledger.agent_restarts == 2 and hands.done == ["publish"]
     clock.advance(5.0)
     core.step(run, StopRequested(7.0, alive=True))
@@ -254,7 +259,7 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
 
 def test_the_core_counts_the_launch_gap_and_the_end_into_goodput(tmp_path: Path) -> None:
     core, _written, clock, _hands = _core(tmp_path)
-    core.apply(None, (UpdateLedger(goodput=GoodputLedger(0.0, gap_since=clock.monotonic())),))
+    core.step(None, CarriedOver({}, None))  # a first start: the gap before the launch counts
     clock.advance(2.0)
     run, facts = _run(core, 1, clock)
     core.step(run, Launched(facts))

@@ -41,7 +41,6 @@ from dflashd.supervisor.model.goodput import GoodputLedger, RunTimes
 from dflashd.supervisor.model.inputs import (
     ChildExited,
     DeadlineDue,
-    Decided,
     DumpRead,
     Emptied,
     HangDumpWritten,
@@ -57,7 +56,7 @@ from dflashd.supervisor.model.leftovers import LEFTOVER_GRACE_S, Leftovers
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.runstate import RunFacts
-from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, Rules, step
+from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, Rules, fold, step
 from dflashd.supervisor.model.verdicts import EndedBy, Notice, Observations, Verdict
 from tests.tables import launch_heard, run_state
 
@@ -130,9 +129,7 @@ def test_the_backoff_is_a_deadline_and_the_run_deadlines_die_with_the_run() -> N
     for now, heard in ((0.0, Started()), (0.1, launch_heard(0.1))):
         state, _ = step(state, heard, now)
     state = step(state, DeadlineDue(Deadline.HANG), 5.0)[0]
-    state, _ = step(
-        state, Decided((SetTimer(Deadline.KILL, 70.0), SetTimer(Deadline.HANG, 80.0))), 6.0
-    )
+    state, _ = fold(state, (SetTimer(Deadline.KILL, 70.0), SetTimer(Deadline.HANG, 80.0)), 6.0)
     assert (state.deadlines.kill_at, state.deadlines.hang_at) == (70.0, 80.0)
     state, _ = step(state, died(1, CRASH, 60.0, started=0.1), 60.0)
     assert state.deadlines.kill_at is None and state.deadlines.hang_at is None
@@ -258,15 +255,9 @@ def test_transition_ending_after_a_dump(
 ) -> None:
     """A stall ends the run: the dump first (named by the model), then the kill; a dump py-spy
     could not take is followed by faulthandler's (SIGABRT, SIGCONT), the kill 3 s later."""
-    state, said = play(
-        fresh(),
-        [
-            (0.0, Started()),
-            (0.1, launch_heard(0.1)),
-            (1.0, Decided((EndRun(EndedBy.NO_PROGRESS),))),
-        ],
-    )
-    assert kinds(said[-1]) == ["DumpStacks", "WriteRecord(ending_run)"]
+    state, _ = play(fresh(), [(0.0, Started()), (0.1, launch_heard(0.1))])
+    state, ending = fold(state, (EndRun(EndedBy.NO_PROGRESS),), 1.0)  # a stall's end, decided
+    assert kinds(ending) == ["DumpStacks", "WriteRecord(ending_run)"]
     dump_id = "1-1" if awaited else "1-9"
     said_back = WriteRecord(Event.STACKS, {"dump_id": dump_id})
     read = DumpRead(
@@ -280,7 +271,7 @@ def test_transition_ending_after_a_dump(
 
 def test_a_launch_put_off_keeps_its_number_and_clears_the_cache_on_the_retry() -> None:
     state = step(fresh(), died(1, EARLY, 2.0), 2.0)[0]
-    state = step(state, Decided((UpdateLedger(clear_cache_next=True),)), 2.0)[0]  # caches to clear
+    state = fold(state, (UpdateLedger(clear_cache_next=True),), 2.0)[0]  # caches to clear
     state, effects = step(state, DeadlineDue(Deadline.RESTART), 4.0)
     state, effects = step(state, ReleaseLooked(None, (), ready=True), 4.0)
     (launch,) = effects
@@ -375,10 +366,9 @@ def test_transition_proven_hang_to_killed_after_its_dump_is_written(alive: bool)
     """Issue 52: a proven hang's kill is the model's, on the turn its proving sample's files
     are written (the record of the dump, the run's stacks, the ending record, SIGKILL)."""
     hung = EndRunHung("every thread waits, unmoved", ("train.py:40 wait",), 6.2)
-    state, said = play(
-        fresh(), [(0.0, Started()), (0.1, launch_heard(0.1)), (9.0, Decided((hung,)))]
-    )
-    assert said[-1] == [hung] and state.run is not None and state.run.ended_by is EndedBy.HUNG
+    state, _ = play(fresh(), [(0.0, Started()), (0.1, launch_heard(0.1))])
+    state, acting = fold(state, (hung,), 9.0)  # a proven hang's end, decided
+    assert list(acting) == [hung] and state.run is not None and state.run.ended_by is EndedBy.HUNG
     record = WriteRecord(Event.STACKS, {"dump_id": "hang"})
     state, effects = step(state, HangDumpWritten(1, record, {"top": ["t"]}, alive), 9.1)
     if not alive:

@@ -21,10 +21,10 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
-from dflashd.supervisor.model.inputs import Decided, GpuSeen, Observed, StallLook
+from dflashd.supervisor.model.inputs import GpuSeen, Observed, StallLook
 from dflashd.supervisor.model.killing import STACKS_BOUND_S
 from dflashd.supervisor.model.runstate import RunState, stall_decide
-from dflashd.supervisor.model.step import DaemonState, Rules, step
+from dflashd.supervisor.model.step import DaemonState, Rules, fold, step
 from dflashd.supervisor.model.verdicts import EndedBy, Notice
 from tests.tables import launch_heard, run_state
 
@@ -219,7 +219,7 @@ def test_what_an_effect_changes_in_the_runs_facts(
     before: RunState, effects: tuple[Effect, ...], after: dict[str, object], acting: int
 ) -> None:
     state = replace(running(), run=before)
-    state, said = step(state, Decided(effects), 1.0)
+    state, said = fold(state, effects, 1.0)
     assert state.run is not None
     assert {name: getattr(state.run, name) for name in after} == after
     assert len(said) == acting

@@ -19,7 +19,6 @@ in them is killed with ``cgroup.kill`` and the cgroups removed.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -27,10 +26,9 @@ from typing import Any, Final
 from dflashd.supervisor.host.cgroups import CgroupBase
 from dflashd.supervisor.host.custody import end_proven, end_stale_cgroup
 from dflashd.supervisor.host.procfs import all_stats, carries_mark, create_time, process_mark
-from dflashd.supervisor.model.effects import Effect, UpdateLedger, WriteRecord
+from dflashd.supervisor.model.effects import WriteRecord
 from dflashd.supervisor.model.ending import lost_facts
 from dflashd.supervisor.model.events import Event
-from dflashd.supervisor.model.goodput import LoggedRun, restored_ledger
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.runstate import RunFacts
 
@@ -161,53 +159,6 @@ def recover(
 
 def _warning(event: Event, run_no: int, fields: dict[str, Any]) -> WriteRecord:
     return WriteRecord(event, fields, log_level="warning", run_no=run_no)
-
-
-@dataclass(frozen=True, slots=True)
-class Restored:
-    """What start-up carries over: the ledger's counters and the records (effects, in order),
-    and the facts of a run the dead daemon never saw end (concluded as ``lost``)."""
-
-    effects: tuple[Effect, ...]
-    lost: RunFacts | None
-
-
-def restore(
-    previous: dict[str, Any],
-    *,
-    saved_goodput: tuple[float, Any, bool] | None,
-    leftovers: Sequence[WriteRecord],
-    torn_bytes: int,
-    last_run: int,
-    now_wall: float,
-    now_mono: float = 0.0,
-    logged: LoggedRun | None = None,
-) -> Restored:
-    """Start-up, before the first launch (pure): the counters from state.json and the goodput
-    ledger from runs.sqlite carried over, the records of what a dead daemon left
-    (``leftovers``, ended by :func:`recover`, proven ours) and of a torn log tail."""
-    goodput = restored_ledger(saved_goodput, now_wall=now_wall, now_mono=now_mono, logged=logged)
-    fatal = previous.get("state") == State.FATAL  # a run that reaches its first step: ``recovered``
-    book = UpdateLedger(
-        restarts_by_verdict=dict(previous.get("restarts_by_verdict") or {}),
-        goodput=goodput,
-        recovering_from="fatal" if fatal else None,
-    )
-    effects: list[Effect] = [book]
-    if (absent := goodput.absent).total_s > 0:  # no daemon was here: said so
-        effects.append(WriteRecord(Event.GOODPUT_CARRIED, dict(absent.record()), run_no=0))
-    effects.extend(leftovers)
-    if torn_bytes:
-        effects.append(WriteRecord(Event.LOG_TORN_TAIL, {"bytes": torn_bytes}, run_no=last_run))
-    lost = lost_run(previous, now_wall)
-    slow = previous.get("slow")
-    if lost is not None and isinstance(slow, dict):
-        # the dead daemon's open slow incident ends with its run: closed once, here (no
-        # `recovered` alert: nothing came back), never reopened or counted again
-        fields = {"closed": "the run was lost with the daemon that watched it"}
-        fields |= {k: slow[k] for k in ("ratio", "step", "since") if k in slow}
-        effects.append(WriteRecord(Event.SLOW_OVER, fields, run_no=lost.run_no))
-    return Restored(tuple(effects), lost)
 
 
 def lost_run(previous: dict[str, Any], now_wall: float) -> RunFacts | None:

@@ -2,7 +2,7 @@
 
 The goodput ledger is saved every few seconds and whenever status shows it; a daemon killed
 between two saves left the rest only in the run log (its ``first_step`` and ``progress``
-records and the job's own step lines).  This reads it for :func:`recovery.restore`.
+records and the job's own step lines).  This reads it for :func:`~dflashd.supervisor.model.carried.restore`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import Any
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect, WriteRecord
+from dflashd.supervisor.model.goodput import LoggedRun
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.hang import HangLimits, HangView
 from dflashd.supervisor.model.judge import Sample
@@ -23,8 +24,28 @@ from dflashd.supervisor.model.world import Share
 
 
 @dataclass(frozen=True, slots=True)
+class CarriedOver:
+    """Start-up, before the first launch: what the last daemon left, as the shell read it
+    (state.json, runs.sqlite's goodput row, the run log's unsaved tail), the records of what
+    of its run the host ended (proven ours), and the facts of a run it never saw end."""
+
+    previous: Mapping[str, Any]
+    saved_goodput: tuple[float, Any, bool] | None
+    leftovers: tuple[WriteRecord, ...] = ()
+    torn_bytes: int = 0
+    last_run: int = 0
+    now_wall: float = 0.0
+    logged: LoggedRun | None = None
+    lost: RunFacts | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Started:
-    """The daemon is open: the first launch."""
+    """The daemon is open: the first launch; ``gpu_checks_off``: why the GPU checks are off
+    (None: on), ``watchdog``: systemd's watchdog is to be fed."""
+
+    gpu_checks_off: str | None = None
+    watchdog: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +116,6 @@ class Emptied:
 
 
 @dataclass(frozen=True, slots=True)
-class Decided:
-    """Effects an adapter decided (the GPU watch's records of a sample with no live run,
-    start-up recovery): their changes to the state are folded in, the rest acted on."""
-
-    effects: tuple[Effect, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class Observed:
     """An adapter read new evidence of the live run (its output lines, a notify datagram, the
     stacks taken at a slowdown): the run's next facts and what the reading says, in order."""
@@ -114,10 +127,10 @@ class Observed:
 @dataclass(frozen=True, slots=True)
 class GpuSeen:
     """A GPU sample joined with the live run: its next facts (GPU use, XIDs, activity as
-    progress), the sample's records, and the GPUs as the sample saw them (for the snapshot
-    that the no-GPU-memory verdict writes) and what the run holds on them."""
+    progress; None: no run lives), the sample's records, and the GPUs as the sample saw them
+    (for the snapshot that the no-GPU-memory verdict writes) and what the run holds on them."""
 
-    facts: RunState
+    facts: RunState | None
     effects: tuple[Effect, ...] = ()
     gpus: tuple[Mapping[str, Any], ...] = ()
     use: ChildGpuUse | None = None  # this sample's join: what the run's processes hold now
@@ -214,7 +227,7 @@ Input = (
     | DeadlineDue
     | ReleaseLooked
     | Emptied
-    | Decided
+    | CarriedOver
     | Observed
     | GpuSeen
     | StallLook

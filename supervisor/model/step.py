@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from dflashd.supervisor.model.carried import carried_over, opened
 from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     DumpStacks,
@@ -46,9 +47,9 @@ from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
 from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.hangwatch import looked
 from dflashd.supervisor.model.inputs import (
+    CarriedOver,
     ChildExited,
     DeadlineDue,
-    Decided,
     DumpRead,
     Emptied,
     GpuSeen,
@@ -238,7 +239,7 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
     """What ``heard`` asks for, before folding: (the state's non-effect changes, effects)."""
     match heard:
         case Started():
-            return state, launch_effects(state, now)
+            return state, (*opened(heard, now), *launch_effects(state, now))
         case Launched(facts):  # its facts are the current run's from now on
             launched = (RunLaunched(facts.started_mono), EnterState(State.RUNNING), Publish())
             return replace(state, run=facts), (*launched, SayLaunched())
@@ -295,11 +296,13 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             if waiting and current == run_no and not alive:
                 return state, (SetTimer(Deadline.RELEASE_CHECK, None), look_for_release(state))
             return state, ()
-        case Decided(effects):
-            return state, effects
+        case CarriedOver():
+            return state, carried_over(heard, now).effects
         case Observed(facts, effects):
             return observed(state, facts), effects
         case GpuSeen(facts, effects, gpus, use):
+            if facts is None:  # a sample with no live run: its records only
+                return state, effects
             ours = state.run is not None and state.run.run_no == facts.run_no
             state = observed(state, facts)
             return state, (*effects, *(no_gpu_memory(state, use, gpus, now) if ours else ()))

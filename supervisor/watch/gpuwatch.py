@@ -141,8 +141,8 @@ class GpuWatch:
         factory: SamplerFactory,
         child_pid: Callable[[], int | None],
         deliver: Callable[[GpuSample], None],
-    ) -> WriteRecord | None:
-        """Start the checks when the config wants them; a record when they are off."""
+    ) -> str | None:
+        """Start the checks when the config wants them; why not, when they are off."""
         if not enabled:
             return self.off('gpus = "none" in the config')
         return self.start(factory, child_pid, deliver)
@@ -152,13 +152,13 @@ class GpuWatch:
         factory: SamplerFactory,
         child_pid: Callable[[], int | None],
         deliver: Callable[[GpuSample], None],
-    ) -> WriteRecord | None:
-        """Create the sampler and take the pre-launch baseline; a record when the checks are off."""
+    ) -> str | None:
+        """Create the sampler and take the pre-launch baseline; why not, when the checks are off."""
         try:
             sampler = factory(child_pid)
         except GpuUnavailable as exc:
             self.status = f"off ({exc})"
-            return WriteRecord(Event.GPU_CHECKS_OFF, {"reason": str(exc)}, run_no=0)
+            return str(exc)
         self.status, self._sampling = f"on ({sampler.name})", True
         try:
             self.last = tuple(reading_to_dict(r, None) for r in sampler.sample())
@@ -167,10 +167,10 @@ class GpuWatch:
         self.poller = GpuPoller(sampler, self.settings.poll_s, deliver)
         return None
 
-    def off(self, reason: str) -> WriteRecord:
-        """GPU checks switched off by the config."""
+    def off(self, reason: str) -> str:
+        """GPU checks switched off by the config: ``reason``, for the model's record."""
         self.status = f"off ({reason})"
-        return WriteRecord(Event.GPU_CHECKS_OFF, {"reason": reason}, run_no=0)
+        return reason
 
     def stop(self) -> None:
         """Stop the poller thread."""

@@ -12,9 +12,9 @@ stall arms), from what this module read of the host.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.procfs import CLK_TCK, read_stat
@@ -27,7 +27,7 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.incidents import passed, resumed
-from dflashd.supervisor.model.inputs import Decided, GpuSeen, Input, Observed, StallLook
+from dflashd.supervisor.model.inputs import GpuSeen, Input, Observed, StallLook
 from dflashd.supervisor.model.ledger import Incident, Ledger
 from dflashd.supervisor.model.progress import GPU, Change, NotifyMessage, Progress
 from dflashd.supervisor.model.verdicts import AlertKind
@@ -39,16 +39,6 @@ from dflashd.supervisor.watch.pacewatch import PaceWatch, loss_effects
 from dflashd.supervisor.watch.run import Run
 
 _LAST_LINE_CHARS = 500
-
-
-class Apply(Protocol):
-    """The one applier's signature (:meth:`~dflashd.supervisor.core.DaemonCore.apply`)."""
-
-    def __call__(
-        self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
-    ) -> None:
-        """Carry out ``effects`` in order; ``publish``: then write the status once."""
-        ...
 
 
 class Reading:
@@ -105,12 +95,6 @@ class RunObserver:
         # model as one input, the run's next facts with what they say.
         self.step = step
         self.pace = PaceWatch()  # the slowness evidence of the current run (its CPU waits)
-
-    def apply(
-        self, run: Run | None, effects: Sequence[Effect], /, *, publish: bool = False
-    ) -> None:
-        """Effects an adapter decided, through the model (``publish``: then the status)."""
-        self.step(run, Decided((*effects, *((Publish(),) if publish else ()))))
 
     def _hand_in(self, reading: Reading) -> None:
         self.step(reading.run, reading.observed())
@@ -177,7 +161,7 @@ class RunObserver:
         decides whether a run holding no GPU memory ends (``step``'s GPU arm)."""
         update = self.gpu.on_sample(sample, run, now)
         if run is None or not run.alive:
-            self.apply(run, update.records)
+            self.step(run, GpuSeen(None, tuple(update.records), self.gpu.last))
             return
         r = Reading(run)
         r.say(*update.records)
