@@ -143,8 +143,7 @@ class Runs:
         check = self.gpu.release_check(run, self.ops, self.clock.monotonic())
         room_of = look.room_of
         room = None if room_of is None else room_at(room_of, self.launcher.config.cwd)
-        found = (check.effects, check.ready, check.health, check.ecc_at_launch, room)
-        return ReleaseLooked(None, *found)
+        return ReleaseLooked(None, check.holders, check.health, check.ecc_at_launch, room)
 
     def watch_empty(self, run: Run) -> None:
         """A thread waits for the dead run to empty, then wakes the loop."""

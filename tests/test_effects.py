@@ -16,7 +16,6 @@ from dflashd.supervisor.model.carried import restore
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import (
     EnterState,
-    KillHolders,
     Launch,
     LookForRelease,
     Publish,
@@ -42,7 +41,6 @@ from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, deferred_launch, stop_effects
-from dflashd.supervisor.watch.gpuwatch import ReleaseCheck
 from dflashd.supervisor.watch.run import Run
 
 NOW_WALL = 1_800_000_000.0
@@ -124,27 +122,6 @@ def test_a_stop_asks_no_relaunch_and_ends_at_once_when_nothing_runs(
     effects = stop_effects(alive=alive, now=9.0)
     assert effects[0] == StopAsked(9.0)
     assert [e.state for e in effects[1:] if isinstance(e, EnterState)] == states
-
-
-@pytest.mark.parametrize(
-    ("check", "kinds"),
-    [
-        (ReleaseCheck(True), []),
-        (ReleaseCheck(False, retry_at=3.0), ["SetTimer"]),
-        (ReleaseCheck(False, kill=[11, 12], retry_at=3.0), ["KillHolders", "SetTimer"]),
-        (
-            ReleaseCheck(True, records=[WriteRecord(Event.GPU_MEMORY_RELEASED, {"waited_s": 1})]),
-            ["WriteRecord"],
-        ),
-    ],
-)
-def test_the_release_check_is_effects(check: ReleaseCheck, kinds: list[str]) -> None:
-    assert [type(e).__name__ for e in check.effects] == kinds
-    for effect in check.effects:
-        if isinstance(effect, SetTimer):
-            assert effect == SetTimer(Deadline.RELEASE_CHECK, 3.0)
-        if isinstance(effect, KillHolders):
-            assert effect.pids == (11, 12)
 
 
 class Written:

@@ -105,7 +105,7 @@ def test_a_crash_mid_training_is_relaunched_after_the_backoff_once_released() ->
             (0.1, launch_heard(0.1)),
             (60.0, died(1, CRASH, 60.0, started=0.1)),
             (62.0, DeadlineDue(Deadline.RESTART)),
-            (62.1, ReleaseLooked(None, (), ready=True)),
+            (62.1, ReleaseLooked(None)),
         ],
     )
     start, launched, death, due, released = said
@@ -160,7 +160,7 @@ def test_early_deaths_past_the_budget_end_fatal_with_one_alert_each_kind() -> No
             break
         at = state.deadlines.restart_at or at
         state, _ = step(state, DeadlineDue(Deadline.RESTART), at)
-        state, _ = step(state, ReleaseLooked(None, (), ready=True), at)
+        state, _ = step(state, ReleaseLooked(None), at)
     assert state.loop.state is State.FATAL and state.loop.exit_code == 4
     assert alerts == ["crash_before_first_step", "fatal"]  # one incident, then the end
     assert state.ledger.fatal_reason is not None
@@ -273,7 +273,7 @@ def test_a_launch_put_off_keeps_its_number_and_clears_the_cache_on_the_retry() -
     state = step(fresh(), died(1, EARLY, 2.0), 2.0)[0]
     state = fold(state, (UpdateLedger(clear_cache_next=True),), 2.0)[0]  # caches to clear
     state, effects = step(state, DeadlineDue(Deadline.RESTART), 4.0)
-    state, effects = step(state, ReleaseLooked(None, (), ready=True), 4.0)
+    state, effects = step(state, ReleaseLooked(None), 4.0)
     (launch,) = effects
     assert isinstance(launch, Launch) and launch.clear_cache and launch.run_no is None
     state, effects = step(state, LaunchPutOff(2, "EMFILE", 8, launch.clear_cache), 4.0)
@@ -282,7 +282,7 @@ def test_a_launch_put_off_keeps_its_number_and_clears_the_cache_on_the_retry() -
     assert state.deadlines.restart_at == pytest.approx(4.0 + LAUNCH_RETRY_S)
     state, effects = step(state, DeadlineDue(Deadline.RESTART), 5.0)
     assert effects == (LookForRelease(),)
-    state, effects = step(state, ReleaseLooked(None, (), ready=True), 5.0)
+    state, effects = step(state, ReleaseLooked(None), 5.0)
     (retry,) = effects
     assert isinstance(retry, Launch) and (retry.run_no, retry.clear_cache) == (2, True)
     assert state.deferred_run_no is None and not state.ledger.clear_cache_next
@@ -297,7 +297,7 @@ def test_a_dead_run_still_holding_the_gpu_is_looked_at_again_or_at_once_when_emp
     assert state.deadlines.release_check_at == 62.0 + LEFTOVER_GRACE_S
     state, effects = step(state, Emptied(run_no=1, current_run_no=1, current_alive=False), 63.0)
     assert effects == (LookForRelease(),) and state.deadlines.release_check_at is None
-    _, effects = step(state, ReleaseLooked(None, (), ready=True), 63.1)  # none left: launched
+    _, effects = step(state, ReleaseLooked(None), 63.1)  # none left: launched
     assert any(isinstance(e, Launch) for e in effects)
     _, effects = step(state, Emptied(run_no=1, current_run_no=1, current_alive=False), 63.5)
     assert effects == ()  # no look was waiting: nothing to do

@@ -25,7 +25,7 @@ from dflashd.supervisor.model.stacks import (
     ThreadStack,
 )
 from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid
-from dflashd.supervisor.watch.gpuwatch import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
+from dflashd.supervisor.model.gpurelease import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
 from dflashd.supervisor.watch.linewatch import LinesSeen
 from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading, GpuSample
 from tests.harness import Harness

@@ -130,8 +130,8 @@ ROWS: list[tuple[str, Input, list[str], str, list[str]]] = [
     ("running", StatusWritten(), [], "running", []),
     ("backoff", DeadlineDue(Deadline.RESTART), ["LookForRelease"], "backoff", []),
     ("backoff", StopRequested(30.0, False), ["NotifySystemd", "Publish"], "stopped", []),
-    ("backoff", ReleaseLooked(None, (), ready=True), ["Launch"], "starting", []),  # no stale timer
-    ("restart due", ReleaseLooked(None, (), ready=True), ["Launch"], "starting", []),
+    ("backoff", ReleaseLooked(None), ["Launch"], "starting", []),  # no stale timer
+    ("restart due", ReleaseLooked(None), ["Launch"], "starting", []),
     (
         "restart due",
         ReleaseLooked(LEFT),
@@ -213,7 +213,7 @@ def test_a_deferred_launch_keeps_its_number_and_its_cache_clearing() -> None:
     state, _ = step(reached("backoff"), LaunchPutOff(2, "EMFILE", 3, True), 100.0)
     assert state.deferred_run_no == 2 and state.ledger.clear_cache_next
     assert state.deadlines.restart_at == 101.0  # tried again a second later
-    state, effects = step(state, ReleaseLooked(None, (), ready=True), 101.0)
+    state, effects = step(state, ReleaseLooked(None), 101.0)
     launch = next(e for e in effects if type(e).__name__ == "Launch")
     assert launch.run_no == 2 and launch.clear_cache  # type: ignore[attr-defined]
     assert state.deferred_run_no is None and not state.ledger.clear_cache_next

@@ -110,7 +110,7 @@ def play(
             assert restart_at is not None, f"run {number} was not relaunched"
             now = restart_at
             state, _ = step(state, DeadlineDue(Deadline.RESTART), now)
-            state, _ = step(state, ReleaseLooked(None, (), ready=True), now)
+            state, _ = step(state, ReleaseLooked(None), now)
     return state, list(effects), now
 
 

@@ -97,7 +97,7 @@ def _dead_run_state(rules: Rules) -> DaemonState:
 def test_through_the_reducer_an_unusable_gpu_stops_with_one_alert_and_exit_75() -> None:
     state = _dead_run_state(Rules())
     bad = GpuHealth(0, "GPU-abc", recovery_action=1)
-    after, effects = step(state, ReleaseLooked(None, (), True, (bad,), {}), 5.0)
+    after, effects = step(state, ReleaseLooked(None, None, (bad,), {}), 5.0)
     alerts = [e for e in effects if isinstance(e, SendAlert)]
     assert [a.kind for a in alerts] == [Notice.GPU_UNUSABLE]
     assert "GPU-abc" in alerts[0].reason and "nvidia-smi -r -i 0" in alerts[0].reason
@@ -109,7 +109,7 @@ def test_through_the_reducer_an_unusable_gpu_stops_with_one_alert_and_exit_75() 
 
 def test_through_the_reducer_a_healthy_gpu_is_relaunched_onto_with_a_record() -> None:
     state = _dead_run_state(Rules())
-    _state, effects = step(state, ReleaseLooked(None, (), True, (OK,), {}), 5.0)
+    _state, effects = step(state, ReleaseLooked(None, None, (OK,), {}), 5.0)
     assert any(isinstance(e, Launch) and e.visible_gpus is None for e in effects)
     records = [e for e in effects if isinstance(e, WriteRecord)]
     assert records[0].event == Event.GPU_PREFLIGHT and records[0].fields["ok"] is True
@@ -118,7 +118,7 @@ def test_through_the_reducer_a_healthy_gpu_is_relaunched_onto_with_a_record() ->
 def test_through_the_reducer_fallback_relaunches_on_the_rest() -> None:
     state = _dead_run_state(Rules(gpus_allowed=(0, 1), gpu_fallback=True))
     bad = GpuHealth(1, "GPU-1", answers=False, error="lost")
-    _state, effects = step(state, ReleaseLooked(None, (), True, (OK, bad), {}), 5.0)
+    _state, effects = step(state, ReleaseLooked(None, None, (OK, bad), {}), 5.0)
     launch = next(e for e in effects if isinstance(e, Launch))
     assert launch.visible_gpus == (0,)
     assert [e.kind for e in effects if isinstance(e, SendAlert)] == [Notice.GPU_UNUSABLE]

@@ -147,11 +147,11 @@ def test_transition_disk_full_waits_for_room_then_relaunches_and_pages_once() ->
     state, due = step(state, DeadlineDue(Deadline.RESTART), 62.0)
     assert due == (LookForRelease(room_of="/ckpt/step_100.pt"),)  # the room is read, too
     for at in (62.1, 67.1, 72.1):  # still full: no launch, looked at again
-        state, held = step(state, ReleaseLooked(None, (), ready=True, room=(1024, 100 * GIB)), at)
+        state, held = step(state, ReleaseLooked(None, room=(1024, 100 * GIB)), at)
         assert held == () and state.deadlines.release_check_at == at + HOLD_LOOK_S
         state, due = step(state, DeadlineDue(Deadline.RELEASE_CHECK), at + HOLD_LOOK_S)
         assert due == (LookForRelease(room_of="/ckpt/step_100.pt"),)
-    state, go = step(state, ReleaseLooked(None, (), ready=True, room=(8 * GIB, 100 * GIB)), 80.0)
+    state, go = step(state, ReleaseLooked(None, room=(8 * GIB, 100 * GIB)), 80.0)
     over = [e for e in go if isinstance(e, WriteRecord) and e.event is Event.HOLD_OVER]
     assert [o.fields["waited_for"] for o in over] == ["room on /ckpt/step_100.pt"]
     assert any(isinstance(e, Launch) for e in go) and state.ledger.hold is None
@@ -170,16 +170,13 @@ def test_a_small_filesystem_has_room_at_five_percent_and_an_unreadable_one_holds
     small = 64 << 20  # a 64 MiB tmpfs: 5 % of it is room enough
     assert not any(
         isinstance(e, Launch)
-        for e in step(state, ReleaseLooked(None, (), ready=True, room=(1 << 20, small)), 62.1)[1]
+        for e in step(state, ReleaseLooked(None, room=(1 << 20, small)), 62.1)[1]
     )
     assert any(
         isinstance(e, Launch)
-        for e in step(state, ReleaseLooked(None, (), ready=True, room=(4 << 20, small)), 62.1)[1]
+        for e in step(state, ReleaseLooked(None, room=(4 << 20, small)), 62.1)[1]
     )
-    assert any(
-        isinstance(e, Launch)
-        for e in step(state, ReleaseLooked(None, (), ready=True, room=None), 62.1)[1]
-    )
+    assert any(isinstance(e, Launch) for e in step(state, ReleaseLooked(None, room=None), 62.1)[1])
 
 
 def test_disk_full_pages_by_default_and_alerts_on_names_it() -> None:

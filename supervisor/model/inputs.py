@@ -13,6 +13,7 @@ from typing import Any
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect, WriteRecord
 from dflashd.supervisor.model.goodput import LoggedRun
+from dflashd.supervisor.model.gpurelease import GpuHolders
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.hang import HangLimits, HangView
 from dflashd.supervisor.model.judge import Sample
@@ -93,12 +94,11 @@ class DeadlineDue:
 @dataclass(frozen=True, slots=True)
 class ReleaseLooked:
     """The answer to :class:`~dflashd.supervisor.model.effects.LookForRelease`: ``leftovers``,
-    what the dead run still has running (model/leftovers.py decides); else ``effects`` (the
-    GPU release check's records) and ``ready``, its memory is released."""
+    what the dead run still has running (model/leftovers.py decides); else who holds GPU memory
+    (``gpus``; None: the GPU checks are off; model/gpurelease.py decides)."""
 
     leftovers: Leftovers | None = None
-    effects: tuple[Effect, ...] = ()
-    ready: bool = False
+    gpus: GpuHolders | None = None
     # the GPUs the dead run held, read for the pre-flight (model/preflight.py), and their
     # uncorrectable ECC counts when it launched
     health: tuple[GpuHealth, ...] = ()

@@ -43,6 +43,7 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.ending import conclude
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.gpurelease import ReleaseWait, release_step
 from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
 from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.hangwatch import looked
@@ -115,6 +116,7 @@ class DaemonState:
     dumps_asked: int = 0  # stack dumps asked for so far: the next one's id is its run's and this
     last_dump_id: str | None = None  # the id given to the last dump asked for
     leftovers_since: float | None = None  # the dead run's leftovers were first found then
+    gpu_release: ReleaseWait = field(default_factory=ReleaseWait)  # for the dead run's GPUs
     hung_end: EndRunHung | None = None  # a proven hang whose kill waits for its dump's files
 
 
@@ -242,7 +244,8 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, (*opened(heard, now), *launch_effects(state, now))
         case Launched(facts):  # its facts are the current run's from now on
             launched = (RunLaunched(facts.started_mono), EnterState(State.RUNNING), Publish())
-            return replace(state, run=facts), (*launched, SayLaunched())
+            state = replace(state, run=facts, gpu_release=ReleaseWait())  # strangers said anew
+            return state, (*launched, SayLaunched())
         case LaunchPutOff(run_no, error, freed, clear):
             effects = deferred_launch(run_no, error, freed=freed, clear_cache=clear, now=now)
             return replace(state, deferred_run_no=run_no), effects
@@ -273,12 +276,13 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, (*effects, NotifySystemd("STOPPING=1"), *live, Publish())
         case DeadlineDue(deadline):
             return state, _due(state, deadline, now)
-        case ReleaseLooked(leftovers, effects, ready, health, ecc, room):
+        case ReleaseLooked(leftovers, gpus, health, ecc, room):
             if leftovers is not None:  # nothing of the dead run lives into the next
                 since, ending, go_on = leftovers_step(state.leftovers_since, leftovers, now)
                 state = replace(state, leftovers_since=since)
                 return state, (*ending, *((look_for_release(state, past=True),) if go_on else ()))
-            state = replace(state, leftovers_since=None)
+            wait, effects, ready = release_step(state.gpu_release, gpus, now)  # its GPU memory
+            state = replace(state, leftovers_since=None, gpu_release=wait)
             if not ready:
                 return state, effects
             hold = state.ledger.hold
@@ -366,22 +370,16 @@ def observed(state: DaemonState, facts: RunState) -> DaemonState:
 
 
 def no_gpu_memory(
-    state: DaemonState,
-    use: ChildGpuUse | None,
-    gpus: tuple[Mapping[str, Any], ...],
-    now: float,
+    state: DaemonState, use: ChildGpuUse | None, gpus: tuple[Mapping[str, Any], ...], now: float
 ) -> tuple[Effect, ...]:
     """``step``'s GPU arm: a live run with no first step that holds no GPU memory past its
     grace (``use``: what a sample found it holds) is ended, its GPUs' snapshot said first."""
     run = state.run
     if run is None or use is None or run.ended_by_us:
         return ()
+    grace, reached = state.rules.vram_grace_s, run.progress.reached_first_step
     if not holds_no_gpu_memory(
-        use,
-        started_mono=run.started_mono,
-        grace_s=state.rules.vram_grace_s,
-        reached_first_step=run.progress.reached_first_step,
-        now=now,
+        use, started_mono=run.started_mono, grace_s=grace, reached_first_step=reached, now=now
     ):
         return ()
     snapshot = {"gpus": [dict(g) for g in gpus], "method": use.method}

@@ -19,14 +19,14 @@ neither holds 60 % for 30 s; a training loop does.  Any busy poll is liveness.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.processops import ProcessOps
-from dflashd.supervisor.model.deadlines import Deadline
-from dflashd.supervisor.model.effects import Effect, KillHolders, SetTimer, WriteRecord
+from dflashd.supervisor.model.effects import WriteRecord
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.gpurelease import GpuHolders
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
 from dflashd.supervisor.model.preflight import GpuHealth
 from dflashd.supervisor.watch.nvml import (
@@ -42,12 +42,6 @@ from dflashd.supervisor.watch.nvml import (
 from dflashd.supervisor.watch.run import Run
 
 RECORD_EVERY_S: Final = 60.0
-# Before a relaunch: a sample from before the death proves nothing, so one is asked for at once
-# (looked for every FRESH_SAMPLE_WAIT_S, up to gpu_poll_s), and while the dead run's memory is
-# still held, another every RELEASE_POLL_S (a wait of up to gpu_poll_s was 2.1 s of a restart).
-# An NVML read takes ~0.05 ms: a 50 ms look was 50 of the relaunch's 56 ms on the H200.
-FRESH_SAMPLE_WAIT_S: Final = 0.01
-RELEASE_POLL_S: Final = 0.25
 RECORD_CHANGE_MIB: Final = 1024.0
 BUSY_MIN_MIB: Final = 256.0
 
@@ -90,25 +84,13 @@ class GpuUpdate:
 
 @dataclass
 class ReleaseCheck:
-    """Before a relaunch: go ahead, or look again at ``retry_at``; ``kill`` lists the dead run's holders."""
+    """What the GPUs say after a death: who holds memory (None: the checks are off), and where
+    none of the dead run's processes does, the pre-flight's reads of the GPUs it held and their
+    ECC at its launch."""
 
-    ready: bool
-    records: list[WriteRecord] = field(default_factory=list)
-    kill: list[int] = field(default_factory=list)
-    retry_at: float | None = None
-    # ready: the pre-flight's reads of the GPUs the dead run held, and their ECC at its launch
+    holders: GpuHolders | None
     health: tuple[GpuHealth, ...] = ()
     ecc_at_launch: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def effects(self) -> tuple[Effect, ...]:
-        """The records, the holders' kill, and (not ready) the next look, for the applier."""
-        out: list[Effect] = [*self.records]
-        if self.kill:
-            out.append(KillHolders(tuple(self.kill)))
-        if not self.ready:
-            out.append(SetTimer(Deadline.RELEASE_CHECK, self.retry_at))
-        return tuple(out)
 
 
 class GpuWatch:
@@ -123,10 +105,8 @@ class GpuWatch:
         self._sample: GpuSample | None = None
         self._last_record_mono = float("-inf")
         self._last_record_total = 0.0
-        self._release_wait_since: float | None = None
         self._samples = 0  # samples taken so far
         self._release_from: tuple[int, float] | None = None  # samples then, and when, at a death
-        self._foreign_reported = False
         self._busy_since: float | None = None
         self._ecc_at_launch: dict[int, int] = {}  # each GPU's uncorrectable ECC at the launch
 
@@ -182,9 +162,8 @@ class GpuWatch:
         return {int(g["index"]): float(g.get("memory_used_mib") or 0.0) for g in self.last}
 
     def new_run(self) -> None:
-        """A launch: forget the previous run's busy streak, foreign holders and release wait."""
+        """A launch: forget the previous run's busy streak and its death's first look."""
         self._busy_since = None
-        self._foreign_reported = False
         self._release_from = None
         counts = {h.index: h.uncorrectable_ecc for h in self._health(None)}
         self._ecc_at_launch = {i: n for i, n in counts.items() if n is not None}
@@ -204,7 +183,7 @@ class GpuWatch:
         watched when it was never seen to hold one: a run that died in CUDA's init did not)."""
         use = run.facts.gpu_use
         held = tuple(sorted(use.per_gpu_mib)) if use is not None and use.per_gpu_mib else None
-        return ReleaseCheck(True, health=self._health(held), ecc_at_launch=self._ecc_at_launch)
+        return ReleaseCheck(None, health=self._health(held), ecc_at_launch=self._ecc_at_launch)
 
     # -- samples ----------------------------------------------------------------------
 
@@ -286,20 +265,18 @@ class GpuWatch:
     # -- before a relaunch --------------------------------------------------------------
 
     def release_check(self, run: Run | None, ops: ProcessOps, now: float) -> ReleaseCheck:
-        """The dead run's processes must hold no GPU memory (up to a timeout).
-
-        Holders from the dead run are named for killing; a foreign holder is named, never touched.
-        """
+        """Who holds GPU memory after the dead run, in a sample taken since its death (the
+        model decides what that means: model/gpurelease.py); the pre-flight's reads where
+        none of its processes holds any.  None: nothing to look at (the checks are off)."""
         sample = self._sample
         if not self.on or run is None or sample is None or run.launched is None:
-            return ReleaseCheck(True)
+            return ReleaseCheck(None)
         if self._release_from is None:  # the first look since the death
             self._release_from = (self._samples, now)
             self._sample_soon()
         samples_then, since = self._release_from
         if self._samples == samples_then and now - since < self.settings.poll_s:
-            return ReleaseCheck(False, retry_at=now + FRESH_SAMPLE_WAIT_S)
-        check = ReleaseCheck(False)
+            return ReleaseCheck(GpuHolders(False))
         seen = run.facts.pids_seen
         ours: list[dict[str, Any]] = []
         foreign: list[dict[str, Any]] = []
@@ -317,34 +294,15 @@ class GpuWatch:
                 # only a pid the custody proves now is ever signalled.
                 mine = proc.pid in seen or run.belongs(proc.pid)
                 (ours if mine else foreign).append(entry)
-        if foreign and not self._foreign_reported:
-            self._foreign_reported = True
-            check.records.append(WriteRecord(Event.GPU_FOREIGN_HOLDER, {"holders": foreign}))
+        settings = self.settings
+        holders = GpuHolders(
+            True, tuple(ours), tuple(foreign), settings.release_timeout_s, settings.poll_s
+        )
         if not ours:
-            if self._release_wait_since is not None:
-                waited = round(now - self._release_wait_since, 3)
-                check.records.append(WriteRecord(Event.GPU_MEMORY_RELEASED, {"waited_s": waited}))
-            self._release_wait_since = self._release_from = None
-            read = self.preflight_reads(run)
-            check.ready, check.health, check.ecc_at_launch = True, read.health, read.ecc_at_launch
-            return check
-        if self._release_wait_since is None:
-            self._release_wait_since = now
-            check.records.append(WriteRecord(Event.GPU_MEMORY_HELD, {"holders": ours}))
-            check.kill = [int(entry["pid"]) for entry in ours]
-        waited = now - self._release_wait_since
-        if waited >= self.settings.release_timeout_s:
-            check.records.append(
-                WriteRecord(
-                    Event.GPU_RELEASE_TIMEOUT, {"holders": ours, "waited_s": round(waited, 3)}
-                )
-            )
-            self._release_wait_since = self._release_from = None
-            check.ready = True
-            return check
-        self._sample_soon()
-        check.retry_at = now + min(self.settings.poll_s, RELEASE_POLL_S)  # with that sample
-        return check
+            self._release_from = None
+            return replace(self.preflight_reads(run), holders=holders)
+        self._sample_soon()  # the next look comes with a fresh sample
+        return ReleaseCheck(holders)
 
     def _sample_soon(self) -> None:
         if self.poller is not None:
