@@ -15,6 +15,7 @@ import pytest
 
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.inbox import GpuSampled
+from dflashd.supervisor.model.gpurelease import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.stacks import (
     Frame,
@@ -25,7 +26,6 @@ from dflashd.supervisor.model.stacks import (
     ThreadStack,
 )
 from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid
-from dflashd.supervisor.model.gpurelease import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
 from dflashd.supervisor.watch.linewatch import LinesSeen
 from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading, GpuSample
 from tests.harness import Harness
