@@ -6,6 +6,8 @@ import contextvars
 import io
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,34 @@ def test_one_call_writes_the_record_and_the_log_line(tmp_path: Path) -> None:
         assert harness.events("exit")[0].fields["verdict"] == "silent_death"
     finally:
         harness.close()
+
+
+IDLE_IMPORTS = r"""
+import io, json, sys
+from dflashd.supervisor.host.home import Home
+from dflashd.supervisor.speak.diagnostics import configure_logging, get_logger
+
+home = Home(__import__("pathlib").Path(sys.argv[1]))
+home.root.mkdir()
+stream = io.StringIO()
+configure_logging("info", stream=stream)
+get_logger().info("started", run=1)
+loaded = [m for m in ("ssl", "_ssl", "_hashlib", "hashlib", "rich") if m in sys.modules]
+print(json.dumps({"loaded": loaded, "said": "started" in stream.getvalue(), "id": home.id}))
+"""
+
+
+def test_logging_and_the_home_load_no_openssl(tmp_path: Path) -> None:
+    """Issue 53 (idle memory): structlog's asyncio would import ssl, and ``secrets`` hashlib;
+    each loads OpenSSL (3.6 MiB resident, 35 -> 30 MiB idle). Neither is loaded by the daemon's
+    logging or its home, and logging still works; ssl imports as usual afterwards."""
+    done = subprocess.run(
+        [sys.executable, "-c", IDLE_IMPORTS, str(tmp_path / "home")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = json.loads(done.stdout)
+    assert found["loaded"] == [] and found["said"] and len(found["id"]) == 32, found
+    later = "import dflashd.supervisor.speak.diagnostics as d; d._import_structlog(); import ssl"
+    subprocess.run([sys.executable, "-c", later], check=True)

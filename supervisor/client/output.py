@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import stat
 from pathlib import Path
 from typing import Final
@@ -63,7 +62,7 @@ def write_output(path: Path, data: bytes) -> Path:
 
 
 def _replace_in(folder: int, name: str, data: bytes) -> None:
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"
     fd = os.open(tmp, _NEW_FLAGS, 0o666, dir_fd=folder)  # the umask decides, as for any file
     try:
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -87,8 +86,8 @@ class Home:
             return ""
         if len(text) == 32 and all(c in "0123456789abcdef" for c in text):
             return text
-        made = secrets.token_hex(16)
-        tmp = self.root / f".id.{secrets.token_hex(6)}.tmp"
+        made = os.urandom(16).hex()  # not secrets: it loads OpenSSL's libcrypto (3.4 MiB)
+        tmp = self.root / f".id.{os.urandom(6).hex()}.tmp"
         try:  # a new file (never an existing one, never through a link), renamed into place
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             fd = os.open(tmp, flags, 0o600)

@@ -197,8 +197,10 @@ def _render_processor(_logger: object, method: str, event_dict: MutableMapping[s
 
 # Pretty-traceback packages structlog's dev module imports where they are installed (rich
 # brings pygments and asyncio): 4 MiB of the daemon's memory and a tenth of a second of its
-# start, for a renderer dflashd never uses (issue 53: idle and flood RSS).
-_PRETTY_TRACEBACKS: Final = ("rich", "better_exceptions")
+# start, for a renderer dflashd never uses (issue 53: idle and flood RSS).  And ssl, which
+# structlog.stdlib's asyncio imports where it can (it works without: dflashd never opens a TLS
+# stream through asyncio) and which loads OpenSSL's libssl and libcrypto: 3.6 MiB resident.
+_PRETTY_TRACEBACKS: Final = ("rich", "better_exceptions", "ssl")
 
 
 def _import_structlog() -> Any:
