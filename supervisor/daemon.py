@@ -129,7 +129,10 @@ class Daemon:
         allowed = config.gpus if isinstance(config.gpus, tuple) else None  # the pre-flight's
         rules = Rules(config.restart, config.alerts.on, every, config.vram_grace_s, allowed)
         no_dumps = None if self.dumps.available else self.dumps.tool()
-        rules = replace(rules, gpu_fallback=config.gpu_fallback, no_dumps=no_dumps)
+        release = (config.gpu_release_timeout_s, config.gpu_poll_s)
+        rules = replace(
+            rules, gpu_fallback=config.gpu_fallback, no_dumps=no_dumps, gpu_release_s=release
+        )
         self.core = DaemonCore(DaemonState(rules), clock, self.reporter, self.runs)
         self.runs.current = lambda: self.core.run
         self.standby_view = launcher.standby_view  # status: the next run's waiting interpreter

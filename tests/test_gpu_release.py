@@ -24,7 +24,10 @@ STRANGER = ({"gpu": 1, "pid": 77, "mib": 500.0, "cmd": "jupyter"},)
 
 
 def _held(*holders: dict[str, object], foreign: tuple[dict[str, object], ...] = ()) -> GpuHolders:
-    return GpuHolders(True, holders, foreign, timeout_s=30.0, poll_s=2.0)
+    return GpuHolders(True, holders, foreign)
+
+
+LIMITS = (30.0, 2.0)  # the config's gpu_release_timeout_s and gpu_poll_s
 
 
 def _events(effects: tuple[Effect, ...]) -> list[str]:
@@ -32,11 +35,11 @@ def _events(effects: tuple[Effect, ...]) -> list[str]:
 
 
 def test_transition_checks_off_to_relaunch_at_once() -> None:
-    assert release_step(ReleaseWait(), None, 5.0) == (ReleaseWait(), (), True)
+    assert release_step(ReleaseWait(), None, 5.0, *LIMITS) == (ReleaseWait(), (), True)
 
 
 def test_transition_no_sample_since_the_death_looks_again_soon() -> None:
-    wait, effects, ready = release_step(ReleaseWait(), GpuHolders(False), 5.0)
+    wait, effects, ready = release_step(ReleaseWait(), GpuHolders(False), 5.0, *LIMITS)
     assert not ready and wait == ReleaseWait()
     assert effects == (SetTimer(Deadline.RELEASE_CHECK, 5.0 + FRESH_SAMPLE_WAIT_S),)
 
@@ -44,14 +47,16 @@ def test_transition_no_sample_since_the_death_looks_again_soon() -> None:
 def test_transition_held_to_killed_waited_for_then_released() -> None:
     """First seen held: named and its holders ended; looked at with each fresh sample; once
     let go, how long it took."""
-    wait, effects, ready = release_step(ReleaseWait(), _held(*OURS), 10.0)
+    wait, effects, ready = release_step(ReleaseWait(), _held(*OURS), 10.0, *LIMITS)
     assert not ready and wait.since == 10.0
     assert _events(effects) == ["gpu_memory_held"]
     assert KillHolders((11,)) in effects
     assert effects[-1] == SetTimer(Deadline.RELEASE_CHECK, 10.0 + min(2.0, RELEASE_POLL_S))
-    wait, effects, ready = release_step(wait, _held(*OURS), 10.25)  # still held: no second kill
+    wait, effects, ready = release_step(
+        wait, _held(*OURS), 10.25, *LIMITS
+    )  # still held: no second kill
     assert not ready and wait.since == 10.0 and kinds(effects) == ["SetTimer"]
-    wait, effects, ready = release_step(wait, _held(), 10.5)
+    wait, effects, ready = release_step(wait, _held(), 10.5, *LIMITS)
     assert ready and wait.since is None
     (released,) = effects
     assert isinstance(released, WriteRecord) and released.event is Event.GPU_MEMORY_RELEASED
@@ -59,8 +64,8 @@ def test_transition_held_to_killed_waited_for_then_released() -> None:
 
 
 def test_transition_held_past_the_timeout_relaunches_anyway() -> None:
-    wait, _, _ = release_step(ReleaseWait(), _held(*OURS), 10.0)
-    wait, effects, ready = release_step(wait, _held(*OURS), 40.0)
+    wait, _, _ = release_step(ReleaseWait(), _held(*OURS), 10.0, *LIMITS)
+    wait, effects, ready = release_step(wait, _held(*OURS), 40.0, *LIMITS)
     assert ready and wait.since is None
     assert _events(effects) == ["gpu_release_timeout"]
     timeout = effects[0]
@@ -68,15 +73,15 @@ def test_transition_held_past_the_timeout_relaunches_anyway() -> None:
 
 
 def test_transition_a_stranger_is_said_once_and_never_ended() -> None:
-    wait, effects, ready = release_step(ReleaseWait(), _held(foreign=STRANGER), 10.0)
+    wait, effects, ready = release_step(ReleaseWait(), _held(foreign=STRANGER), 10.0, *LIMITS)
     assert ready and _events(effects) == ["gpu_foreign_holder"]
     assert not any(isinstance(e, KillHolders) for e in effects)
-    wait, effects, ready = release_step(wait, _held(foreign=STRANGER), 20.0)
+    wait, effects, ready = release_step(wait, _held(foreign=STRANGER), 20.0, *LIMITS)
     assert ready and effects == ()  # said once per run
 
 
 def test_through_step_a_relaunch_waits_for_the_memory_and_a_launch_forgets_the_stranger() -> None:
-    state, _ = play(fresh(), [(0.0, Started()), (0.1, launch_heard(0.1))])
+    state, _ = play(fresh(gpu_release_s=LIMITS), [(0.0, Started()), (0.1, launch_heard(0.1))])
     state, _ = step(state, died(1, CRASH, 60.0, started=0.1), 60.0)
     state, effects = step(state, DeadlineDue(Deadline.RESTART), 62.0)
     state, effects = step(state, ReleaseLooked(None, _held(*OURS, foreign=STRANGER)), 62.0)

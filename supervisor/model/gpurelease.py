@@ -31,14 +31,11 @@ RELEASE_POLL_S: Final = 0.25
 @dataclass(frozen=True, slots=True)
 class GpuHolders:
     """Who holds GPU memory in a sample taken since the death (``fresh``; else none yet):
-    the dead run's processes and strangers (``gpu``, ``pid``, ``mib``, ``cmd`` each), and the
-    config's timeout and poll interval the wait is judged by."""
+    the dead run's processes and strangers (``gpu``, ``pid``, ``mib``, ``cmd`` each)."""
 
     fresh: bool
     ours: tuple[Mapping[str, Any], ...] = ()
     foreign: tuple[Mapping[str, Any], ...] = ()
-    timeout_s: float = 60.0
-    poll_s: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,10 +48,11 @@ class ReleaseWait:
 
 
 def release_step(
-    wait: ReleaseWait, holders: GpuHolders | None, now: float
+    wait: ReleaseWait, holders: GpuHolders | None, now: float, timeout_s: float, poll_s: float
 ) -> tuple[ReleaseWait, tuple[Effect, ...], bool]:
     """The next wait, its records and actions, and whether the relaunch may go ahead
-    (``holders`` None: the GPU checks are off, nothing to wait for)."""
+    (``holders`` None: the GPU checks are off, nothing to wait for); the config's
+    ``gpu_release_timeout_s`` and ``gpu_poll_s`` (the daemon's ``Rules``)."""
     if holders is None:
         return replace(wait, since=None), (), True
     if not holders.fresh:
@@ -76,9 +74,9 @@ def release_step(
         said.append(WriteRecord(Event.GPU_MEMORY_HELD, {"holders": ours}))
         kill = (KillHolders(tuple(int(entry["pid"]) for entry in ours)),)
     waited = now - since
-    if waited >= holders.timeout_s:
+    if waited >= timeout_s:
         fields = {"holders": ours, "waited_s": round(waited, 3)}
         said.append(WriteRecord(Event.GPU_RELEASE_TIMEOUT, fields))
         return replace(wait, since=None), (*said, *kill), True
-    again = SetTimer(Deadline.RELEASE_CHECK, now + min(holders.poll_s, RELEASE_POLL_S))
+    again = SetTimer(Deadline.RELEASE_CHECK, now + min(poll_s, RELEASE_POLL_S))
     return replace(wait, since=since), (*said, *kill, again), False

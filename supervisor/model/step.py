@@ -100,6 +100,7 @@ class Rules:
     gpus_allowed: tuple[int, ...] | None = None  # the config's ``gpus`` list (None: all)
     gpu_fallback: bool = False  # relaunch on the other GPUs when one is unusable
     no_dumps: str | None = None  # why py-spy cannot dump the run (None: it can)
+    gpu_release_s: tuple[float, float] = (60.0, 2.0)  # the GPU release's timeout, poll interval
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +282,8 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
                 since, ending, go_on = leftovers_step(state.leftovers_since, leftovers, now)
                 state = replace(state, leftovers_since=since)
                 return state, (*ending, *((look_for_release(state, past=True),) if go_on else ()))
-            wait, effects, ready = release_step(state.gpu_release, gpus, now)  # its GPU memory
+            limits = state.rules.gpu_release_s  # its GPU memory: the wait, its timeout
+            wait, effects, ready = release_step(state.gpu_release, gpus, now, *limits)
             state = replace(state, leftovers_since=None, gpu_release=wait)
             if not ready:
                 return state, effects

@@ -294,10 +294,7 @@ class GpuWatch:
                 # only a pid the custody proves now is ever signalled.
                 mine = proc.pid in seen or run.belongs(proc.pid)
                 (ours if mine else foreign).append(entry)
-        settings = self.settings
-        holders = GpuHolders(
-            True, tuple(ours), tuple(foreign), settings.release_timeout_s, settings.poll_s
-        )
+        holders = GpuHolders(True, tuple(ours), tuple(foreign))
         if not ours:
             self._release_from = None
             return replace(self.preflight_reads(run), holders=holders)
