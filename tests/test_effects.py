@@ -47,11 +47,9 @@ NOW_WALL = 1_800_000_000.0
 
 
 def _restored(previous: dict[str, Any], saved: tuple[float, Any, bool] | None, **kw: Any) -> Any:
-    args: dict[str, Any] = {"leftovers": [], "torn_bytes": 0, "last_run": 0, **kw}
+    kw["leftovers"] = tuple(kw.get("leftovers", ()))
     lost = lost_run(previous, NOW_WALL)  # what the shell reads of state.json
-    return restore(
-        previous, saved_goodput=saved, now_wall=NOW_WALL, now_mono=50.0, lost=lost, **args
-    )
+    return restore(CarriedOver(previous, saved, now_wall=NOW_WALL, lost=lost, **kw), 50.0)
 
 
 def test_a_first_start_carries_nothing_and_writes_nothing() -> None:

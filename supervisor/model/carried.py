@@ -10,14 +10,12 @@ first launch: the record of GPU checks that are off, systemd's watchdog fed from
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dflashd.supervisor.model.deadlines import Deadline
 from dflashd.supervisor.model.effects import Effect, SetTimer, UpdateLedger, WriteRecord
 from dflashd.supervisor.model.events import Event
-from dflashd.supervisor.model.goodput import LoggedRun, restored_ledger
+from dflashd.supervisor.model.goodput import restored_ledger
 from dflashd.supervisor.model.inputs import CarriedOver, Started
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.runstate import RunFacts
@@ -32,22 +30,13 @@ class Restored:
     lost: RunFacts | None
 
 
-def restore(
-    previous: Mapping[str, Any],
-    *,
-    saved_goodput: tuple[float, Any, bool] | None,
-    leftovers: Sequence[WriteRecord],
-    torn_bytes: int,
-    last_run: int,
-    now_wall: float,
-    now_mono: float = 0.0,
-    logged: LoggedRun | None = None,
-    lost: RunFacts | None = None,
-) -> Restored:
+def restore(heard: CarriedOver, now_mono: float) -> Restored:
     """Start-up, before the first launch (pure): the counters from state.json and the goodput
     ledger from runs.sqlite carried over, the records of what a dead daemon left
     (``leftovers``, ended by the host's recovery, proven ours) and of a torn log tail; ``lost``:
     the facts of a run the dead daemon never saw end (its open slow incident closed here)."""
+    previous, lost, logged = heard.previous, heard.lost, heard.logged
+    saved_goodput, now_wall = heard.saved_goodput, heard.now_wall
     goodput = restored_ledger(saved_goodput, now_wall=now_wall, now_mono=now_mono, logged=logged)
     fatal = previous.get("state") == State.FATAL  # a run that reaches its first step: ``recovered``
     book = UpdateLedger(
@@ -58,9 +47,10 @@ def restore(
     effects: list[Effect] = [book]
     if (absent := goodput.absent).total_s > 0:  # no daemon was here: said so
         effects.append(WriteRecord(Event.GOODPUT_CARRIED, dict(absent.record()), run_no=0))
-    effects.extend(leftovers)
-    if torn_bytes:
-        effects.append(WriteRecord(Event.LOG_TORN_TAIL, {"bytes": torn_bytes}, run_no=last_run))
+    effects.extend(heard.leftovers)
+    if heard.torn_bytes:
+        torn = {"bytes": heard.torn_bytes}
+        effects.append(WriteRecord(Event.LOG_TORN_TAIL, torn, run_no=heard.last_run))
     slow = previous.get("slow")
     if lost is not None and isinstance(slow, dict):
         # the dead daemon's open slow incident ends with its run: closed once, here (no
@@ -69,21 +59,6 @@ def restore(
         fields |= {k: slow[k] for k in ("ratio", "step", "since") if k in slow}
         effects.append(WriteRecord(Event.SLOW_OVER, fields, run_no=lost.run_no))
     return Restored(tuple(effects), lost)
-
-
-def carried_over(heard: CarriedOver, now_mono: float) -> Restored:
-    """:func:`restore` of what the shell read at start-up."""
-    return restore(
-        heard.previous,
-        saved_goodput=heard.saved_goodput,
-        leftovers=heard.leftovers,
-        torn_bytes=heard.torn_bytes,
-        last_run=heard.last_run,
-        now_wall=heard.now_wall,
-        now_mono=now_mono,
-        logged=heard.logged,
-        lost=heard.lost,
-    )
 
 
 def opened(heard: Started, now: float) -> tuple[Effect, ...]:

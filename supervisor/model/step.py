@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from dflashd.supervisor.model.carried import carried_over, opened
+from dflashd.supervisor.model.carried import opened, restore
 from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
     DumpStacks,
@@ -303,7 +303,7 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
                 return state, (SetTimer(Deadline.RELEASE_CHECK, None), look_for_release(state))
             return state, ()
         case CarriedOver():
-            return state, carried_over(heard, now).effects
+            return state, restore(heard, now).effects
         case Observed(facts, effects):
             return observed(state, facts), effects
         case GpuSeen(facts, effects, gpus, use):
