@@ -32,10 +32,12 @@ from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
     EndRunHung,
+    KeepPaceBaseline,
     KillHolders,
     KillRun,
     Launch,
     LookForRelease,
+    LookForSlowCauses,
     NotifySystemd,
     PrepareStandby,
     Publish,
@@ -68,6 +70,10 @@ class Hands(Protocol):
 
     def launch(self, effect: Launch) -> tuple[Run | None, Input]: ...
     def prepare_standby(self, run: Run | None) -> None: ...
+
+    def keep_pace_baseline(self, run: Run) -> None: ...
+
+    def slow_causes(self, run: Run, look: LookForSlowCauses) -> Input: ...
 
     def say_launched(self, run: Run | None, error: str | None) -> None: ...
 
@@ -223,6 +229,12 @@ class DaemonCore:
                 self._queue.append(Heard(run, answer))
             case PrepareStandby():
                 hands.prepare_standby(run)
+            case KeepPaceBaseline():
+                if run is not None:
+                    hands.keep_pace_baseline(run)
+            case LookForSlowCauses():
+                if run is not None:
+                    self._queue.append(Heard(run, hands.slow_causes(run, effect)))
             case SignalRun(to, signum):
                 custody = run.custody if run is not None else None
                 if custody is not None and to == "group":

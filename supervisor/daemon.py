@@ -103,15 +103,13 @@ class Daemon:
         self.ended_runs = EndedRuns(self.ops, self.reporter, emptied)
         self.core: DaemonCore  # made below, once the hands it acts through are
         look = lambda run, heard: self.core.step(run, heard)  # noqa: E731, PLW0108 (core: below)
-        self.observer = RunObserver(
-            self.gpu, self.ops, lambda: self.core.ledger, config.alerts.on, look, config.on_diverge
-        )
+        self.observer = RunObserver(self.gpu, self.ops, look)
         self.dumps = doubles.dumps or StackDumps(
             home, self.reporter, self.inbox.post, clock.monotonic
         )
         table, hang = lambda: self.core.deadlines, lambda: self.core.state.hang
         live = (self._limits, self.dumps, table, hang, look)
-        self.live = LiveRunControl(clock, self.observer, *live)
+        self.live = LiveRunControl(clock, self.observer.stall_look, *live)
         tap = doubles.line_tap
         watcher = lambda run_no: LineWatcher(run_no, matcher, clock.monotonic, self.inbox.post, tap)  # noqa: E731
         launcher = Launcher(home, config, clock, self.ops, self.reporter, self.gpu, watcher)
@@ -128,6 +126,7 @@ class Daemon:
         every = self._systemd.watchdog_interval_s
         allowed = config.gpus if isinstance(config.gpus, tuple) else None  # the pre-flight's
         rules = Rules(config.restart, config.alerts.on, every, config.vram_grace_s, allowed)
+        rules = replace(rules, on_diverge=config.on_diverge)
         no_dumps = None if self.dumps.available else self.dumps.tool()
         release = (config.gpu_release_timeout_s, config.gpu_poll_s)
         rules = replace(

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from dflashd.supervisor.model.hang import HangSampled
+from dflashd.supervisor.model.inputs import LinesSeen
 from dflashd.supervisor.model.stacks import StacksTaken
-from dflashd.supervisor.watch.linewatch import LinesSeen
 from dflashd.supervisor.watch.nvml import GpuSample
 
 _WAKE: Final = b"\x00"

@@ -41,13 +41,14 @@ from dflashd.supervisor.host.standby import (
     standby_argv,
     unusable_because,
 )
+from dflashd.supervisor.model.agent import AgentView
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.runstate import RunState
 from dflashd.supervisor.speak.diagnostics import bind_run, get_logger
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.speak.statusview import read_state
-from dflashd.supervisor.watch.elastic import ElasticState, scan_frame, torchrun_job
+from dflashd.supervisor.watch.elastic import scan_frame, torchrun_job
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.linewatch import LineWatcher
 from dflashd.supervisor.watch.placement import placement
@@ -131,8 +132,8 @@ class Launcher:
         )
         argv = tuple(self.config.command)
         facts = RunState(run_no, argv, now, self.clock.time(), progress)
-        elastic = ElasticState(job, rendezvous_since=now) if job is not None else None
-        facts = replace(facts, gpu_baseline_mib=self.gpu.baseline())
+        agent = AgentView(job, rendezvous_since=now) if job is not None else None
+        facts = replace(facts, gpu_baseline_mib=self.gpu.baseline(), agent=agent)
         if clear_cache:
             self._clear_cache(run_no)
         else:
@@ -177,7 +178,7 @@ class Launcher:
             self.reporter.record_history(
                 lambda db: db.started(run_no, started_wall, None, argv_text)
             )
-            return Run(run_no, book, elastic=elastic), replace(facts, spawn_error=error), error
+            return Run(run_no, book), replace(facts, spawn_error=error), error
         create_time = self.ops.create_time(launched.pid)
         facts = replace(facts, create_time=create_time).saw({launched.pid})
         bind_run(run=run_no, pid=launched.pid)
@@ -191,7 +192,7 @@ class Launcher:
             custody=custody.mode if custody is not None else None,
         )
         callback = self._on_lines(run_no)
-        if elastic is not None:
+        if agent is not None:
             callback.agent_scan = scan_frame
         drains = tuple(
             PipeDrain(
@@ -208,7 +209,7 @@ class Launcher:
         self.reporter.record_history(
             lambda db: db.started(run_no, started_wall, launched.pid, argv_text)
         )
-        run = Run(run_no, book, launched, drains, callback, elastic)
+        run = Run(run_no, book, launched, drains, callback)
         return run, facts, None
 
     def _spec(self, run_no: int) -> ChildEnvironment:

@@ -32,15 +32,14 @@ from dflashd.supervisor.model.inputs import (
     HangDumpWritten,
     HangLook,
     Input,
-    Observed,
+    SlowStacks,
     StacksAsked,
+    StallLook,
     StartupView,
 )
 from dflashd.supervisor.model.judge import SAMPLES, Sample
 from dflashd.supervisor.model.progress import Limits
 from dflashd.supervisor.model.stacks import StacksDump, StacksTaken, alert_lines
-from dflashd.supervisor.watch.observe import RunObserver
-from dflashd.supervisor.watch.pacewatch import straggler
 from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import Dumper
 from dflashd.supervisor.watch.worldshare import node_rank, world_share
@@ -53,14 +52,14 @@ class LiveRunControl:
     def __init__(
         self,
         clock: Clock,
-        observer: RunObserver,
+        stall_look: Callable[[Run], StallLook],
         limits: Limits,
         dumps: Dumper,
         deadlines: Callable[[], Deadlines],
         hang: Callable[[], HangWatch],
         look: Callable[[Run | None, Input], object],
     ) -> None:
-        self.clock, self.observer = clock, observer
+        self.clock, self.stall_look = clock, stall_look  # what the host says at a stall
         self.limits, self.dumps = limits, dumps
         # the daemon's deadline table and the run's hang watch (the model keeps both), and the
         # way to hand the model what this module knows of the live run (an input)
@@ -72,8 +71,7 @@ class LiveRunControl:
         fields, level = self.dumps.taken(message, self.clock.time())
         said = WriteRecord(Event.STACKS, fields, log_level=level, run_no=message.run_no)
         if message.dump.trigger == "slow" and run is not None and run.run_no == message.run_no:
-            facts, found = straggler(run.facts, fields)  # the straggler, if any
-            self.look(run, Observed(facts, (said, *found)))
+            self.look(run, SlowStacks(message.run_no, said, fields))  # the straggler, if any
             return
         dump = message.dump
         alive = run is not None and run.run_no == message.run_no and run.alive
@@ -156,9 +154,7 @@ class LiveRunControl:
             facts = run.facts
             stall = None if facts.ended_by_us else facts.progress.stall_deadline(self.limits)
             if stall is not None and now >= stall:
-                looked = self.observer.stall_look(run, now)
-                if looked is not None:
-                    self.look(run, looked)
+                self.look(run, self.stall_look(run))
 
 
 def kept_stacks(fields: dict[str, Any]) -> dict[str, Any]:

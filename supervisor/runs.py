@@ -25,7 +25,7 @@ from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.room import room_at
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
 from dflashd.supervisor.liverun import LiveRunControl
-from dflashd.supervisor.model.effects import Launch, LookForRelease
+from dflashd.supervisor.model.effects import Launch, LookForRelease, LookForSlowCauses
 from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.inputs import (
     ChildExited,
@@ -118,6 +118,14 @@ class Runs:
         if run is not None and run.alive:
             self.launcher.prepare_standby(run)
 
+    def keep_pace_baseline(self, run: Run) -> None:
+        """The run's own step time was just learnt: the host as it is now, kept."""
+        self.observer.keep_pace_baseline(run, self.clock.monotonic())
+
+    def slow_causes(self, run: Run, look: LookForSlowCauses) -> Input:
+        """What the host says slowed the run down."""
+        return self.observer.slow_causes(run, look)
+
     def say_launched(self, run: Run | None, error: str | None) -> None:
         """``start``'s wait is answered, and systemd told READY once the launch is on disk."""
         if run is None:
@@ -205,8 +213,7 @@ class Runs:
             run.watcher.flush()
         self.callbacks.process_inbox()  # ...and its steps counted before the verdict
         cpu_s = mark_reaped(run, status, self.ops)
-        if run.facts.progress.unrecorded:
-            self.observer.progress_record(run)  # the curve ends where the run did
+        self.observer.reaped(run)  # the curve ends where the run did
         watch = self.callbacks.hang_watch()  # after the inbox: a sample that came in is in it
         ended_at = self.clock.time()
         facts = reaped_facts(

@@ -214,10 +214,11 @@ def goodput_totals(source: StatusSource) -> tuple[Cost, int | None]:
 
 def _elastic(run: Run | None, ledger: Ledger, now_mono: float) -> dict[str, Any] | None:
     """The torchrun agent's side of the run: this run's view, plus this daemon's totals."""
-    if run is None or run.elastic is None:
+    agent = run.facts.agent if run is not None else None
+    if run is None or agent is None:
         return None
-    view = run.elastic.view()
-    since = run.elastic.rendezvous_since
+    view = agent.view()
+    since = agent.rendezvous_since
     waiting = run.alive and view["rendezvous"] == "waiting" and since is not None
     view["rendezvous_waiting_s"] = round(now_mono - since, 3) if waiting and since else None
     view["restarts_total"] = ledger.agent_restarts

@@ -27,9 +27,10 @@ from dflashd.supervisor.host.config import parse_config
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.proof import SpawnedChild
 from dflashd.supervisor.model.effects import WriteRecord
+from dflashd.supervisor.model.inputs import LinesSeen
 from dflashd.supervisor.model.preflight import GpuHealth
+from dflashd.supervisor.model.progress import LineProgress
 from dflashd.supervisor.model.stacks import StacksTaken, summary
-from dflashd.supervisor.watch.linewatch import LineProgress, LinesSeen
 from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading
 
 

@@ -30,7 +30,6 @@ from dflashd.supervisor.model.inputs import (
     Input,
     Launched,
     LaunchPutOff,
-    Observed,
     ReleaseLooked,
     Started,
     StatusWritten,
@@ -40,7 +39,13 @@ from dflashd.supervisor.model.leftovers import LEFTOVER_GRACE_S, Leftovers
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.progress import Progress
 from dflashd.supervisor.model.runstate import RunState
-from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, deferred_launch, stop_effects
+from dflashd.supervisor.model.step import (
+    LAUNCH_RETRY_S,
+    DaemonState,
+    deferred_launch,
+    fold,
+    stop_effects,
+)
 from dflashd.supervisor.watch.run import Run
 
 NOW_WALL = 1_800_000_000.0
@@ -207,7 +212,8 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
         WriteRecord(Event.GPU, {"gpus": []}, run_no=0),
         Publish(),
     )
-    core.step(run, Observed(facts, said))  # a reading of the live run, and what it says
+    core.state, acts = fold(core.state, said, t)  # what the model returns for such a turn
+    core.execute(run, acts)
     assert before == DaemonState()  # a value: the old state is untouched, the new one kept
     assert core.run is run and core.loop.state is State.RUNNING
     assert (core.deadlines.stop_at, core.deadlines.release_check_at) == (t + 40.0, t + 41.0)
@@ -215,7 +221,8 @@ def test_the_core_executes_each_effect_and_the_model_alone_changes_the_state(
     assert [(n, e) for n, e, _ in written.records] == [(3, Event.STOPPING), (0, Event.GPU)]
     assert hands.done == ["publish"]
     # counters add up; no publish unless asked
-    core.step(run, Observed(facts, (UpdateLedger(agent_restarts=1),)))
+    core.state, acts = fold(core.state, (UpdateLedger(agent_restarts=1),), t)
+    core.execute(run, acts)
     assert core.ledger.agent_restarts == 2 and hands.done == ["publish"]
     clock.advance(5.0)
     core.step(run, StopRequested(7.0, alive=True))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from dflashd.logs.framer import Frame
-from dflashd.supervisor.watch.elastic import AgentSaid, parse_agent_line, scan_frame, torchrun_job
+from dflashd.supervisor.model.agent import AgentSaid
+from dflashd.supervisor.watch.elastic import parse_agent_line, scan_frame, torchrun_job
 
 P = "I1130 20:06:16.146000 2164 torch/distributed/elastic/agent/server/api.py:"
 

@@ -383,10 +383,14 @@ def test_a_runs_facts_are_a_value_replaced_by_the_model() -> None:
     assert facts & {f.name for f in dataclasses.fields(Run)} == {"run_no"}  # nothing twice
 
 
-def test_the_stall_and_no_gpu_deciders_are_called_from_steps_arms_only() -> None:
+def test_the_live_runs_deciders_are_called_from_steps_arms_only() -> None:
     """The live run's deciders are the model's: the hang and start-up deciders, the stall
-    decider and the no-GPU-memory rule are called in ``model/`` only."""
+    decider, the no-GPU-memory rule, and what evidence means (a step, a datagram, liveness,
+    a restart inside the run, the agent's view, a recovery) are called in ``model/`` only: the
+    shell reads, ``step``'s arms decide (issue 52)."""
     deciders = {"stall_decide", "stall_reason", "holds_no_gpu_memory", "startup_decide"}
+    deciders |= {"on_step", "on_notify", "on_alive", "workers_restarting", "recorded_now"}
+    deciders |= {"resumed", "running", "paced", "watched"}  # AgentView.took: Ledger.took, too
     callers: dict[str, set[str]] = {}
     for name, path in modules().items():
         if not name.startswith("dflashd.supervisor") or ".model." in name:

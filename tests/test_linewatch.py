@@ -4,13 +4,13 @@ message (and the exit's flush) still carrying the latest step printed."""
 from __future__ import annotations
 
 from dflashd.logs.framer import Frame, LineFramer
+from dflashd.supervisor.model.inputs import LinesSeen
+from dflashd.supervisor.model.progress import LineProgress
 from dflashd.supervisor.watch.linewatch import (
     MATCH_BYTES,
     MATCH_EVERY_S,
     STEP_POST_S,
     LineMatcher,
-    LineProgress,
-    LinesSeen,
     LineWatcher,
 )
 

@@ -15,7 +15,9 @@ import pytest
 
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.inbox import GpuSampled
+from dflashd.supervisor.model.agent import AgentLine, AgentSaid
 from dflashd.supervisor.model.gpurelease import FRESH_SAMPLE_WAIT_S, RELEASE_POLL_S
+from dflashd.supervisor.model.inputs import LinesSeen
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.stacks import (
     Frame,
@@ -25,8 +27,6 @@ from dflashd.supervisor.model.stacks import (
     StacksTaken,
     ThreadStack,
 )
-from dflashd.supervisor.watch.elastic import AgentLine, AgentSaid
-from dflashd.supervisor.watch.linewatch import LinesSeen
 from dflashd.supervisor.watch.nvml import GpuProcess, GpuReading, GpuSample
 from tests.harness import Harness
 

@@ -21,8 +21,9 @@ from dflashd.supervisor.model.effects import (
 )
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
-from dflashd.supervisor.model.inputs import GpuSeen, Observed, StallLook
+from dflashd.supervisor.model.inputs import GpuSeen, LinesSeen, StallLook
 from dflashd.supervisor.model.killing import STACKS_BOUND_S
+from dflashd.supervisor.model.progress import LineProgress
 from dflashd.supervisor.model.runstate import RunState, stall_decide
 from dflashd.supervisor.model.step import DaemonState, Rules, fold, step
 from dflashd.supervisor.model.verdicts import EndedBy, Notice
@@ -138,21 +139,22 @@ def test_the_no_gpu_memory_arm(use: ChildGpuUse, at: float, stepped: bool, ends:
     )
     state = running()
     assert state.run is not None
-    facts = state.run
     if stepped:
-        facts = replace(facts, progress=replace(facts.progress, first_step_mono=1.0))
+        progress = replace(state.run.progress, first_step_mono=1.0)
+        state = replace(state, run=replace(state.run, progress=progress))
     gpus = ({"index": 0, "memory_used_mib": 0.0},)
     record = WriteRecord(Event.GPU, {"gpus": list(gpus)})
-    state, said = step(state, GpuSeen(facts, (record,), gpus, use), at)
-    ended = replace(facts, ended_by=EndedBy.NO_GPU_MEMORY, dump_before_kill="1-1")
-    assert state.run == (ended if ends else facts)
+    state, said = step(state, GpuSeen(1, (record,), gpus, use=use), at)
+    assert state.run is not None and state.run.gpu_seen == "idle"  # no kernel ran
+    assert (state.run.ended_by, state.run.dump_before_kill) == (
+        (EndedBy.NO_GPU_MEMORY, "1-1") if ends else (EndedBy.CHILD, None)
+    )
     if not ends:
         assert said == (record,)
         return
     snapshot = WriteRecord(Event.GPU_SNAPSHOT, {"gpus": [dict(gpus[0])], "method": "process"})
     assert said == (record, snapshot, *ending("no_gpu_memory"))
-    assert state.run is not None and state.run.ended_by is EndedBy.NO_GPU_MEMORY
-    assert step(state, GpuSeen(state.run, (), gpus, use), at + 1)[1] == ()  # once
+    assert step(state, GpuSeen(1, (), gpus, use=use), at + 1)[1] == ()  # once
 
 
 # -- the effects that change what is known of the run -------------------------------------------
@@ -227,25 +229,27 @@ def test_what_an_effect_changes_in_the_runs_facts(
 
 def test_a_reading_of_a_run_that_is_no_longer_current_changes_nothing() -> None:
     state, _ = step(running(), launch_heard(50.0, run_no=2), 50.0)
-    stale = replace(run_state(0.0), diverged={"step": 3})
-    record = WriteRecord(Event.DIVERGED, {"step": 3})
-    after, said = step(state, Observed(stale, (record,)), 51.0)
-    assert after.run == state.run and said == (record,)
-    assert after.run is not None and after.run.run_no == 2
-    # nor does run 1's last GPU sample end run 2, whatever run 1 held
-    late = GpuSeen(run_state(0.0), (), ({"index": 0},), NOTHING_HELD)
-    assert step(state, late, 50.0 + GRACE + 1) == (state, ())
+    stale = LinesSeen(1, LineProgress(3, True, "pattern", loss=1.0), "step 3 loss 1.0")
+    assert step(state, stale, 51.0) == (state, ())
+    # nor does run 1's last GPU sample end run 2, whatever run 1 held: its records only
+    record = WriteRecord(Event.GPU, {"gpus": []})
+    late = GpuSeen(1, (record,), ({"index": 0},), use=NOTHING_HELD)
+    assert step(state, late, 50.0 + GRACE + 1) == (state, (record,))
 
 
 def test_a_diverged_loss_with_stop_ends_the_run_through_the_model() -> None:
-    state = running()
-    assert state.run is not None
-    diverged = replace(state.run, diverged={"step": 40, "then": "stop"})
-    said_before = (WriteRecord(Event.DIVERGED, {"step": 40}), EndRun(EndedBy.DIVERGED))
-    state, said = step(state, Observed(diverged, said_before), 60.0)
-    assert said == (said_before[0], *ending("diverged"))
+    state = replace(running(), rules=Rules(vram_grace_s=GRACE, on_diverge="stop"))
+    said: tuple[Effect, ...] = ()
+    for step_no, loss in enumerate([2.0, 1.9, 1.8, float("nan"), float("nan"), float("nan")]):
+        found = LineProgress(step_no + 1, step_no == 0, "pattern", loss=loss)
+        line = f"step {step_no + 1} loss {loss}"
+        state, said = step(state, LinesSeen(1, found, line), 60.0 + step_no)
+    diverged = [e for e in said if isinstance(e, WriteRecord) and e.event is Event.DIVERGED]
+    assert [e.fields["then"] for e in diverged] == ["stop"]
+    assert said[said.index(diverged[0]) + 1 : said.index(diverged[0]) + 3] == ending("diverged")
     assert state.run is not None and state.run.ended_by is EndedBy.DIVERGED
-    assert state.run.diverged == {"step": 40, "then": "stop"}
+    assert state.run.diverged is not None and state.run.diverged["step"] == 4
+    assert state.ledger.diverged_at == 4  # a relaunch diverging here again ends, too
 
 
 def ending(why: str) -> tuple[Effect, ...]:

@@ -183,6 +183,21 @@ class PrepareStandby:
 
 
 @dataclass(frozen=True, slots=True)
+class KeepPaceBaseline:
+    """The run's own step time was just learnt: the host as it is now (its CPU waits, its GPUs'
+    clocks) is kept to judge a later slowdown's causes by."""
+
+
+@dataclass(frozen=True, slots=True)
+class LookForSlowCauses:
+    """The run turned slow against its own step time at ``since`` (``ratio`` times it): ask the
+    host why (the answer: :class:`~dflashd.supervisor.model.inputs.SlowCauses`)."""
+
+    since: float
+    ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class LookForRelease:
     """Look whether the dead run is gone and its GPU memory released (the executor asks the
     host; the answer comes back as :class:`~dflashd.supervisor.model.inputs.ReleaseLooked`),
@@ -305,6 +320,8 @@ Effect = (
     | SayLaunched
     | LookForRelease
     | PrepareStandby
+    | KeepPaceBaseline
+    | LookForSlowCauses
     | StopRun
     | SignalRun
     | KillRun

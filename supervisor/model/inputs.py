@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dflashd.supervisor.model.agent import AgentLine
 from dflashd.supervisor.model.deadlines import Deadline
-from dflashd.supervisor.model.effects import Effect, WriteRecord
+from dflashd.supervisor.model.effects import WriteRecord
 from dflashd.supervisor.model.goodput import LoggedRun
 from dflashd.supervisor.model.gpurelease import GpuHolders
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
@@ -19,6 +20,7 @@ from dflashd.supervisor.model.hang import HangLimits, HangView
 from dflashd.supervisor.model.judge import Sample
 from dflashd.supervisor.model.leftovers import Leftovers
 from dflashd.supervisor.model.preflight import GpuHealth
+from dflashd.supervisor.model.progress import LineProgress, NotifyMessage
 from dflashd.supervisor.model.runstate import RunFacts, RunState
 from dflashd.supervisor.model.stacks import StacksDump
 from dflashd.supervisor.model.world import Share
@@ -116,34 +118,82 @@ class Emptied:
 
 
 @dataclass(frozen=True, slots=True)
-class Observed:
-    """An adapter read new evidence of the live run (its output lines, a notify datagram, the
-    stacks taken at a slowdown): the run's next facts and what the reading says, in order."""
+class LinesSeen:
+    """From a drain thread to the loop: the live run printed lines (a step among them, or
+    liveness), its torchrun agent's lines among them; ``tail``: its last lines, read by the
+    loop where a loss came with them (the alert of a divergence carries them)."""
 
-    facts: RunState
-    effects: tuple[Effect, ...] = ()
+    run_no: int
+    progress: LineProgress | None
+    last_line: str | None
+    agent: tuple[AgentLine, ...] = ()  # torchrun agent lines (watch/elastic.py), in order
+    tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NotifyRead:
+    """An sd_notify datagram of the live run (its sender proven the run's by the shell);
+    ``worker``: sent by a process other than the run's root (a torchrun agent's worker)."""
+
+    run_no: int
+    message: NotifyMessage
+    worker: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class GpuSeen:
-    """A GPU sample joined with the live run: its next facts (GPU use, XIDs, activity as
-    progress; None: no run lives), the sample's records, and the GPUs as the sample saw them
-    (for the snapshot that the no-GPU-memory verdict writes) and what the run holds on them."""
+    """A GPU sample, joined with the live run (``run_no`` None: no run lives, its records
+    only): the sample's records, the GPUs as it saw them (for the snapshot the no-GPU-memory
+    verdict writes), and what it says of the run."""
 
-    facts: RunState | None
-    effects: tuple[Effect, ...] = ()
+    run_no: int | None
+    records: tuple[WriteRecord, ...] = ()
     gpus: tuple[Mapping[str, Any], ...] = ()
     use: ChildGpuUse | None = None  # this sample's join: what the run's processes hold now
+    held: ChildGpuUse | None = None  # the run's GPU use, where its pids are on the GPUs
+    tree: frozenset[int] = frozenset()  # the run's pids on the GPUs (remembered for the join)
+    xids: tuple[int, ...] = ()  # XID errors on the GPUs the run holds memory on
+    active: bool = False  # a kernel ran on the run's GPUs: liveness
+    busy: bool = False  # the run's GPUs were busy for ``gpu_busy_s`` in a row
+    power_w: float | None = None  # the power its GPUs draw together (None: unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class SlowCauses:
+    """The answer to :class:`~dflashd.supervisor.model.effects.LookForSlowCauses`: what the
+    host says slowed run ``run_no`` down."""
+
+    run_no: int
+    causes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SlowStacks:
+    """The stacks taken at run ``run_no``'s slowdown came back: their ``stacks`` record
+    (``said``), and what they found (``fields``: the odd rank out, its ranks)."""
+
+    run_no: int
+    said: WriteRecord
+    fields: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunReaped:
+    """Run ``run_no``'s root was reaped: the last point of its curve, before its end."""
+
+    run_no: int
 
 
 @dataclass(frozen=True, slots=True)
 class StallLook:
     """The live run passed its progress deadline: what the host says of it now (one of its
-    processes is runnable; the CPU time of all of them, None: not known)."""
+    processes is runnable; the CPU time of all of them, None: not known; a torchrun agent's
+    workers run, past its rendezvous even if nothing said so)."""
 
     run_no: int
     runnable: bool
     cpu_used_s: float | None
+    workers_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +278,12 @@ Input = (
     | ReleaseLooked
     | Emptied
     | CarriedOver
-    | Observed
+    | LinesSeen
+    | NotifyRead
     | GpuSeen
+    | SlowCauses
+    | SlowStacks
+    | RunReaped
     | StallLook
     | StatusChanged
     | StatusWritten

@@ -64,10 +64,11 @@ class Pace:
 
 @dataclass(frozen=True, slots=True)
 class PaceChange:
-    """What one sample changed: the incident opened or closed."""
+    """What one sample changed: the baseline learnt, the incident opened or closed."""
 
     opened: bool = False
     closed: bool = False
+    learnt: bool = False  # this sample completed the baseline (the run's own step time)
 
 
 STEADY: Final = PaceChange()
@@ -84,7 +85,8 @@ def paced(pace: Pace, interval_s: float, steps: int, now: float) -> tuple[Pace, 
     if pace.baseline_s is None:
         learning = (*pace.learning, per_step)
         baseline = statistics.median(learning) if len(learning) >= BASELINE_SAMPLES else None
-        return replace(pace, samples=seen, learning=learning, baseline_s=baseline), STEADY
+        learnt = STEADY if baseline is None else PaceChange(learnt=True)
+        return replace(pace, samples=seen, learning=learning, baseline_s=baseline), learnt
     base = pace.baseline_s
     recent = (*pace.recent, per_step)[-WINDOW_SAMPLES:]
     median = statistics.median(recent)

@@ -69,6 +69,24 @@ class NotifyMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class LineProgress:
+    """What a frame of output said about progress."""
+
+    step: int | None
+    first: bool
+    source: str  # "pattern" or the built-in format's name
+    loss: float | None = None
+    epoch: float | None = None  # epochs done (a fraction where the line says)
+    epoch_index: int | None = None  # an epoch-structured bar: ``step`` is the batch in this epoch
+    batches: int | None = None  # ...of this many
+    # from the earliest non-finite loss since the last post on, every loss with its step, in
+    # order (bounded): a divergence begins at the first, and whether the NaN stayed or a
+    # finite loss came back between is judged on them, not on the post's newest alone
+    losses_from_nan: tuple[tuple[int | None, float], ...] = ()
+    total: int | None = None  # a tqdm bar's total
+
+
+@dataclass(frozen=True, slots=True)
 class Limits:
     """The config's timeouts, and the gap that makes a steady run suspect of a hang."""
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from dflashd.supervisor.model.agent import AgentView
 from dflashd.supervisor.model.goodput import RunTimes
 from dflashd.supervisor.model.gpuspin import PowerSeen
 from dflashd.supervisor.model.gpuuse import ChildGpuUse
@@ -55,6 +56,7 @@ class RunState:
     flight_prefix: Path | None = None  # where its ranks' NCCL flight-recorder traces go
     extensions_root: Path | None = None  # where torch JIT-builds extensions for this run
     start: str = "cold"  # "warm": it ran in the standby interpreter (host/standby.py)
+    agent: AgentView | None = None  # the job is a torchrun agent: its view (a node of a larger job)
 
     @property
     def ended_by_us(self) -> bool:

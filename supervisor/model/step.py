@@ -11,9 +11,9 @@ answer back as the next input.  No clock, no I/O: ``now`` and the jitter come in
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Final
 
 from dflashd.supervisor.model.carried import opened, restore
 from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
@@ -44,7 +44,6 @@ from dflashd.supervisor.model.effects import (
 from dflashd.supervisor.model.ending import conclude
 from dflashd.supervisor.model.events import Event
 from dflashd.supervisor.model.gpurelease import ReleaseWait, release_step
-from dflashd.supervisor.model.gpuuse import ChildGpuUse, holds_no_gpu_memory
 from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.hangwatch import looked
 from dflashd.supervisor.model.inputs import (
@@ -59,8 +58,12 @@ from dflashd.supervisor.model.inputs import (
     Input,
     Launched,
     LaunchPutOff,
-    Observed,
+    LinesSeen,
+    NotifyRead,
     ReleaseLooked,
+    RunReaped,
+    SlowCauses,
+    SlowStacks,
     StacksAsked,
     StallLook,
     Started,
@@ -80,6 +83,7 @@ from dflashd.supervisor.model.leftovers import leftovers_step
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.preflight import GpuHealth, preflight
+from dflashd.supervisor.model.reading import Against, read, workers_run
 from dflashd.supervisor.model.relaunch import relaunch_effects
 from dflashd.supervisor.model.rules import ALERTED_BY_DEFAULT
 from dflashd.supervisor.model.runstate import RunState, stall_decide
@@ -101,6 +105,7 @@ class Rules:
     gpu_fallback: bool = False  # relaunch on the other GPUs when one is unusable
     no_dumps: str | None = None  # why py-spy cannot dump the run (None: it can)
     gpu_release_s: tuple[float, float] = (60.0, 2.0)  # the GPU release's timeout, poll interval
+    on_diverge: str = "alert"  # a diverged loss: "alert", or "stop" (the run ends, no relaunch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,18 +309,18 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, ()
         case CarriedOver():
             return state, restore(heard, now).effects
-        case Observed(facts, effects):
-            return observed(state, facts), effects
-        case GpuSeen(facts, effects, gpus, use):
-            if facts is None:  # a sample with no live run: its records only
-                return state, effects
-            ours = state.run is not None and state.run.run_no == facts.run_no
-            state = observed(state, facts)
-            return state, (*effects, *(no_gpu_memory(state, use, gpus, now) if ours else ()))
-        case StallLook(run_no, runnable, cpu_used_s):
+        case LinesSeen() | NotifyRead() | GpuSeen() | SlowCauses() | SlowStacks() | RunReaped():
+            found = read(state.run, heard, against(state), now)
+            if found is None:  # of no current run: a GPU sample's own records only
+                return state, heard.records if isinstance(heard, GpuSeen) else ()
+            return replace(state, run=found[0]), found[1]
+        case StallLook(run_no, runnable, cpu_used_s, workers):
             run = state.run
             if run is None or run.run_no != run_no or run.ended_by_us:
                 return state, ()
+            if workers:  # a torchrun agent whose workers run: past its rendezvous, not stalled
+                run, said = workers_run(run, against(state))
+                return replace(state, run=run), said
             run, why = stall_decide(run, runnable=runnable, cpu_used_s=cpu_used_s, now=now)
             return replace(state, run=run), (() if why is None else (EndRun(why),))
         case DumpRead(run_no, dump_id, said, kept, ok, trigger, error, alive):
@@ -362,30 +367,10 @@ def look_for_release(state: DaemonState, *, past: bool = False) -> LookForReleas
     return LookForRelease(room_of=None if hold is None else hold.path, past_leftovers=past)
 
 
-def observed(state: DaemonState, facts: RunState) -> DaemonState:
-    """An adapter's reading of the current run's new evidence: its next facts (a reading of a
-    run that is no longer current changes nothing)."""
-    current = state.run
-    if current is None or current.run_no != facts.run_no:
-        return state
-    return replace(state, run=facts)
-
-
-def no_gpu_memory(
-    state: DaemonState, use: ChildGpuUse | None, gpus: tuple[Mapping[str, Any], ...], now: float
-) -> tuple[Effect, ...]:
-    """``step``'s GPU arm: a live run with no first step that holds no GPU memory past its
-    grace (``use``: what a sample found it holds) is ended, its GPUs' snapshot said first."""
-    run = state.run
-    if run is None or use is None or run.ended_by_us:
-        return ()
-    grace, reached = state.rules.vram_grace_s, run.progress.reached_first_step
-    if not holds_no_gpu_memory(
-        use, started_mono=run.started_mono, grace_s=grace, reached_first_step=reached, now=now
-    ):
-        return ()
-    snapshot = {"gpus": [dict(g) for g in gpus], "method": use.method}
-    return (WriteRecord(Event.GPU_SNAPSHOT, snapshot), EndRun(EndedBy.NO_GPU_MEMORY))
+def against(state: DaemonState) -> Against:
+    """What a reading of the live run is judged against (model/reading.py)."""
+    rules = state.rules
+    return Against(state.ledger, rules.alerts_on, rules.on_diverge, rules.vram_grace_s)
 
 
 def step(state: DaemonState, heard: Input, now: float) -> Step:

@@ -18,45 +18,10 @@ import os
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Final
 
 from dflashd.logs.framer import Frame
-
-
-@dataclass(frozen=True, slots=True)
-class TorchrunJob:
-    """The torchrun options that say what the node waits for (None: not given)."""
-
-    nnodes: str = "1"
-    nproc_per_node: str | None = None
-    rdzv_backend: str | None = None
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    max_restarts: int | None = None
-    node_rank: str | None = None  # --node-rank (static rendezvous)
-
-    @property
-    def max_nodes(self) -> int | None:
-        """The most nodes that may take part (``--nnodes=2``: 2, ``1:4``: 4; None: unreadable)."""
-        top = self.nnodes.split(":")[-1]
-        return int(top) if top.isdigit() else None
-
-    @property
-    def many_nodes(self) -> bool:
-        """More than one node may take part (``--nnodes=2`` or ``1:4``)."""
-        return self.nnodes.split(":")[-1] not in ("", "1")
-
-    def fields(self) -> dict[str, Any]:
-        """For records and status."""
-        return {
-            "nnodes": self.nnodes,
-            "rdzv_endpoint": self.rdzv_endpoint,
-            "rdzv_id": self.rdzv_id,
-            "max_restarts": self.max_restarts,
-        }
-
+from dflashd.supervisor.model.agent import AgentLine, AgentSaid, TorchrunJob
 
 _SHELLS: Final = frozenset({"sh", "bash", "dash", "zsh"})
 _OPTIONS: Final = {
@@ -129,26 +94,6 @@ def torchrun_job(argv: Sequence[str]) -> TorchrunJob | None:
     return TorchrunJob(**found)
 
 
-class AgentSaid(StrEnum):
-    """What an agent line means."""
-
-    WORKER_FAILED = "worker_failed"  # ERROR: a local worker exited non-zero (always logged)
-    GROUP_RESTART = "group_restart"  # INFO: "Worker group FAILED. 3/3 attempts left; will restart"
-    MEMBERSHIP_RESTART = "membership_restart"  # INFO: a node joined; the group restarts to admit it
-    RENDEZVOUS_WAIT = "rendezvous_wait"  # INFO: "Rendezvous'ing worker group"
-    RENDEZVOUS_DONE = "rendezvous_done"  # INFO: "Rendezvous complete" / "has joined round"
-    RENDEZVOUS_TIMEOUT = "rendezvous_timeout"  # the agent gave up waiting for its peers
-    WORLD = "world"  # INFO: a line of the "Rendezvous complete" block (group_rank=…)
-
-
-@dataclass(frozen=True, slots=True)
-class AgentLine:
-    """One agent line, understood."""
-
-    said: AgentSaid
-    fields: dict[str, Any] = field(default_factory=dict)
-
-
 def _ints(match: re.Match[str], *names: str) -> dict[str, Any]:
     return {n: int(match.group(n)) for n in names if match.group(n) is not None}
 
@@ -216,56 +161,3 @@ def scan_frame(frame: Frame) -> list[AgentLine]:
             return []
         texts = [t for t in lines if any(k in t for k in AGENT_KEYWORDS)]
     return [found for t in texts if (found := parse_agent_line(t)) is not None]
-
-
-@dataclass
-class ElasticState:
-    """One run's view of its agent: failures and restarts torchrun handled, the rendezvous."""
-
-    job: TorchrunJob
-    worker_failures: int = 0
-    group_restarts: int = 0  # torchrun restarted its workers (a failure, or a node joining)
-    rendezvous: str = "waiting"  # "waiting" until the workers run, then "complete"
-    rendezvous_since: float | None = None  # monotonic
-    group_rank: int | None = None
-    group_world_size: int | None = None
-
-    def take(self, line: AgentLine, now: float) -> bool:
-        """Apply one agent line; True when it is worth a record."""
-        said = line.said
-        if said is AgentSaid.WORKER_FAILED:
-            self.worker_failures += 1
-        elif said in (AgentSaid.GROUP_RESTART, AgentSaid.MEMBERSHIP_RESTART):
-            self.group_restarts += 1
-        elif said is AgentSaid.RENDEZVOUS_WAIT:
-            if self.rendezvous == "waiting":
-                return False  # the first wait is the launch's own; nothing new
-            self.rendezvous, self.rendezvous_since = "waiting", now
-        elif said is AgentSaid.RENDEZVOUS_DONE:
-            self._world(line.fields)
-            if self.rendezvous == "complete" and not line.fields:
-                return False
-            self.rendezvous, self.rendezvous_since = "complete", None
-        elif said is AgentSaid.WORLD:
-            self._world(line.fields)
-            return False
-        return True
-
-    def workers_running(self) -> None:
-        """Evidence that the workers run (a worker's notify, a step): the rendezvous is over."""
-        self.rendezvous, self.rendezvous_since = "complete", None
-
-    def _world(self, fields: dict[str, Any]) -> None:
-        self.group_rank = fields.get("group_rank", self.group_rank)
-        self.group_world_size = fields.get("group_world_size", self.group_world_size)
-
-    def view(self) -> dict[str, Any]:
-        """The ``elastic`` object of ``status --json``."""
-        return {
-            **self.job.fields(),
-            "rendezvous": self.rendezvous,
-            "worker_failures": self.worker_failures,
-            "restarts": self.group_restarts,
-            "group_rank": self.group_rank,
-            "group_world_size": self.group_world_size,
-        }

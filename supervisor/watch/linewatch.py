@@ -15,34 +15,18 @@ import math
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Final
 
 from dflashd.logs.framer import Frame
+from dflashd.supervisor.model.agent import AgentLine
 from dflashd.supervisor.model.bounds import bounded_int
 from dflashd.supervisor.model.formats import FormatMatcher
-from dflashd.supervisor.watch.elastic import AgentLine
+from dflashd.supervisor.model.inputs import LinesSeen
+from dflashd.supervisor.model.progress import LineProgress
 
 PATTERN: Final = "pattern"
 MAX_LOSS_MARKS: Final = 8  # losses kept from a NaN on, per post (the rule needs three)
-
-
-@dataclass(frozen=True, slots=True)
-class LineProgress:
-    """What a frame of output said about progress."""
-
-    step: int | None
-    first: bool
-    source: str  # "pattern" or the built-in format's name
-    loss: float | None = None
-    epoch: float | None = None  # epochs done (a fraction where the line says)
-    epoch_index: int | None = None  # an epoch-structured bar: ``step`` is the batch in this epoch
-    batches: int | None = None  # ...of this many
-    # from the earliest non-finite loss since the last post on, every loss with its step, in
-    # order (bounded): a divergence begins at the first, and whether the NaN stayed or a
-    # finite loss came back between is judged on them, not on the post's newest alone
-    losses_from_nan: tuple[tuple[int | None, float], ...] = ()
-    total: int | None = None  # a tqdm bar's total
 
 
 def _to_int(value: str) -> int | None:
@@ -121,16 +105,6 @@ class LineMatcher:
         if first or step is not None:
             return LineProgress(step, first, PATTERN)
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class LinesSeen:
-    """From a drain thread to the loop: the run printed lines (a step among them, or liveness)."""
-
-    run_no: int
-    progress: LineProgress | None
-    last_line: str | None
-    agent: tuple[AgentLine, ...] = ()  # torchrun agent lines (elastic.py), in order
 
 
 def _merged(older: LineProgress | None, newer: LineProgress) -> LineProgress:

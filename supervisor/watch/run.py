@@ -17,7 +17,6 @@ from dflashd.logs.drain import PipeDrain
 from dflashd.supervisor.host.proof import RunCustody, SpawnedChild
 from dflashd.supervisor.model.lifecycle import Phase
 from dflashd.supervisor.model.runstate import RunState
-from dflashd.supervisor.watch.elastic import ElasticState
 
 
 class StepWatcher(Protocol):
@@ -51,7 +50,6 @@ class Run:
     launched: SpawnedChild | None = None
     drains: tuple[PipeDrain, ...] = ()
     watcher: StepWatcher | None = None  # the drains' callback; flushed when the child dies
-    elastic: ElasticState | None = None  # the job is a torchrun agent (a node of a larger job)
     reaped: bool = False  # its wait status was taken: the run is over (the one change)
 
     @property

@@ -249,7 +249,7 @@ def _dump_python(
 ) -> list[ProcessStacks]:
     """py-spy's dump of the Python processes among ``members``, each labelled with its role."""
     custody = run.custody
-    torchrun = run.elastic is not None
+    torchrun = run.facts.agent is not None
     roles = {pid: role_of(pid, run.pid, torchrun) for pid in members if is_python(pid)}
     resume = lambda pid: custody.signal_pid(pid, signal.SIGCONT) if custody else None  # noqa: E731
     return dump_processes(binary, roles, native, resume, with_locals)

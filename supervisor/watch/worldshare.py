@@ -13,7 +13,7 @@ from dflashd.supervisor.watch.run import Run
 def world_share(run: Run, watch: HangWatch, now: float) -> Share | None:
     """What this node shares with the others at a round's first sample (model/world.py):
     a node of a c10d rendezvous, its last round's finding (waiting, working, or nothing)."""
-    elastic = run.elastic
+    elastic = run.facts.agent
     if elastic is None or not elastic.job.many_nodes or elastic.job.rdzv_backend != "c10d":
         return None
     finding: tuple[str, float, str] | None = None
@@ -43,7 +43,8 @@ def nodes_present(roles: list[Role]) -> int | None:
 def node_rank(run: Run, dump: StacksDump | None) -> int | None:
     """This node's group rank: torchrun's agent said it, or a worker's GROUP_RANK did (in
     ``dump``, the latest hang sample's stacks)."""
-    if run.elastic is not None and run.elastic.group_rank is not None:
-        return run.elastic.group_rank
+    agent = run.facts.agent
+    if agent is not None and agent.group_rank is not None:
+        return agent.group_rank
     ranks = [p.role.group_rank for p in (dump.processes if dump is not None else ())]
     return next((r for r in ranks if r is not None), None)
