@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from dflashd.supervisor.endedruns import EndedRuns
@@ -32,9 +32,10 @@ from dflashd.supervisor.model.inputs import (
     Input,
     Launched,
     LaunchPutOff,
+    Reaped,
     ReleaseLooked,
 )
-from dflashd.supervisor.reaped import mark_reaped, reaped_facts, spawn_failed_facts
+from dflashd.supervisor.reaped import mark_reaped, reaped, spawn_failed_facts
 from dflashd.supervisor.speak.recorder import Recorder
 from dflashd.supervisor.watch.gpuwatch import GpuWatch
 from dflashd.supervisor.watch.observe import RunObserver
@@ -187,9 +188,9 @@ class Runs:
 
     # -- death ----------------------------------------------------------------------------
 
-    def reap(self, run: Run | None) -> ChildExited | None:
+    def reap(self, run: Run | None) -> Reaped | None:
         """SIGCHLD: reap the child if it died (its facts), then any orphaned zombies."""
-        died: ChildExited | None = None
+        died: Reaped | None = None
         if run is not None and run.alive and run.pid is not None:
             try:
                 status = self.ops.wait_nohang(run.pid)
@@ -204,8 +205,8 @@ class Runs:
         self.ops.reap_orphans(keep)
         return died
 
-    def _child_died(self, run: Run, status: int | None) -> ChildExited:
-        """The death walk: the final output counted, the facts gathered."""
+    def _child_died(self, run: Run, status: int | None) -> Reaped:
+        """The death walk: the final output counted, what the host says of the end read."""
         died = self.clock.monotonic()
         for drain in run.drains:  # everything it wrote is in the pipes: framed first
             drain.catch_up(CATCH_UP_S)
@@ -213,10 +214,6 @@ class Runs:
             run.watcher.flush()
         self.callbacks.process_inbox()  # ...and its steps counted before the verdict
         cpu_s = mark_reaped(run, status, self.ops)
-        self.observer.reaped(run)  # the curve ends where the run did
-        watch = self.callbacks.hang_watch()  # after the inbox: a sample that came in is in it
         ended_at = self.clock.time()
-        facts = reaped_facts(
-            run, status, died_mono=died, ended_at=ended_at, cpu_s=cpu_s, watch=watch
-        )
-        return ChildExited(facts, self._rng.random())
+        said = reaped(run, status, cpu_s, died_mono=died, ended_at=ended_at)
+        return replace(said, jitter=self._rng.random())

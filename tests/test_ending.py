@@ -291,8 +291,8 @@ def test_a_wait_elsewhere_is_timed_from_the_last_step_not_from_the_round_that_na
     came 20 s into the silence, and the end's reason says 25 s, not 5."""
     from dataclasses import replace
 
+    from dflashd.supervisor.model.died import waited_elsewhere
     from dflashd.supervisor.model.hang import HangWatch
-    from dflashd.supervisor.reaped import waited_elsewhere
     from tests.tables import run_state
 
     run = run_state(0.0)

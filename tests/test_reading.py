@@ -2,7 +2,7 @@
 
 Each test hands :func:`~dflashd.supervisor.model.step.step` the evidence as the shell reads it
 (``LinesSeen`` as the drain thread's watcher posts it, ``NotifyRead``, ``GpuSeen``, the host's
-answers ``SlowCauses`` and ``SlowStacks``, a ``StallLook``, ``RunReaped``) and reads what the
+answers ``SlowCauses`` and ``SlowStacks``, a ``StallLook``, ``Reaped``) and reads what the
 model decides: the run's next facts, its records and alerts, what it asks of the host.  No
 process, pipe or clock: the adapters that read these are pinned by the real-process suites.
 """
@@ -31,7 +31,7 @@ from dflashd.supervisor.model.inputs import (
     Launched,
     LinesSeen,
     NotifyRead,
-    RunReaped,
+    Reaped,
     SlowCauses,
     SlowStacks,
     StallLook,
@@ -94,20 +94,30 @@ def test_bare_output_is_liveness_and_a_long_last_line_is_cut() -> None:
     )
 
 
-def test_the_curve_ends_where_the_run_did_once() -> None:
-    _, said = play(
-        launched(),
-        [
-            (1.0, line(1, first=True)),
-            (1.5, line(7, loss=2.5)),
-            (2.0, RunReaped(1)),
-            (2.1, RunReaped(1)),
-        ],
+def test_a_reaped_runs_curve_ends_where_it_did_then_its_exit_is_concluded() -> None:
+    end = Reaped(1, None, 11, died_mono=90.0, ended_at=1090.0, tails={"stderr": ("Segfault",)})
+    state, said = play(
+        launched(), [(1.0, line(1, first=True)), (1.5, line(7, loss=2.5)), (90.0, end)]
     )
-    assert records(said[2]) == ["progress"]
-    last = next(e for e in said[2] if isinstance(e, WriteRecord))
+    assert records(said[2])[:2] == ["progress", "exit"]  # the last point, then the end
+    last, exit_record = [e for e in said[2] if isinstance(e, WriteRecord)][:2]
     assert last.fields["step"] == 7 and last.fields["loss"] == 2.5
-    assert said[3] == []  # recorded: nothing new to say
+    assert exit_record.fields["verdict"] == "crashed" and exit_record.fields["signal"] == "SIGSEGV"
+    assert state.ledger.restarts_by_verdict == {"crashed": 1}
+
+
+def test_how_long_a_silent_run_lived_tells_an_early_death_from_a_crash() -> None:
+    """No first step: its last sign of life is what it lived (model/died.py), unless it kept a
+    tenth of a CPU busy over its whole life (a silent CPU-bound job lived all of it)."""
+    quiet = Reaped(1, 1, None, died_mono=600.0, ended_at=1600.0, cpu_s=1.0, output_lines=3)
+    busy = replace(quiet, cpu_s=300.0)
+    for reaped, verdict in ((quiet, "crash_before_first_step"), (busy, "crashed")):
+        _, said = play(launched(), [(5.0, LinesSeen(1, None, "loading")), (600.0, reaped)])
+        exit_record = next(
+            e for e in said[1] if isinstance(e, WriteRecord) and e.event is Event.EXIT
+        )
+        assert exit_record.fields["verdict"] == verdict, exit_record.fields
+    assert play(launched(), [(9.0, replace(quiet, run_no=2))])[1] == [[]]  # not the current run
 
 
 def test_a_worker_failure_and_torchruns_restart_are_said_counted_and_cost_goodput() -> None:

@@ -178,10 +178,26 @@ class SlowStacks:
 
 
 @dataclass(frozen=True, slots=True)
-class RunReaped:
-    """Run ``run_no``'s root was reaped: the last point of its curve, before its end."""
+class Reaped:
+    """Run ``run_no``'s root was reaped: what the host says of its end (its exit code or
+    signal; ``status_unknown``: someone else took its wait status), its CPU time, its pipes'
+    last lines and how many lines it wrote, the OOM kills in its cgroup, the NCCL traces its
+    ranks left, the JIT-build locks older than it.  The model builds the facts ``conclude``
+    judges from its own state (model/died.py); ``jitter``: the backoff's, in [0, 1)."""
 
     run_no: int
+    exit_code: int | None
+    signal: int | None
+    died_mono: float
+    ended_at: float
+    cpu_s: float | None = None
+    tails: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # by pipe: stdout, stderr
+    output_lines: int = 0
+    status_unknown: bool = False
+    oom_kills: int = 0
+    flight_recorder: tuple[str, ...] = ()
+    stale_build_locks: tuple[str, ...] = ()
+    jitter: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +299,7 @@ Input = (
     | GpuSeen
     | SlowCauses
     | SlowStacks
-    | RunReaped
+    | Reaped
     | StallLook
     | StatusChanged
     | StatusWritten

@@ -35,7 +35,6 @@ from dflashd.supervisor.model.inputs import (
     GpuSeen,
     LinesSeen,
     NotifyRead,
-    RunReaped,
     SlowCauses,
     SlowStacks,
 )
@@ -84,7 +83,7 @@ class _Reading:
 
 
 Read = tuple[RunState, tuple[Effect, ...]]
-Evidence = LinesSeen | NotifyRead | GpuSeen | SlowCauses | SlowStacks | RunReaped
+Evidence = LinesSeen | NotifyRead | GpuSeen | SlowCauses | SlowStacks
 
 
 def read(run: RunState | None, heard: Evidence, against: Against, now: float) -> Read | None:
@@ -104,8 +103,6 @@ def read(run: RunState | None, heard: Evidence, against: Against, now: float) ->
             return slow_causes(run, heard, now)
         case SlowStacks():
             return slow_stacks(run, heard)
-        case RunReaped():
-            return reaped(run, against)
 
 
 def lines_seen(run: RunState, seen: LinesSeen, against: Against, now: float) -> Read:
@@ -174,7 +171,7 @@ def workers_run(run: RunState, against: Against) -> Read:
 
 def reaped(run: RunState, against: Against) -> Read:
     """The run's root was reaped: a ``progress`` record of where it was (the curve ends where
-    the run did, between two rate-limited records)."""
+    the run did, between two rate-limited records; ``step``'s ``Reaped`` arm)."""
     if not run.progress.unrecorded:
         return run, ()
     r = _Reading(run, against)

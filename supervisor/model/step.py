@@ -17,6 +17,7 @@ from typing import Final
 
 from dflashd.supervisor.model.carried import opened, restore
 from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
+from dflashd.supervisor.model.died import died_facts
 from dflashd.supervisor.model.effects import (
     DumpStacks,
     Effect,
@@ -60,8 +61,8 @@ from dflashd.supervisor.model.inputs import (
     LaunchPutOff,
     LinesSeen,
     NotifyRead,
+    Reaped,
     ReleaseLooked,
-    RunReaped,
     SlowCauses,
     SlowStacks,
     StacksAsked,
@@ -83,7 +84,7 @@ from dflashd.supervisor.model.leftovers import leftovers_step
 from dflashd.supervisor.model.lifecycle import LoopState, State
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.preflight import GpuHealth, preflight
-from dflashd.supervisor.model.reading import Against, read, workers_run
+from dflashd.supervisor.model.reading import Against, read, reaped, workers_run
 from dflashd.supervisor.model.relaunch import relaunch_effects
 from dflashd.supervisor.model.rules import ALERTED_BY_DEFAULT
 from dflashd.supervisor.model.runstate import RunState, stall_decide
@@ -309,7 +310,14 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, ()
         case CarriedOver():
             return state, restore(heard, now).effects
-        case LinesSeen() | NotifyRead() | GpuSeen() | SlowCauses() | SlowStacks() | RunReaped():
+        case Reaped(run_no, jitter=jitter) if state.run is not None and state.run.run_no == run_no:
+            last, curve = reaped(state.run, against(state))  # the curve ends where the run did
+            died = ChildExited(died_facts(last, state.hang, heard), jitter)
+            state, effects = decide(replace(state, run=last), died, now)
+            return state, (*curve, *effects)
+        case Reaped():  # of no current run: nothing to conclude
+            return state, ()
+        case LinesSeen() | NotifyRead() | GpuSeen() | SlowCauses() | SlowStacks():
             found = read(state.run, heard, against(state), now)
             if found is None:  # of no current run: a GPU sample's own records only
                 return state, heard.records if isinstance(heard, GpuSeen) else ()

@@ -23,7 +23,6 @@ from dflashd.supervisor.model.inputs import (
     Input,
     LinesSeen,
     NotifyRead,
-    RunReaped,
     SlowCauses,
     StallLook,
 )
@@ -94,10 +93,6 @@ class RunObserver:
             power_w=update.power_w,
         )
         self.step(run, seen)
-
-    def reaped(self, run: Run) -> None:
-        """The run's root was reaped (the model writes its curve's last point)."""
-        self.step(run, RunReaped(run.run_no))
 
     def stall_look(self, run: Run) -> StallLook:
         """The run passed its progress deadline: what the host says of it, for the model's
