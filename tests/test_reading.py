@@ -9,6 +9,7 @@ process, pipe or clock: the adapters that read these are pinned by the real-proc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -288,3 +289,21 @@ def test_gpu_activity_is_liveness_and_a_long_busy_spell_the_first_step() -> None
     assert state.run is not None and state.run.progress.first_step_source == "gpu"
     assert state.run.gpu_use == held and state.run.gpu_xids == (79,) and 77 in state.run.pids_seen
     assert state.run.gpu_seen == "busy"
+
+
+def test_a_steady_job_with_checkpoint_pauses_learns_its_pace_and_raises_nothing() -> None:
+    """Steps posted four times a second, 25 at a time, a 1.5 s pause every 200 steps (a
+    checkpoint's), a loss wandering in its range: a baseline, no slowdown, no divergence."""
+    history: list[tuple[float, Input]] = []
+    now, step_no = 1.0, 0
+    while step_no < 1400:
+        step_no += 25
+        now += 0.25 + (1.5 if step_no % 200 == 0 else 0.0)
+        loss = 2.0 + 0.3 * math.sin(step_no / 5.0)
+        history.append((now, line(step_no, first=step_no == 25, loss=loss)))
+    state, said = play(launched(), history)
+    flat = [e for s in said for e in s]
+    assert "pace" in records(flat) and KeepPaceBaseline() in flat
+    assert not [e for e in flat if isinstance(e, LookForSlowCauses | SendAlert)]
+    assert "diverged" not in records(flat) and state.run is not None and state.run.slow is None
+    assert state.run.progress.pace.pauses  # the checkpoints' cost, kept for the advice

@@ -1,5 +1,6 @@
 """Beyond alive, with real processes (issue 43): a job that runs slow against its own pace,
-a bundled trainer whose loss goes NaN, and the steady jobs that must raise neither."""
+a bundled trainer whose loss goes NaN (a steady job with pauses raising neither is a history:
+tests/test_reading.py)."""
 
 from __future__ import annotations
 
@@ -72,15 +73,6 @@ def test_a_slowed_rank_under_torchrun_is_named_the_straggler(
     assert "straggle" in str(cause.fields["where"])
     status = json.loads(run_cli("status", "--home", str(home), "--json").stdout)
     assert status["slow"]["straggler"]["straggler_ranks"] == [1]
-
-
-def test_a_steady_job_with_pauses_raises_nothing(start_daemon: Start) -> None:
-    """(c) Steady steps with a checkpoint-like pause every 200 steps: a baseline, no ``slow``,
-    no ``diverged`` (the loss wanders in its range)."""
-    daemon = start_daemon(child("paused_steps.py", "1400"))
-    assert daemon.wait(120) == 0
-    assert daemon.events("pace")
-    assert daemon.events("slow") == [] and daemon.events("diverged") == []
 
 
 @pytest.fixture
