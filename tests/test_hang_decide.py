@@ -17,18 +17,18 @@ from dflashd.supervisor.model.hang import (
     suspect_after,
 )
 from dflashd.supervisor.model.judge import Finding, Sample, judge
-from dflashd.supervisor.model.stacks import Frame, ProcessStacks, Role, ThreadStack
+from dflashd.supervisor.model.stacks import ProcessStacks, Role, StackFrame, ThreadStack
 from dflashd.supervisor.model.world import ProcessSample
 
-LOCK = Frame("acquire", "threading.py", 100)
-MAIN = Frame("train", "train.py", 42)
-ALL_REDUCE = Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2050)
-MATMUL = Frame("eval_step", "train.py", 77)
+LOCK = StackFrame("acquire", "threading.py", 100)
+MAIN = StackFrame("train", "train.py", 42)
+ALL_REDUCE = StackFrame("all_reduce", "torch/distributed/distributed_c10d.py", 2050)
+MATMUL = StackFrame("eval_step", "train.py", 77)
 
 
 def proc(
     pid: int,
-    *frames: Frame,
+    *frames: StackFrame,
     active: bool = False,
     wrote: int = 0,
     states: tuple[str, ...] = ("S",),
@@ -64,7 +64,7 @@ WORKER1 = Role("worker", 1, 1)
         (
             [
                 (proc(1, LOCK, MAIN),),
-                (proc(1, Frame("acquire", "threading.py", 101), MAIN),),
+                (proc(1, StackFrame("acquire", "threading.py", 101), MAIN),),
                 (proc(1, LOCK, MAIN),),
             ],
             Finding.WORKING,
@@ -121,7 +121,7 @@ def test_judge(rounds: list[tuple[ProcessSample, ...]], finding: Finding) -> Non
     ],
 )
 def test_cpu_under_waiting_threads(
-    cpus: tuple[float, ...], frames: tuple[Frame, ...], finding: Finding
+    cpus: tuple[float, ...], frames: tuple[StackFrame, ...], finding: Finding
 ) -> None:
     rounds = [(proc(1, *frames, cpu=cpu),) for cpu in cpus]
     assert judge(samples(*rounds)).finding is finding
@@ -129,13 +129,15 @@ def test_cpu_under_waiting_threads(
 
 def test_a_busy_process_that_is_not_python_is_work() -> None:
     """A Python launcher waits on a C++ trainer it started: the trainer's CPU is the work."""
-    rounds = [(proc(1, Frame("wait", "subprocess.py", 1200)), native(2, cpu)) for cpu in (0, 3, 6)]
+    rounds = [
+        (proc(1, StackFrame("wait", "subprocess.py", 1200)), native(2, cpu)) for cpu in (0, 3, 6)
+    ]
     assert judge(samples(*rounds)).finding is Finding.WORKING
-    idle = [(proc(1, Frame("wait", "subprocess.py", 1200)), native(2, 1.0)) for _ in range(3)]
+    idle = [(proc(1, StackFrame("wait", "subprocess.py", 1200)), native(2, 1.0)) for _ in range(3)]
     assert judge(samples(*idle)).finding is Finding.HUNG
 
 
-SYNC = Frame("synchronize", "torch/cuda/__init__.py", 1162)
+SYNC = StackFrame("synchronize", "torch/cuda/__init__.py", 1162)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +205,7 @@ def QUICK(
     wrote: int = 0,
     active: bool = False,
     state: str = "S",
-    frame: Frame = LOCK,
+    frame: StackFrame = LOCK,
     elsewhere: bool = False,
 ) -> Evidence:
     """A quick look's ``count`` samples, a second apart from 104.2; the last one as told."""
@@ -308,14 +310,14 @@ def test_decide(view: HangView, evidence: Evidence, now: float, expected: object
 
 # -- Hangs II: judged as a whole (issue 41) ---------------------------------------------------
 
-BARRIER = Frame("barrier", "torch/distributed/distributed_c10d.py", 4100)
-SLEEP = Frame("sleep", "train.py", 12)
+BARRIER = StackFrame("barrier", "torch/distributed/distributed_c10d.py", 4100)
+SLEEP = StackFrame("sleep", "train.py", 12)
 REMOTE0 = Role("worker", 0, 0, 2, 1)  # rank 0 of 2, one rank on this node: a remote peer
 REMOTE1 = Role("worker", 1, 0, 2, 1)
 
 
 def io(
-    pid: int, frame: Frame, *, read: int = 0, wrote: int = 0, outside: str = ""
+    pid: int, frame: StackFrame, *, read: int = 0, wrote: int = 0, outside: str = ""
 ) -> ProcessSample:
     thread = ThreadStack(pid, "MainThread", False, False, (frame, MAIN))
     stacks = ProcessStacks(pid, Role("root"), (thread,))
@@ -404,8 +406,8 @@ def test_status_shows_the_frames_that_proved_a_hang_not_the_step_lines() -> None
     assert "step 40 loss" not in text
 
 
-SYNC = Frame("synchronize", "torch/cuda/__init__.py", 985)
-EVAL_LOOP = Frame("evaluate", "train.py", 120)
+SYNC = StackFrame("synchronize", "torch/cuda/__init__.py", 985)
+EVAL_LOOP = StackFrame("evaluate", "train.py", 120)
 
 
 def gpu_proc(loop_index: int | None) -> ProcessSample:

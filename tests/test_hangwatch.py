@@ -333,10 +333,10 @@ def test_the_power_a_runs_gpus_draw_against_their_stepping_power(
 
 
 def _hung_process() -> object:
-    from dflashd.supervisor.model.stacks import Frame, ProcessStacks, Role, ThreadStack
+    from dflashd.supervisor.model.stacks import ProcessStacks, Role, StackFrame, ThreadStack
     from dflashd.supervisor.model.world import ProcessSample
 
-    frames = (Frame("acquire", "threading.py", 100), Frame("train", "train.py", 42))
+    frames = (StackFrame("acquire", "threading.py", 100), StackFrame("train", "train.py", 42))
     thread = ThreadStack(7, "MainThread", False, False, frames)
     return ProcessSample(ProcessStacks(7, Role("root"), (thread,)), 0, ("S",), 0.0)
 
@@ -407,10 +407,10 @@ def _drive(
 
 def _quiet(at: float) -> Sample:
     """Every thread in a lock, no CPU, no byte read or written: nothing moves at all."""
-    from dflashd.supervisor.model.stacks import Frame, ProcessStacks, Role, ThreadStack
+    from dflashd.supervisor.model.stacks import ProcessStacks, Role, StackFrame, ThreadStack
     from dflashd.supervisor.model.world import ProcessSample
 
-    frames = (Frame("acquire", "threading.py", 100), Frame("train", "train.py", 42))
+    frames = (StackFrame("acquire", "threading.py", 100), StackFrame("train", "train.py", 42))
     thread = ThreadStack(7, "MainThread", False, False, frames)
     stacks = ProcessStacks(7, Role("root"), (thread,))
     return Sample(at, (ProcessSample(stacks, 0, ("S",), 0.0, read_bytes=0),))

@@ -487,3 +487,16 @@ def test_the_act_finder_finds_acts() -> None:
         "progress.on_step(1)\n"
     )
     assert [line for line, _ in acts(tree)] == [1, 2, 3, 4, 5]
+
+
+def test_no_two_classes_share_a_name() -> None:
+    """One name, one class, across the supervisor and the log path (issue 52: two ``Launched``,
+    two ``Incident``, two ``Frame`` and two ``Leftovers`` once read as one)."""
+    where: dict[str, list[str]] = {}
+    for name, path in modules().items():
+        if not name.startswith(("dflashd.supervisor", "dflashd.logs")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(name)
+    assert {cls: found for cls, found in where.items() if len(found) > 1} == {}

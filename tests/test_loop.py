@@ -20,9 +20,9 @@ from dflashd.supervisor.model.gpurelease import FRESH_SAMPLE_WAIT_S, RELEASE_POL
 from dflashd.supervisor.model.inputs import LinesSeen
 from dflashd.supervisor.model.lifecycle import State
 from dflashd.supervisor.model.stacks import (
-    Frame,
     ProcessStacks,
     Role,
+    StackFrame,
     StacksDump,
     StacksTaken,
     ThreadStack,
@@ -493,12 +493,12 @@ def test_a_run_the_dead_daemon_never_saw_end_is_lost_and_counted(tmp_path: Path)
 def _two_ranks(run_no: int, trigger: str) -> StacksDump:
     """Rank 0 waits in all_reduce; rank 1 is somewhere else: the odd rank out."""
 
-    def proc(pid: int, rank: int, frames: list[Frame]) -> ProcessStacks:
+    def proc(pid: int, rank: int, frames: list[StackFrame]) -> ProcessStacks:
         thread = ThreadStack(pid, "MainThread", False, False, tuple(frames))
         return ProcessStacks(pid, Role("worker", rank, rank), (thread,))
 
-    waiting = [Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2500)]
-    frozen = [Frame("frozen_here", "train.py", 12), Frame("main", "train.py", 30)]
+    waiting = [StackFrame("all_reduce", "torch/distributed/distributed_c10d.py", 2500)]
+    frozen = [StackFrame("frozen_here", "train.py", 12), StackFrame("main", "train.py", 30)]
     return StacksDump(run_no, trigger, "py-spy", [proc(900, 0, waiting), proc(901, 1, frozen)])
 
 

@@ -14,9 +14,9 @@ import pytest
 from dflashd.supervisor.host.procfs import read_stat
 from dflashd.supervisor.host.pyspy import find_py_spy
 from dflashd.supervisor.model.stacks import (
-    Frame,
     ProcessStacks,
     Role,
+    StackFrame,
     StacksDump,
     ThreadStack,
     alert_lines,
@@ -28,13 +28,13 @@ from tests.conftest import Daemon, child, run_cli
 
 needs_py_spy = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
 
-ALL_REDUCE = Frame("all_reduce", "torch/distributed/distributed_c10d.py", 2501)
-BACKWARD = Frame("backward", "torch/autograd/graph.py", 744)
-FORWARD = Frame("forward", "model.py", 40)
-OWN_GLOO_FILE = Frame("frozen_here", "gloo_ranks.py", 20)  # a user's file named like a backend
+ALL_REDUCE = StackFrame("all_reduce", "torch/distributed/distributed_c10d.py", 2501)
+BACKWARD = StackFrame("backward", "torch/autograd/graph.py", 744)
+FORWARD = StackFrame("forward", "model.py", 40)
+OWN_GLOO_FILE = StackFrame("frozen_here", "gloo_ranks.py", 20)  # a user's file named like a backend
 
 
-def rank(r: int, *frames: Frame) -> ProcessStacks:
+def rank(r: int, *frames: StackFrame) -> ProcessStacks:
     thread = ThreadStack(1000 + r, "MainThread", True, False, frames)
     return ProcessStacks(1000 + r, Role("worker", r, r), (thread,))
 
@@ -50,7 +50,7 @@ def rank(r: int, *frames: Frame) -> ProcessStacks:
         ([rank(0, FORWARD), rank(1, BACKWARD)], []),  # two ranks, neither waits: no answer
         ([rank(0, ALL_REDUCE)], []),
         ([rank(0, ALL_REDUCE), rank(1, OWN_GLOO_FILE)], [1]),
-        ([rank(0, Frame("ncclGroupEnd", "libnccl.so.2", 0)), rank(1, BACKWARD)], [1]),
+        ([rank(0, StackFrame("ncclGroupEnd", "libnccl.so.2", 0)), rank(1, BACKWARD)], [1]),
     ],
 )
 def test_the_odd_rank_out(ranks: list[ProcessStacks], odd: list[int]) -> None:
@@ -86,11 +86,11 @@ def test_py_spy_json_becomes_a_labelled_dump() -> None:
 
 def test_an_active_worker_thread_reaches_the_alert() -> None:
     """A threaded trainer hangs in a worker thread, not in main: the alert shows that thread."""
-    sync = Frame("cudaDeviceSynchronize", "libcudart.so.13", 0)
-    hang = Frame("Worker._hang_here", "trainer/workers.py", 271)
-    main = ThreadStack(10, "MainThread", False, False, (Frame("Worker.result", "w.py", 287),))
+    sync = StackFrame("cudaDeviceSynchronize", "libcudart.so.13", 0)
+    hang = StackFrame("Worker._hang_here", "trainer/workers.py", 271)
+    main = ThreadStack(10, "MainThread", False, False, (StackFrame("Worker.result", "w.py", 287),))
     worker = ThreadStack(
-        11, "worker-0", True, False, (Frame("0x7f00", "libcuda.so", 0), sync, hang)
+        11, "worker-0", True, False, (StackFrame("0x7f00", "libcuda.so", 0), sync, hang)
     )
     idle = ThreadStack(12, "loader", False, False, (FORWARD,))
     dump = StacksDump(

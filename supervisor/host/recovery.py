@@ -55,7 +55,7 @@ class PreviousChild:
 
 
 @dataclass
-class Leftovers:
+class LeftoverSearch:
     """The verdict on one recorded child: which pids are proven ours, and what was refused."""
 
     proven: dict[int, int] = field(default_factory=dict)  # pid -> start ticks (its identity)
@@ -63,9 +63,9 @@ class Leftovers:
     note: str = ""
 
 
-def find_leftovers(child: PreviousChild, home_id: str, current_boot: str | None) -> Leftovers:
+def find_leftovers(child: PreviousChild, home_id: str, current_boot: str | None) -> LeftoverSearch:
     """Which processes of the previous run still live, proven ours (reads /proc only)."""
-    out = Leftovers()
+    out = LeftoverSearch()
     stats = all_stats()
     candidates = {
         pid

@@ -27,7 +27,7 @@ _COLLECTIVE_NAME: Final = re.compile(
 
 
 @dataclass(frozen=True, slots=True)
-class Frame:
+class StackFrame:
     """One frame: the function, its file (short) and line (0 for a native frame)."""
 
     name: str
@@ -53,7 +53,7 @@ class ThreadStack:
     name: str
     active: bool
     owns_gil: bool
-    frames: tuple[Frame, ...]
+    frames: tuple[StackFrame, ...]
     # a digest of its frames' local variables (py-spy --locals; 0: none read): a loop whose
     # frames look the same from sample to sample still changes its loop variable
     locals_key: int = 0
@@ -165,7 +165,7 @@ def parse_pyspy(pid: int, role: Role, data: Any, took_s: float) -> ProcessStacks
         tid = raw.get("os_thread_id") or raw.get("thread_id") or 0
         name = raw.get("thread_name") or ("MainThread" if tid == pid else f"thread {tid}")
         frames = tuple(
-            Frame(
+            StackFrame(
                 str(f.get("name") or "?"),
                 str(f.get("short_filename") or f.get("filename") or "?"),
                 int(f.get("line") or 0),

@@ -11,7 +11,7 @@ import re
 from enum import Enum
 from typing import Final
 
-from dflashd.supervisor.model.stacks import Frame, ThreadStack
+from dflashd.supervisor.model.stacks import StackFrame, ThreadStack
 
 # A thread whose innermost Python frame is one of these waits for something else: a lock,
 # a condition, a sleep, a selector, a socket, a child, a collective, a CUDA synchronize.
@@ -47,7 +47,7 @@ def waiting_on(thread: ThreadStack) -> WaitKind:
         return WaitKind.CPU if not thread.active else WaitKind.NONE
     if any(frame.collective for frame in thread.frames):
         return WaitKind.CPU  # a collective waits for its peers
-    top: Frame = thread.frames[0]
+    top: StackFrame = thread.frames[0]
     if _GPU_WAIT_NAME.search(top.name):
         return WaitKind.GPU
     if _WAIT_NAME.search(top.name) or not thread.active:
