@@ -121,7 +121,7 @@ class Daemon:
         goodput = lambda: (self.ledger.goodput, clock.monotonic())  # noqa: E731
         self.publisher = Publisher(self.reporter, self.status, totals, goodput, written)
         publish = self.publisher.publish
-        callbacks = LoopCallbacks(self._drain_inbox, publish, hang, facts_of, on_first_launch)
+        callbacks = LoopCallbacks(self._drain_inbox, publish, facts_of, on_first_launch)
         self.runs = Runs(clock, parts, callbacks)
         every = self._systemd.watchdog_interval_s
         allowed = config.gpus if isinstance(config.gpus, tuple) else None  # the pre-flight's

@@ -26,7 +26,6 @@ from dflashd.supervisor.host.room import room_at
 from dflashd.supervisor.launcher import LaunchDeferred, Launcher
 from dflashd.supervisor.liverun import LiveRunControl
 from dflashd.supervisor.model.effects import Launch, LookForRelease, LookForSlowCauses
-from dflashd.supervisor.model.hang import HangWatch
 from dflashd.supervisor.model.inputs import (
     ChildExited,
     Input,
@@ -72,7 +71,6 @@ class LoopCallbacks:
 
     process_inbox: Callable[[], None]
     publish: Callable[..., str]  # (shown=, final=): publisher.Publisher.publish
-    hang_watch: Callable[[], HangWatch]  # the current run's hang evidence (the model's)
     facts_of: FactsBook  # a run's facts (the model's)
     on_first_launch: FirstLaunch | None = None
 
