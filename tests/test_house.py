@@ -500,3 +500,64 @@ def test_no_two_classes_share_a_name() -> None:
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(name)
     assert {cls: found for cls, found in where.items() if len(found) > 1} == {}
+
+
+# Where the daemon may write a file: the executor and its hands (ACTORS), and the adapters that
+# implement an act (host/: the home, caches, cgroups, custody; speak/: records, status, alerts,
+# sockets).  The loop's wake pipe and the entry point's one line to stderr are not files.
+WRITERS_BESIDE = {"dflashd.supervisor.inbox", "dflashd.supervisor.__main__"}
+WRITES = {"write_text", "write_bytes", "replace", "unlink", "rmtree", "write", "write_state"}
+OS_ONLY = {"replace", "write"}  # os.replace, os.write (dataclasses' replace is no write)
+
+
+def file_writes(tree: ast.AST) -> list[tuple[int, str]]:
+    """Calls that write, replace or remove a file (``open`` for writing, too)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+        owner = getattr(getattr(node.func, "value", None), "id", None)
+        if name in WRITES and (name not in OS_ONLY or owner == "os"):
+            found.append((node.lineno, f"{name}()"))
+        elif name in ("open", "fdopen") and any(
+            isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax+")
+            for a in (*node.args[1:2], *(k.value for k in node.keywords if k.arg == "mode"))
+        ):
+            found.append((node.lineno, f"{name}(..., write)"))
+        elif name == "open" and any(
+            isinstance(a, ast.Attribute) and a.attr in ("O_WRONLY", "O_RDWR", "O_CREAT")
+            for a in ast.walk(node)
+        ):
+            found.append((node.lineno, "os.open(..., write)"))
+    return found
+
+
+def test_outside_the_executor_and_its_adapters_nothing_writes_a_file() -> None:
+    """The model, the watchers and the loop's shell read; a file of the home (a record, the
+    status, a dump, a cache) is written by the executor's hands or the adapter that implements
+    the act, never by the code that decides or reads (issue 52)."""
+    outside: list[str] = []
+    for name, path in modules().items():
+        parts = name.split(".")
+        if parts[:2] != ["dflashd", "supervisor"] or name in ACTORS | WRITERS_BESIDE:
+            continue
+        if len(parts) > 3 and parts[2] in ("host", "speak", "client"):
+            continue
+        for line, what in file_writes(ast.parse(path.read_text())):
+            outside.append(f"{name}:{line}: {what}")
+    assert outside == []
+
+
+def test_the_file_write_finder_finds_writes() -> None:
+    tree = ast.parse(
+        "p.write_text('x')\n"
+        "open(p, 'a')\n"
+        "os.open(p, os.O_WRONLY | os.O_CREAT)\n"
+        "shutil.rmtree(d)\n"
+        "open(p, 'rb')\n"
+        "p.read_text()\n"
+        "replace(facts, step=1)\n"
+        "os.replace(a, b)\n"
+    )
+    assert [line for line, _ in file_writes(tree)] == [1, 2, 3, 4, 8]
