@@ -7,21 +7,25 @@ never a traceback: the handler itself says so and exits, so no code in between c
 from __future__ import annotations
 
 import os
-import signal
+import sys
 
 EXIT_INTERRUPTED = 130  # as dflashd.supervisor.model.exitcodes, not imported yet here
+# The C module CPython loaded at start to install its own SIGINT handler: ours is set through
+# it with no import (``signal`` first builds its enums: milliseconds on a cold cache, in which
+# a Ctrl-C was a traceback from enum.py).
+_signal = sys.modules.get("_signal") or __import__("signal")
 
 
 def interrupted_while_loading(signum: int, frame: object) -> None:
     """SIGINT before the command has taken over: nothing was done yet."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     os.write(2, b"\ndflashd: interrupted before it started: nothing was done\n")
     os._exit(EXIT_INTERRUPTED)
 
 
 def main(prog_name: str | None = None) -> None:
     """Load the command line, then run it (the command decides what a Ctrl-C does next)."""
-    signal.signal(signal.SIGINT, interrupted_while_loading)
+    _signal.signal(_signal.SIGINT, interrupted_while_loading)
     from dflashd.supervisor.client.cli import main as command_line
 
     command_line(prog_name=prog_name)
