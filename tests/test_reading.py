@@ -307,3 +307,19 @@ def test_a_steady_job_with_checkpoint_pauses_learns_its_pace_and_raises_nothing(
     assert not [e for e in flat if isinstance(e, LookForSlowCauses | SendAlert)]
     assert "diverged" not in records(flat) and state.run is not None and state.run.slow is None
     assert state.run.progress.pace.pauses  # the checkpoints' cost, kept for the advice
+
+
+def test_what_was_read_of_a_run_no_longer_current_is_still_said_and_nothing_more() -> None:
+    state = launched()
+    gpu = WriteRecord(Event.GPU, {"gpus": []})
+    stacks = WriteRecord(Event.STACKS, {"dump_id": "1-1"})
+    odd = {"odd_rank_out": [1], "processes": [{"rank": 0}, {"rank": 1}]}
+    after, said = play(
+        state,
+        [
+            (1.0, GpuSeen(7, (gpu,), use=ChildGpuUse({0: 0.0}))),
+            (2.0, SlowStacks(7, stacks, odd)),
+            (3.0, LinesSeen(7, None, "x")),
+        ],
+    )
+    assert said == [[gpu], [stacks], []] and after == state

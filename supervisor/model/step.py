@@ -319,8 +319,10 @@ def decide(state: DaemonState, heard: Input, now: float) -> tuple[DaemonState, t
             return state, ()
         case LinesSeen() | NotifyRead() | GpuSeen() | SlowCauses() | SlowStacks():
             found = read(state.run, heard, against(state), now)
-            if found is None:  # of no current run: a GPU sample's own records only
-                return state, heard.records if isinstance(heard, GpuSeen) else ()
+            if found is None:  # of no current run: what was read is still said, nothing more
+                if isinstance(heard, GpuSeen):
+                    return state, heard.records
+                return state, (heard.said,) if isinstance(heard, SlowStacks) else ()
             return replace(state, run=found[0]), found[1]
         case StallLook(run_no, runnable, cpu_used_s, workers):
             run = state.run
