@@ -5,8 +5,9 @@ built-in formats, posted to the loop sparingly.
 run's callback on its drain threads: it matches frames (every one until the first step, then
 at most 50 a second and the newest before each post) and posts a :class:`LinesSeen` message
 to the loop's inbox (the first step at once, later ones at most four times a second, bare
-output as liveness at most once a second).  The loop turns those messages
-into :class:`~dflashd.supervisor.model.progress.Progress` (:mod:`observe`).
+output as liveness at most once a second).  The loop hands each message to the model as it
+is; ``step``'s reading arm (:mod:`~dflashd.supervisor.model.reading`) makes the run's
+:class:`~dflashd.supervisor.model.progress.Progress` of it.
 """
 
 from __future__ import annotations
