@@ -24,13 +24,13 @@ import traceback
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import (
+    Act,
     DumpStacks,
-    Effect,
     EndRunHung,
     KeepPaceBaseline,
     KillHolders,
@@ -184,7 +184,7 @@ class DaemonCore:
     # -- the executor -----------------------------------------------------------------------
 
     def execute(
-        self, run: Run | None, effects: Sequence[Effect], *, run_no: int | None = None
+        self, run: Run | None, effects: Sequence[Act], *, run_no: int | None = None
     ) -> None:
         """Carry out ``effects`` in order: the only code in the daemon that acts."""
         number = run_no if run_no is not None else (run.run_no if run is not None else 0)
@@ -192,7 +192,7 @@ class DaemonCore:
             self._execute_one(run, number, effect)
         self._take_turns()  # effects carried out outside a turn: their answers' turns now
 
-    def _execute_one(self, run: Run | None, number: int, effect: Effect) -> None:
+    def _execute_one(self, run: Run | None, number: int, effect: Act) -> None:
         hands = self.hands
         match effect:
             case WriteRecord(event, fields, level, wait, record_run):
@@ -257,8 +257,8 @@ class DaemonCore:
                 hands.publish(shown=shown, final=final)
             case NotifySystemd(text):
                 hands.notify_systemd(text)
-            case _:  # a change to the state reaches here only through a bug in fold
-                raise TypeError(f"not an effect the executor carries out: {effect!r}")
+            case _:  # every act has its arm (mypy proves it); a patch never comes: step folds it
+                assert_never(effect)
 
     def daemon_failed(self, run: Run | None, exc: BaseException) -> None:
         """The last-resort guard: the daemon itself failed; say so, and end as fatal."""

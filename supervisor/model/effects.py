@@ -7,8 +7,9 @@ Every decision returns a tuple of these, in order: a run's end
 (:func:`~dflashd.supervisor.model.incidents.resumed`), a launch deferred, a stop, the GPU release
 check and the GPU samples, recovery at start-up, the live run's deadlines.
 :func:`~dflashd.supervisor.model.step.step` folds the changes to the state into the next
-:class:`~dflashd.supervisor.model.step.DaemonState` and hands the rest on, in order, to the
-one executor (:class:`~dflashd.supervisor.core.DaemonCore`).
+:class:`~dflashd.supervisor.model.step.DaemonState` (:data:`Patch`) and hands the rest on, in
+order, to the one executor (:class:`~dflashd.supervisor.core.DaemonCore`): :data:`Act`, the only
+effects ``step`` returns.
 """
 
 from __future__ import annotations
@@ -300,36 +301,45 @@ class SettleGoodput:
     relaunch: bool
 
 
-Effect = (
-    WriteRecord
-    | SendAlert
-    | RecordHistory
-    | UpdateLedger
+# What only the state sees: folded into the next DaemonState by ``step`` (``StopRun`` and
+# ``EndRun`` into the acts they mean, too), never handed to the executor.
+Patch = (
+    UpdateLedger
     | SettleGoodput
-    | SettleProcesses
     | EnterState
     | RestartIn
     | SetTimer
     | StopAsked
+    | ExitDaemon
+    | KeepStacks
+    | StopRun
+    | EndRun
+)
+
+# What the executor carries out, in one ``match`` (``core.py``); ``step`` returns only these.
+Act = (
+    WriteRecord
+    | SendAlert
+    | RecordHistory
+    | SettleProcesses
     | RunLaunched
     | KillHolders
     | SignalLeftovers
     | WatchEmpty
-    | ExitDaemon
     | Launch
     | SayLaunched
     | LookForRelease
     | PrepareStandby
     | KeepPaceBaseline
     | LookForSlowCauses
-    | StopRun
     | SignalRun
     | KillRun
     | DumpStacks
-    | KeepStacks
-    | EndRun
     | SampleStacks
     | EndRunHung
     | Publish
     | NotifySystemd
 )
+
+# What a decision returns, in order, before ``step`` folds it: patches and acts.
+Effect = Patch | Act

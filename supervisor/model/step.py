@@ -19,6 +19,7 @@ from dflashd.supervisor.model.carried import opened, restore
 from dflashd.supervisor.model.deadlines import RUN_DEADLINES, Deadline, Deadlines
 from dflashd.supervisor.model.died import died_facts
 from dflashd.supervisor.model.effects import (
+    Act,
     DumpStacks,
     Effect,
     EndRun,
@@ -127,13 +128,13 @@ class DaemonState:
     hung_end: EndRunHung | None = None  # a proven hang whose kill waits for its dump's files
 
 
-Step = tuple[DaemonState, tuple[Effect, ...]]
+Step = tuple[DaemonState, tuple[Act, ...]]
 
 
 def fold(state: DaemonState, effects: Iterable[Effect], now: float) -> Step:
     """Fold the effects that change the state into it; return it and the rest, in order."""
     loop, deadlines, ledger, run = state.loop, state.deadlines, state.ledger, state.run
-    out: list[Effect] = []
+    out: list[Act] = []
     pending = deque(effects)  # an end dflashd decides is folded into the effects it means
     while pending:
         effect = pending.popleft()
