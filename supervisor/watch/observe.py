@@ -53,7 +53,9 @@ class RunObserver:
         if found is not None:
             self.pace.read_if_due(run.run_no, lambda: _members(run), now)
             if found.loss is not None or found.losses_from_nan:  # a divergence's alert says them
-                tail = tuple(line for drain in run.drains for line in drain.tail)
+                # each drain's tail copied at once (in C, under the GIL): its thread appends
+                # to it meanwhile, and a deque changed while Python iterates it raises
+                tail = tuple(line for drain in run.drains for line in tuple(drain.tail))
                 seen = replace(seen, tail=tail[-TAIL_LINES:])
         self.step(run, seen)
         return True
