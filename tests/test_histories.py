@@ -44,7 +44,6 @@ from dflashd.supervisor.model.inputs import (
     DumpRead,
     Emptied,
     HangDumpWritten,
-    Input,
     LaunchPutOff,
     ReleaseLooked,
     Started,
@@ -58,7 +57,7 @@ from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.step import LAUNCH_RETRY_S, DaemonState, Rules, fold, step
 from dflashd.supervisor.model.verdicts import EndedBy, Notice, Observations, Verdict
-from tests.tables import launch_heard, run_state
+from tests.tables import launch_heard, play, run_state
 
 POLICY = RestartConfig(early_retries=2, runtime_retries=5, backoff_initial_s=2.0)
 CRASH = Observations(signal=signal.SIGSEGV, reached_first_step=True, output_lines=9)
@@ -76,17 +75,6 @@ def died(run_no: int, obs: Observations, at: float, *, started: float = 0.0) -> 
     times = RunTimes(started, started + 1.0 if obs.reached_first_step else None, at - 0.5)
     facts = RunFacts(run_no, obs, at - started, ended_at=1000.0 + at, times=times, died_mono=at)
     return ChildExited(facts, jitter=0.0)
-
-
-def play(
-    state: DaemonState, history: Sequence[tuple[float, Input]]
-) -> tuple[DaemonState, list[list[Effect]]]:
-    """Each input at its time: the state at the end, and the effects of each step."""
-    said: list[list[Effect]] = []
-    for now, heard in history:
-        state, effects = step(state, heard, now)
-        said.append(list(effects))
-    return state, said
 
 
 def kinds(effects: Sequence[Effect]) -> list[str]:

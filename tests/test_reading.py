@@ -41,7 +41,7 @@ from dflashd.supervisor.model.ledger import Incident, Ledger
 from dflashd.supervisor.model.progress import LineProgress, NotifyMessage
 from dflashd.supervisor.model.step import DaemonState, Rules, step
 from dflashd.supervisor.model.verdicts import EndedBy, Notice, Verdict
-from tests.tables import run_state
+from tests.tables import play, run_state
 
 JOB = TorchrunJob(nnodes="2", rdzv_backend="c10d", rdzv_endpoint="node0:29400", rdzv_id="j1")
 
@@ -54,16 +54,6 @@ def launched(*, agent: bool = False, ledger: Ledger | None = None, **rules: obje
         facts = replace(facts, agent=AgentView(JOB, rendezvous_since=0.0), progress=progress)
     state = DaemonState(rules=Rules(**rules), ledger=ledger or Ledger())  # type: ignore[arg-type]
     return step(state, Launched(facts), 0.0)[0]
-
-
-def play(
-    state: DaemonState, history: Sequence[tuple[float, Input]]
-) -> tuple[DaemonState, list[list[Effect]]]:
-    said: list[list[Effect]] = []
-    for now, heard in history:
-        state, effects = step(state, heard, now)
-        said.append(list(effects))
-    return state, said
 
 
 def records(effects: Sequence[Effect]) -> list[str]:
