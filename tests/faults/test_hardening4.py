@@ -374,7 +374,7 @@ def test_two_quick_ctrl_c_end_start_with_one_line_and_130(
             assert isinstance(after_s, float)
             time.sleep(after_s)  # the moment under test: a user's finger, not an event
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.02)
+        time.sleep(0.02)  # the second press of a user's two quick ones
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)

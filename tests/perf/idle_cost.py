@@ -51,7 +51,7 @@ def main() -> None:
                 break
         cpu0, ctx0 = proc.cpu_times(), proc.num_ctx_switches()
         threads0 = {t.id: t.user_time + t.system_time for t in proc.threads()}
-        time.sleep(args.seconds)
+        time.sleep(args.seconds)  # the span measured: the daemon idles through it
         cpu1, ctx1 = proc.cpu_times(), proc.num_ctx_switches()
         rss = proc.memory_info().rss / 2**20
         threads = len(proc.threads())

@@ -121,7 +121,7 @@ def run_daemon(mode: str, mib: float, work: Path, echo: str = "quiet") -> tuple[
                 rep_mib_s = read_report(report)["mib_s"]
             except (ValueError, KeyError):
                 pass
-        time.sleep(0.05)
+        time.sleep(0.05)  # a sampling pace: CPU and RSS read while it runs
     if reader is not None:
         reader.join(10)
     os.close(out_r)

@@ -91,7 +91,7 @@ def pipe_ceiling(mode: str, mib: float, work: Path) -> Result:
     fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ, as dflashd's drain asks
     while data := os.read(fd, 1 << 20):
         if len(data) < 1 << 19:
-            time.sleep(0.002)
+            time.sleep(0.002)  # the lazy reader's pace: the ceiling it measures
     proc.wait(60)
     return result(mib, report, time.time(), 0.0)
 

@@ -25,7 +25,7 @@ class Tiny(L.LightningModule):
         self.log("train_loss", loss, prog_bar=True)
         import time
 
-        time.sleep(0.05)
+        time.sleep(0.05)  # the job's own pace: a step's work
         return loss
 
     def configure_optimizers(self):
