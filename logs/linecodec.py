@@ -1,15 +1,18 @@
-"""The log path's two inner loops: scanning a chunk's complete lines, encoding their records.
+"""The log path's inner loops: scanning a chunk's complete lines, encoding their records.
 
     scan(data, max_line)                      -> lines in ``data``, or -1
     encode(data, count, head, seq0, mid, tail) -> bytes
     prefix(data, count, head)                  -> bytes
+    mentions(data, words)                      -> bool
 
 ``data`` is complete lines joined by ``\\n`` (no trailing one).  ``CODEC.scan`` counts them when
 every byte is printable ASCII that a JSON string holds verbatim (0x20 to 0x7f except ``"``
 and ``\\``) and no line is longer than ``max_line`` bytes, else -1: the framer's fast path.
 :func:`encode` writes ``head + seq + mid + line + tail`` per line, ``seq`` counting up
 from ``seq0``: the records of such a frame.  ``CODEC.prefix`` writes ``head + line + "\\n"`` per
-line: the echo's ``r3 out | `` lines.
+line: the echo's ``r3 out | `` lines.  ``CODEC.mentions`` says whether one of ``words`` occurs in
+``data``: the line watcher's questions of a frame (a loss? an epoch? a NaN?), which a flood
+asks of every 256 KiB frame it matches (CPython's search took 0.2 ms a word there).
 
 Each exists twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,
 run without the GIL on large inputs) and here in Python (the reference, and the fallback).
@@ -87,6 +90,12 @@ Scan = Callable[[bytes, int], int]
 Encode = Callable[[bytes, int, bytes, int, bytes, bytes], bytes]
 Split = Callable[[bytes, int], list[bytes] | None]
 Prefix = Callable[[bytes, int, bytes], bytes]
+Mentions = Callable[[bytes, tuple[bytes, ...]], bool]
+
+
+def mentions_python(data: bytes, words: tuple[bytes, ...]) -> bool:
+    """The reference ``CODEC.mentions``."""
+    return any(word in data for word in words)
 
 
 @dataclass(slots=True)
@@ -97,6 +106,7 @@ class Codec:
     scan: Scan
     encode: Encode
     prefix: Prefix
+    mentions: Mentions
     split: Split | None = None  # Python: the scan that keeps the lines (the framer uses it)
 
 
@@ -110,8 +120,10 @@ def _built() -> ModuleType | None:
 def _codec(built: ModuleType | None) -> Codec:
     """The C loops where ``built``, else the Python ones."""
     if built is None:
-        return Codec("python", scan_python, encode_python, prefix_python, split_python)
-    return Codec("c", built.scan, built.encode, built.prefix)
+        return Codec(
+            "python", scan_python, encode_python, prefix_python, mentions_python, split_python
+        )
+    return Codec("c", built.scan, built.encode, built.prefix, built.mentions)
 
 
 def use(implementation: str) -> Codec:
@@ -123,7 +135,7 @@ def use(implementation: str) -> Codec:
     chosen = _codec(built)
     CODEC.implementation, CODEC.scan = chosen.implementation, chosen.scan
     CODEC.encode, CODEC.split = chosen.encode, chosen.split
-    CODEC.prefix = chosen.prefix
+    CODEC.prefix, CODEC.mentions = chosen.prefix, chosen.mentions
     return previous
 
 

@@ -65,6 +65,23 @@ def test_scan_agrees(data: bytes, max_line: int) -> None:
     assert _lines.scan(data, max_line) == linecodec.scan_python(data, max_line)
 
 
+WORDS = st.lists(
+    st.binary(max_size=6) | st.sampled_from([b"nan", b"inf", b"poch", b"loss"]), max_size=3
+)
+
+
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(
+    data=LOG_BYTES | st.lists(st.sampled_from(b"nafipochls x\n"), max_size=300).map(bytes),
+    words=WORDS,
+)
+def test_mentions_agrees(data: bytes, words: list[bytes]) -> None:
+    """Words of every length (none, shorter than the three bytes compared at once, longer),
+    anywhere: at the start, across a 64-byte block's end, in the last bytes."""
+    assert _lines.mentions(data, tuple(words)) == linecodec.mentions_python(data, tuple(words))
+
+
 @needs_c
 @settings(max_examples=500, deadline=None)
 @given(
@@ -212,6 +229,12 @@ def test_the_c_loops_agree_on_inputs_large_enough_to_leave_the_gil() -> None:
     assert _lines.prefix(data, 6000, b"r1 out | ") == linecodec.prefix_python(
         data, 6000, b"r1 out | "
     )
+    assert not _lines.mentions(data, (b"nan", b"inf", b"poch"))
+    for at in (0, 64 * 1024 - 2, 200_001, len(data) - 3):  # a word straddling a 64-byte block too
+        marked = data[:at] + b"nan" + data[at + 3 :]
+        assert _lines.mentions(marked, (b"inf", b"nan")) and linecodec.mentions_python(
+            marked, (b"inf", b"nan")
+        )
     for bad in (b'"', b"\\", b"\x1b", b"\xc3"):
         spoiled = data[:200_001] + bad + data[200_002:]
         assert _lines.scan(spoiled, 256) == linecodec.scan_python(spoiled, 256) == -1
