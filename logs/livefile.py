@@ -63,7 +63,7 @@ class LiveFile:
             os.close(self.fd)
         self.fd = adopted
 
-    def append(self, data: bytes | list[bytes]) -> bool:
+    def append(self, data: bytes | memoryview | list[bytes]) -> bool:
         """One append (``data`` whole, or its parts in one ``writev``: no joined copy of a
         batch); on failure the file is cut back so it holds whole records only."""
         self._check_vanished()

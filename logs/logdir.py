@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -70,7 +71,7 @@ class LogDir:
         """One ``write(2)``."""
         return os.write(fd, data)
 
-    def writev(self, fd: int, parts: list[bytes]) -> int:
+    def writev(self, fd: int, parts: Sequence[bytes | memoryview]) -> int:
         """One ``writev(2)`` of at most ``IOV_MAX`` parts: a batch without joining it first."""
         return os.writev(fd, parts)
 

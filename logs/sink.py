@@ -27,9 +27,15 @@ from dflashd.logs.framer import Frame
 from dflashd.logs.heap import keep_freed_buffers, release_free_memory
 from dflashd.logs.writer import RotatingLogWriter, WriterStats
 
-DEFAULT_MAX_QUEUE_BYTES: Final = 8 * 1024 * 1024
+# What a flood holds in memory (issue 53): the frames waiting here (the line watcher holds the
+# newest ones too, the supervisor's watch/linewatch.py), and each write's records, made from
+# ``_COALESCE_BYTES`` of frames at once.  8 MiB and 1 MiB held a block flood's peak at 45 MiB
+# on the 2-core box; 4 MiB and 256 KiB at 38 MiB, at the same rate side by side
+# (docs/measurements.md).  4 MiB is 8 ms of a 500 MiB/s flood, and a disk that takes longer is
+# the stall below, not the queue.
+DEFAULT_MAX_QUEUE_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_STALL_S: Final = 2.0
-_COALESCE_BYTES: Final = 1 << 20
+_COALESCE_BYTES: Final = 256 * 1024  # a line flood's small frames still go ~100 to a writev
 RETRY_S: Final = 0.5
 MAX_RETRIED: Final = 10_000
 # After this much output, once the queue is empty (or, after a burst, has stayed empty this

@@ -47,9 +47,12 @@ DEFAULT_BACKUPS: Final = 10
 ROTATE_RETRY_S: Final = 1.0  # a rotation that failed is tried again this much later
 
 
-def _nbytes(data: bytes | list[bytes]) -> int:
+Records = bytes | memoryview | list[bytes]  # records to write: whole, a view of some, or in parts
+
+
+def _nbytes(data: Records) -> int:
     """The length of records to write, whole or in parts."""
-    return len(data) if isinstance(data, bytes) else sum(map(len, data))
+    return sum(map(len, data)) if isinstance(data, list) else len(data)
 
 
 class LogWriterError(Exception):
@@ -200,34 +203,36 @@ class RotatingLogWriter:
                 self._record_self(event, fields)
 
     def _append_batch(self, data: bytes, count: int, counted: bool) -> bool:
-        live = self._live
-        while data and live.size + len(data) > self.max_bytes and self._may_rotate():
-            cut = data.rfind(b"\n", 0, self.max_bytes - live.size) + 1
-            if cut <= 0 and live.size > 0:  # not one more record fits here: the next file
+        # Cut at records' ends by offset, each piece written through a view: slicing the
+        # bytes copied a batch twice more at every rotation (issue 53: the writer's peak memory).
+        live, view, start, end = self._live, memoryview(data), 0, len(data)
+        while start < end and live.size + end - start > self.max_bytes and self._may_rotate():
+            cut = data.rfind(b"\n", start, start + self.max_bytes - live.size) + 1
+            if cut <= start and live.size > 0:  # not one more record fits here: the next file
                 if not self._rotate():
                     break  # the rest goes into this file, past its bound
                 continue
-            if cut <= 0:  # one record larger than the bound: alone in its own file
-                cut = data.find(b"\n") + 1 or len(data)
-            part, data = data[:cut], data[cut:]
-            records = part.count(b"\n")
-            if not self._append_part(part, records, counted):
+            if cut <= start:  # one record larger than the bound: alone in its own file
+                cut = data.find(b"\n", start) + 1 or end
+            records = data.count(b"\n", start, cut)
+            if not self._append_part(view[start:cut], records, counted):
                 if counted:
-                    self._count_dropped(data, count - records)
+                    self._count_dropped(view[cut:], count - records)
                 return False
             count -= records
+            start = cut
             if live.size > 0 and not self._rotate():
                 break
-        return self._append_part(data, count, counted) if data else True
+        return self._append_part(view[start:], count, counted) if start < end else True
 
-    def _count_dropped(self, data: bytes | list[bytes], count: int) -> None:
+    def _count_dropped(self, data: Records, count: int) -> None:
         nbytes = _nbytes(data)
         self._records_dropped += count
         self._bytes_dropped += nbytes
         self._unreported_records += count
         self._unreported_bytes += nbytes
 
-    def _append_part(self, data: bytes | list[bytes], count: int, counted: bool = True) -> bool:
+    def _append_part(self, data: Records, count: int, counted: bool = True) -> bool:
         if not self._write_all(data):
             if counted:
                 self._count_dropped(data, count)
@@ -261,7 +266,7 @@ class RotatingLogWriter:
             self._unreported_bytes = 0
             self._noted_error = None
 
-    def _write_all(self, data: bytes | list[bytes]) -> bool:
+    def _write_all(self, data: Records) -> bool:
         written = self._live.append(data)
         notice = self._live.take_notice()
         if notice is not None:  # the directory was swapped: said once, in the one we hold

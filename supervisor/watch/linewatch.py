@@ -167,9 +167,11 @@ STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most f
 MATCH_EVERY_S: Final = 0.02  # after the first step, frames are matched at most 50 times a second
 MATCH_BACK: Final = 8  # waiting frames matched, newest first, before a post
 # ...and at once when this many bytes wait: what a flood holds unmatched is bounded whatever
-# its rate (20 ms at 700 MiB/s were 14 MiB).  A bound of 1 MiB matched so often that the
-# drain thread lost a seventh of its block rate (issue 53, measured side by side)
-MATCH_BYTES: Final = 8 * 1024 * 1024
+# its rate (20 ms at 700 MiB/s were 14 MiB).  A bound of 1 MiB once cost the drain thread a
+# seventh of its block rate: a match of a flood's 256 KiB frame took 0.64 ms, three quarters
+# of it CPython's substring search for a NaN.  In C (``CODEC.mentions``) it takes 0.15 ms, and
+# 2 MiB (was 8) keeps the rate while a flood's peak memory drops (issue 53, side by side).
+MATCH_BYTES: Final = 2 * 1024 * 1024
 # Past the newest step, older frames are searched for its loss or epoch over this many bytes
 # at most: a bar's redraws are a few hundred, while a flood's frames are 64 KiB each and each
 # search of them cost the log path (a job that never prints an epoch was searched every time).

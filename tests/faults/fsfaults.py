@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ class FaultyDir(LogDir):
         self._maybe_fail("write")
         return super().write(fd, data)
 
-    def writev(self, fd: int, parts: list[bytes]) -> int:
+    def writev(self, fd: int, parts: Sequence[bytes | memoryview]) -> int:
         self._maybe_fail("write")
         return super().writev(fd, parts)
 
