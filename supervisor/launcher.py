@@ -179,8 +179,8 @@ class Launcher:
                 lambda db: db.started(run_no, started_wall, None, argv_text)
             )
             return Run(run_no, book), replace(facts, spawn_error=error), error
-        create_time = self.ops.create_time(launched.pid)
-        facts = replace(facts, create_time=create_time).saw({launched.pid})
+        create_time, ticks = self.ops.create_time(launched.pid), self.ops.start_ticks(launched.pid)
+        facts = replace(facts, create_time=create_time, start_ticks=ticks).saw({launched.pid})
         bind_run(run=run_no, pid=launched.pid)
         custody = launched.custody
         self.reporter.record(

@@ -147,6 +147,7 @@ def status_view(source: StatusSource) -> StatusView:
         view["child"] = {
             "pid": run.pid,
             "create_time": facts.create_time,
+            "start_ticks": facts.start_ticks,
             "boot_id": source.boot_id,
         }
     return view

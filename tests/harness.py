@@ -150,6 +150,9 @@ class ScriptedProcesses:
     def create_time(self, pid: int) -> float | None:
         return 1.7e9 if pid in self.children else None
 
+    def start_ticks(self, pid: int) -> int | None:
+        return 170_000 if pid in self.children else None
+
     def cmdline(self, pid: int) -> str:
         return "scripted"
 

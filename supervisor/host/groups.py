@@ -123,6 +123,11 @@ class HostProcesses:
         except psutil.Error:
             return None
 
+    def start_ticks(self, pid: int) -> int | None:
+        """``/proc/PID/stat``'s start time."""
+        found = read_stat(pid)
+        return None if found is None else found.start_ticks
+
     def cmdline(self, pid: int) -> str:
         """The command line, joined and cut at 200 characters ("?" when gone or a zombie)."""
         return cmdline_text(pid) or "?"

@@ -51,6 +51,10 @@ class ProcessOps(Protocol):
         """When ``pid`` was created (seconds since the epoch), None when it is gone."""
         ...
 
+    def start_ticks(self, pid: int) -> int | None:
+        """When ``pid`` started, in clock ticks since boot (no wall clock in it), None when gone."""
+        ...
+
     def cmdline(self, pid: int) -> str:
         """The command line of ``pid``, for naming it in the log."""
         ...

@@ -52,6 +52,7 @@ class PreviousChild:
     run_no: int
     create_time: float | None
     boot_id: str | None
+    start_ticks: int | None = None  # since boot: compared exactly (a clock step moves create_time)
 
 
 @dataclass
@@ -83,17 +84,11 @@ def find_leftovers(child: PreviousChild, home_id: str, current_boot: str | None)
         out.note = "the host rebooted since: the recorded pid is not ours"
         return out
     for pid in sorted(candidates):
-        born = create_time(pid)
-        if born is None:
+        why = _not_after_the_child(pid, stats[pid].start_ticks, child)
+        if why == "gone":
             continue
-        if child.create_time is None:
-            out.refused[pid] = "no create time recorded"
-            continue
-        if pid == child.pid and abs(born - child.create_time) > _SAME_CREATE_TIME_S:
-            out.refused[pid] = "same pid, another process (create time differs)"
-            continue
-        if born + _SAME_CREATE_TIME_S < child.create_time:
-            out.refused[pid] = "older than the recorded child"
+        if why is not None:
+            out.refused[pid] = why
             continue
         if not carries_mark(pid, home_id, child.run_no):
             mark = process_mark(pid)
@@ -102,6 +97,27 @@ def find_leftovers(child: PreviousChild, home_id: str, current_boot: str | None)
             continue
         out.proven[pid] = stats[pid].start_ticks
     return out
+
+
+def _not_after_the_child(pid: int, ticks: int, child: PreviousChild) -> str | None:
+    """Why ``pid`` cannot be the recorded child or one it started ("gone": it just ended), or
+    None.  By start ticks since boot where state.json has them: the wall clock's boot time
+    (``/proc/stat``'s btime, in every create time) moves when the clock is stepped, and a
+    step of more than a tick between two daemons made the child itself "another process"."""
+    if child.start_ticks is not None:
+        if pid == child.pid and ticks != child.start_ticks:
+            return "same pid, another process (start time differs)"
+        return "older than the recorded child" if ticks < child.start_ticks else None
+    born = create_time(pid)  # a state.json written before start ticks were recorded
+    if born is None:
+        return "gone"
+    if child.create_time is None:
+        return "no create time recorded"
+    if pid == child.pid and abs(born - child.create_time) > _SAME_CREATE_TIME_S:
+        return "same pid, another process (create time differs)"
+    if born + _SAME_CREATE_TIME_S < child.create_time:
+        return "older than the recorded child"
+    return None
 
 
 def previous_child(state: dict[str, object]) -> PreviousChild | None:
@@ -117,6 +133,7 @@ def previous_child(state: dict[str, object]) -> PreviousChild | None:
         return None
     created = child.get("create_time")
     boot = child.get("boot_id")
+    ticks = child.get("start_ticks")
     return PreviousChild(
         pid,
         run_no,
@@ -124,6 +141,7 @@ def previous_child(state: dict[str, object]) -> PreviousChild | None:
         if isinstance(created, int | float) and not isinstance(created, bool)
         else None,
         boot if isinstance(boot, str) else None,
+        ticks if isinstance(ticks, int) and not isinstance(ticks, bool) and ticks >= 0 else None,
     )
 
 

@@ -39,6 +39,7 @@ class RunState:
     progress: Progress
     spawn_error: str | None = None  # exec failed: the run never lived
     create_time: float | None = None  # its root's start time (status: the pid's proof)
+    start_ticks: int | None = None  # the same in ticks since boot (a clock step moves no tick)
     ended_by: EndedBy = EndedBy.CHILD
     alerted: frozenset[AlertKind] = frozenset()
     gpu_baseline_mib: Mapping[int, float] = field(default_factory=dict)  # used, before launch

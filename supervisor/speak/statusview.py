@@ -30,6 +30,7 @@ class ChildIdentity(TypedDict):
 
     pid: int
     create_time: float | None
+    start_ticks: int | None  # since boot: unlike create_time, no wall clock (a step) in it
     boot_id: str | None
 
 

@@ -21,6 +21,7 @@ import pytest
 
 from dflashd.logs import EventRecord, LineRecord, follow, read_records
 from dflashd.supervisor.host.home import Home
+from dflashd.supervisor.host.procfs import read_stat
 from dflashd.supervisor.host.recovery import boot_id
 from tests.conftest import Daemon, child, daemon_argv, run_cli, write_config
 from tests.faults.conftest import fill
@@ -106,6 +107,45 @@ def test_1_a_proven_leftover_is_ended(start_daemon: Start, home: Path) -> None:
         daemon.wait()
         assert leftover.wait(10) is not None
         assert daemon.events("recovered_orphan")[0].fields["pids"] == [leftover.pid]
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+            leftover.wait()
+
+
+@pytest.mark.parametrize("ticks_off", [0, 1])
+def test_1_a_leftover_is_proven_by_its_start_ticks_across_a_clock_step(
+    start_daemon: Start, home: Path, ticks_off: int
+) -> None:
+    """state.json's create time is 2 s off, as a step of the wall clock between the two daemons
+    leaves it (``/proc/stat``'s boot time moves with the clock): the start ticks since boot
+    still prove the leftover (ended); a tick off, the same pid is another process (untouched)."""
+    Home(home).create()
+    env = {**os.environ, "DFLASHD_HOME_ID": Home(home).id, "DFLASHD_RUN": "3"}
+    leftover = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], env=env, start_new_session=True
+    )
+    try:
+        found = read_stat(leftover.pid)
+        assert found is not None
+        stepped = psutil.Process(leftover.pid).create_time() + 2.0
+        child_rec = {
+            "pid": leftover.pid,
+            "create_time": stepped,
+            "start_ticks": found.start_ticks + ticks_off,
+            "boot_id": boot_id(),
+        }
+        _state(home, state="running", run=3, child=child_rec)
+        daemon = start_daemon(child("exit_silent.py"), restart={"early_retries": 0})
+        daemon.wait()
+        if ticks_off == 0:
+            assert leftover.wait(10) is not None
+            assert daemon.events("recovered_orphan")[0].fields["pids"] == [leftover.pid]
+        else:
+            assert leftover.poll() is None
+            refused = daemon.events("orphan_not_ours")[0].fields["refused"]
+            assert "start time differs" in refused[str(leftover.pid)]
+            assert daemon.events("recovered_orphan") == []
     finally:
         if leftover.poll() is None:
             leftover.kill()
