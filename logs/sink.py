@@ -30,9 +30,10 @@ from dflashd.logs.writer import RotatingLogWriter, WriterStats
 # What a flood holds in memory (issue 53): the frames waiting here (the line watcher holds the
 # newest ones too, the supervisor's watch/linewatch.py), and each write's records, made from
 # ``_COALESCE_BYTES`` of frames at once.  8 MiB and 1 MiB held a block flood's peak at 45 MiB
-# on the 2-core box; 4 MiB and 256 KiB at 38 MiB, at the same rate side by side
-# (docs/measurements.md).  4 MiB is 8 ms of a 500 MiB/s flood, and a disk that takes longer is
-# the stall below, not the queue.
+# on the 2-core box and 53-55 on the 16-core host; 4 MiB and 256 KiB at 38 and 43-46, at the
+# same rate within the 2-core box's noise (the host: about 8 % lower in the default variant's
+# median, a trade stated in docs/measurements.md).  4 MiB is 8 ms of a 500 MiB/s flood, and a
+# disk that takes longer is the stall below, not the queue.
 DEFAULT_MAX_QUEUE_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_STALL_S: Final = 2.0
 _COALESCE_BYTES: Final = 256 * 1024  # a line flood's small frames still go ~100 to a writev
