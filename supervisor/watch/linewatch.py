@@ -170,7 +170,7 @@ MATCH_BACK: Final = 8  # waiting frames matched, newest first, before a post
 # its rate (20 ms at 700 MiB/s were 14 MiB).  A bound of 1 MiB once cost the drain thread a
 # seventh of its block rate: a match of a flood's 256 KiB frame took 0.64 ms, three quarters
 # of it CPython's substring search for a NaN.  In C (``CODEC.mentions``) it takes 0.15 ms, and
-# 2 MiB (was 8) keeps the rate while a flood's peak memory drops (issue 53, side by side).
+# 2 MiB (was 8) lowers a flood's peak memory with the sink's queue (logs/sink.py: the trade).
 MATCH_BYTES: Final = 2 * 1024 * 1024
 # Past the newest step, older frames are searched for its loss or epoch over this many bytes
 # at most: a bar's redraws are a few hundred, while a flood's frames are 64 KiB each and each
