@@ -85,7 +85,7 @@ def find_leftovers(child: PreviousChild, home_id: str, current_boot: str | None)
         return out
     for pid in sorted(candidates):
         why = _not_after_the_child(pid, stats[pid].start_ticks, child)
-        if why == "gone":
+        if why is _GONE:
             continue
         if why is not None:
             out.refused[pid] = why
@@ -99,9 +99,12 @@ def find_leftovers(child: PreviousChild, home_id: str, current_boot: str | None)
     return out
 
 
+_GONE: Final = "gone"  # ended between the scan and the look: neither proven nor refused
+
+
 def _not_after_the_child(pid: int, ticks: int, child: PreviousChild) -> str | None:
-    """Why ``pid`` cannot be the recorded child or one it started ("gone": it just ended), or
-    None.  By start ticks since boot where state.json has them: the wall clock's boot time
+    """Why ``pid`` cannot be the recorded child or one it started (``_GONE``: it just ended),
+    or None.  By start ticks since boot where state.json has them: the wall clock's boot time
     (``/proc/stat``'s btime, in every create time) moves when the clock is stepped, and a
     step of more than a tick between two daemons made the child itself "another process"."""
     if child.start_ticks is not None:
@@ -110,7 +113,7 @@ def _not_after_the_child(pid: int, ticks: int, child: PreviousChild) -> str | No
         return "older than the recorded child" if ticks < child.start_ticks else None
     born = create_time(pid)  # a state.json written before start ticks were recorded
     if born is None:
-        return "gone"
+        return _GONE
     if child.create_time is None:
         return "no create time recorded"
     if pid == child.pid and abs(born - child.create_time) > _SAME_CREATE_TIME_S:
