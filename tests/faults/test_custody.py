@@ -189,8 +189,9 @@ def test_the_same_home_through_a_symlinked_path_recovers(
         first.proc.kill()  # the daemon dies; its child ignores the SIGTERM its death sends
         first.proc.wait()
         assert _alive(pid, found.start_ticks)
-        # what the second daemon will read: kept for the message of a failure (a flake seen
-        # about once in twenty full runs, unreproduced alone: the state and the child's fate)
+        # what the second daemon will read: kept for the message of a failure (the state and
+        # the child's fate; a child that died of its own print into the dead daemon's pipe
+        # once left nothing to recover: ignore_term.py now prints before it notifies)
         left = (real / "home" / "state.json").read_text()
         second = Daemon(real / "home", config, child("exit_silent.py"))
         try:
