@@ -24,7 +24,10 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 /* From 64 KiB on, without the GIL (smaller: the hand-off costs more than it gives).  A flood's
    reads are mostly 60-250 KiB (the drain keeps up with the pipe), so at 256 KiB they all ran
@@ -286,6 +289,94 @@ static PyObject *lines_mentions(PyObject *self, PyObject *args)
     return PyBool_FromLong(found);
 }
 
+/* read_lines(fd, held, max_read, max_line) -> (text, rest, nread, count)
+
+   One read(2) of what the pipe holds (at most max_read bytes) into a buffer that begins with
+   ``held`` (the stream's bytes held back since the last read: a partial line), then the scan of
+   its complete lines, in one stretch without the GIL: the drain thread's os.read and its scan
+   each gave the GIL away and waited to take it back, and the framer copied the complete lines
+   out of the chunk (the held bytes joined to it first).  Here the read lands where the lines
+   are kept, and the frame's text is that buffer itself.
+   - count > 0: text is the complete lines (scan's contract), rest the bytes after the last '\n';
+   - count == 0 or -1: text is held + the chunk, whole (no '\n' in it, or the scan refused it, or
+     a '\r' is in it: the framer's general path), rest is None;
+   - nread == 0: end of file (text is held).
+   A non-blocking fd with nothing to read raises BlockingIOError, as os.read does.
+
+   Memory (a flood's peak; issue 53): the buffer is sized to what FIONREAD says the pipe holds,
+   rounded up to READ_GRANULE, and the text's size is set, not shrunk by realloc: a shrink frees
+   a sliver behind every frame that the allocator's per-thread cache keeps, so the holes that
+   frames leave once written never join, and a flood's frames were never placed in them (the
+   drain's heap arena grew from 5.5 to 11.5 MiB).  Buffers of one size that are freed whole
+   are reused: the slack kept per frame is under READ_GRANULE plus one partial line. */
+#define READ_GRANULE (4 * 1024)
+
+static PyObject *lines_read_lines(PyObject *self, PyObject *args)
+{
+    int fd;
+    const char *held;
+    Py_ssize_t held_n, max_read, max_line;
+    if (!PyArg_ParseTuple(args, "iy#nn:read_lines", &fd, &held, &held_n, &max_read, &max_line))
+        return NULL;
+    if (max_read < 1 || held_n > PY_SSIZE_T_MAX / 2 || max_read > PY_SSIZE_T_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "read_lines: bad sizes");
+        return NULL;
+    }
+    /* nothing in the pipe (FIONREAD says 0): a small read, for the end of file or EAGAIN;
+       what arrives meanwhile is the next read's */
+    int avail = 0;
+    Py_ssize_t want = max_read;
+    if (ioctl(fd, FIONREAD, &avail) == 0)
+        want = avail <= 0 ? READ_GRANULE : (avail < max_read ? avail : max_read);
+    Py_ssize_t size = (held_n + want + READ_GRANULE - 1) / READ_GRANULE * READ_GRANULE;
+    want = size - held_n;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, size);
+    if (data == NULL)
+        return NULL;
+    char *buf = PyBytes_AS_STRING(data);
+    memcpy(buf, held, (size_t)held_n);
+    Py_ssize_t got, last_nl = -1, count = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    got = read(fd, buf + held_n, (size_t)want);
+    if (got < 0) {
+        err = errno;
+    } else if (got > 0) {
+        Py_ssize_t total = held_n + got;
+        if (memchr(buf, '\r', (size_t)total) != NULL) {
+            count = -1;
+        } else {
+            const char *nl = memrchr(buf, '\n', (size_t)total);
+            if (nl != NULL) {
+                last_nl = nl - buf;
+                count = scan_lines((const unsigned char *)buf, last_nl, max_line);
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (got < 0) {
+        Py_DECREF(data);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_ssize_t total = held_n + got;
+    Py_ssize_t end = count > 0 ? last_nl : total;
+    PyObject *rest = Py_None;
+    if (count > 0) {
+        rest = PyBytes_FromStringAndSize(buf + last_nl + 1, total - last_nl - 1);
+        if (rest == NULL) {
+            Py_DECREF(data);
+            return NULL;
+        }
+    } else {
+        Py_INCREF(rest);
+    }
+    /* still ours alone (never shared, its hash never taken): the size is set in place */
+    Py_SET_SIZE(data, end);
+    buf[end] = '\0';
+    return Py_BuildValue("(NNnn)", data, rest, got, count);
+}
+
 static PyMethodDef lines_methods[] = {
     {"scan", lines_scan, METH_VARARGS,
      "scan(data, max_line) -> the number of JSON-safe lines in data, or -1."},
@@ -293,6 +384,8 @@ static PyMethodDef lines_methods[] = {
      "encode(data, count, head, seq0, mid, tail) -> head+seq+mid+line+tail per line."},
     {"prefix", lines_prefix, METH_VARARGS,
      "prefix(data, count, head) -> head+line+'\\n' per line."},
+    {"read_lines", lines_read_lines, METH_VARARGS,
+     "read_lines(fd, held, max_read, max_line) -> (text, rest, nread, count): read and scan."},
     {"mentions", lines_mentions, METH_VARARGS,
      "mentions(data, words) -> True when one of the words occurs in data."},
     {NULL, NULL, 0, NULL},

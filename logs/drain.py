@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
+from dflashd.logs.linecodec import CODEC
 
 READ_BYTES: Final = 256 * 1024
 # After a read this small, the next waits this long: a job printing line by line wakes a drain
@@ -143,9 +144,7 @@ class PipeDrain:
         try:
             while True:
                 try:
-                    with self._read_lock:
-                        chunk = os.read(self.fd, READ_BYTES)
-                        self.read_bytes += len(chunk)
+                    nread = self._read_and_frame()
                 except BlockingIOError:  # nothing yet: wait (a flood never gets here)
                     self._wait_readable()
                     continue
@@ -153,15 +152,13 @@ class PipeDrain:
                     continue
                 except OSError as exc:
                     self.error = exc.strerror
-                    chunk = b""
-                if not chunk:
+                    nread = 0
+                if not nread:
                     break
-                with self._framer_lock:
-                    self._emit(self._framer.feed(chunk))
                 with self._cond:
-                    self.consumed_bytes += len(chunk)
+                    self.consumed_bytes += nread
                     self._cond.notify_all()
-                if len(chunk) < SMALL_READ_BYTES and self._gather_s:
+                if nread < SMALL_READ_BYTES and self._gather_s:
                     time.sleep(self._gather_s)
             with self._framer_lock:
                 self._emit(self._framer.flush())
@@ -170,6 +167,30 @@ class PipeDrain:
             with self._cond:
                 self.eof = True
                 self._cond.notify_all()
+
+    def _read_and_frame(self) -> int:
+        """One read, framed and handed on; the bytes read (0: end of file).  In C, the read and
+        the scan are one call that leaves the GIL once, reading in behind the held-back bytes;
+        the framer's lock is held across it, so :meth:`catch_up`'s flush of those bytes can
+        never fall between the read and the frame (they would be recorded twice)."""
+        read_lines = CODEC.read_lines
+        with self._framer_lock:
+            if read_lines is None:
+                with self._read_lock:
+                    chunk = os.read(self.fd, READ_BYTES)
+                    self.read_bytes += len(chunk)
+                if chunk:
+                    self._emit(self._framer.feed(chunk))
+                return len(chunk)
+            framer = self._framer
+            with self._read_lock:
+                text, rest, nread, count = read_lines(
+                    self.fd, framer.held, READ_BYTES, framer.max_line_bytes
+                )
+                self.read_bytes += nread
+            if nread:
+                self._emit(framer.take(text, rest, count))
+            return nread
 
     def _wait_readable(self) -> None:
         try:

@@ -159,6 +159,24 @@ class LineFramer:
             return frame
         return self._feed_general(pending + chunk if pending else chunk)
 
+    @property
+    def held(self) -> bytes:
+        """The bytes held back: what :data:`CODEC.read_lines` reads in behind."""
+        return self._pending
+
+    def take(self, text: bytes, rest: bytes | None, count: int) -> Frame | None:
+        """What ``CODEC.read_lines(fd, self.held, ...)`` returned: the frame :meth:`feed` would
+        make of the chunk it read.  ``count > 0``: ``text`` is scanned complete lines, ``rest``
+        what follows the last; else ``text`` is the held bytes and the chunk, framed here."""
+        if count <= 0:
+            self._pending = b""
+            return self.feed(text)
+        self._pending = rest if rest is not None else b""
+        frame = Frame(None, None, len(text) + 1, text, count)
+        if len(self._pending) > self.max_line_bytes:
+            return _merge(frame, self._cut_pending())
+        return frame
+
     def _feed_general(self, buf: bytes) -> Frame | None:
         lines: list[str] = []
         flags: list[tuple[bool, str | None]] = []

@@ -4,6 +4,7 @@
     encode(data, count, head, seq0, mid, tail) -> bytes
     prefix(data, count, head)                  -> bytes
     mentions(data, words)                      -> bool
+    read_lines(fd, held, max_read, max_line)   -> (text, rest, nread, count)   (C only)
 
 ``data`` is complete lines joined by ``\\n`` (no trailing one).  ``CODEC.scan`` counts them when
 every byte is printable ASCII that a JSON string holds verbatim (0x20 to 0x7f except ``"``
@@ -13,6 +14,10 @@ from ``seq0``: the records of such a frame.  ``CODEC.prefix`` writes ``head + li
 line: the echo's ``r3 out | `` lines.  ``CODEC.mentions`` says whether one of ``words`` occurs in
 ``data``: the line watcher's questions of a frame (a loss? an epoch? a NaN?), which a flood
 asks of every 256 KiB frame it matches (CPython's search took 0.2 ms a word there).
+``CODEC.read_lines`` is the drain's read and the scan in one call without the GIL, the read
+landing behind the held-back bytes (``_lines.c`` says what it returns); it has no Python twin:
+where C was not built it is None and the drain reads with ``os.read`` and frames with
+:meth:`~dflashd.logs.framer.LineFramer.feed`, which makes the same frames.
 
 Each exists twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,
 run without the GIL on large inputs) and here in Python (the reference, and the fallback).
@@ -91,6 +96,7 @@ Encode = Callable[[bytes, int, bytes, int, bytes, bytes], bytes]
 Split = Callable[[bytes, int], list[bytes] | None]
 Prefix = Callable[[bytes, int, bytes], bytes]
 Mentions = Callable[[bytes, tuple[bytes, ...]], bool]
+ReadLines = Callable[[int, bytes, int, int], tuple[bytes, bytes | None, int, int]]
 
 
 def mentions_python(data: bytes, words: tuple[bytes, ...]) -> bool:
@@ -108,6 +114,7 @@ class Codec:
     prefix: Prefix
     mentions: Mentions
     split: Split | None = None  # Python: the scan that keeps the lines (the framer uses it)
+    read_lines: ReadLines | None = None  # C: the drain's read and scan in one call
 
 
 def _built() -> ModuleType | None:
@@ -123,7 +130,9 @@ def _codec(built: ModuleType | None) -> Codec:
         return Codec(
             "python", scan_python, encode_python, prefix_python, mentions_python, split_python
         )
-    return Codec("c", built.scan, built.encode, built.prefix, built.mentions)
+    return Codec(
+        "c", built.scan, built.encode, built.prefix, built.mentions, read_lines=built.read_lines
+    )
 
 
 def use(implementation: str) -> Codec:
@@ -136,6 +145,7 @@ def use(implementation: str) -> Codec:
     CODEC.implementation, CODEC.scan = chosen.implementation, chosen.scan
     CODEC.encode, CODEC.split = chosen.encode, chosen.split
     CODEC.prefix, CODEC.mentions = chosen.prefix, chosen.mentions
+    CODEC.read_lines = chosen.read_lines
     return previous
 
 

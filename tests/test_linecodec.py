@@ -18,7 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dflashd.logs import linecodec
-from dflashd.logs.framer import LineFramer
+from dflashd.logs.drain import grow_pipe
+from dflashd.logs.framer import Frame, LineFramer
+from dflashd.logs.limits import MIN_LINE_BYTES
 from dflashd.logs.records import LineRecord, decode, encode_frame, reassemble
 
 try:
@@ -239,3 +241,68 @@ def test_the_c_loops_agree_on_inputs_large_enough_to_leave_the_gil() -> None:
         spoiled = data[:200_001] + bad + data[200_002:]
         assert _lines.scan(spoiled, 256) == linecodec.scan_python(spoiled, 256) == -1
     assert _lines.scan(data, 100) == linecodec.scan_python(data, 100) == -1  # lines over 100 bytes
+
+
+def _frames_equal(a: object, b: object) -> bool:
+    if a is None or b is None:
+        return a is b
+    assert isinstance(a, Frame) and isinstance(b, Frame)
+    return (a.lines, a.flags, a.nbytes, len(a)) == (b.lines, b.flags, b.nbytes, len(b))
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(LOG_BYTES | st.sampled_from([b"\r", b"\r\n", b"x" * 90]), max_size=8))
+def test_read_lines_through_a_pipe_makes_the_frames_feed_makes(chunks: list[bytes]) -> None:
+    """Each chunk written into a real pipe, then read by ``read_lines`` behind the held bytes and
+    framed by ``take``: frame for frame what ``feed`` makes of the same chunk (\\r, non-ASCII,
+    quotes, lines cut at the bound, bytes held across chunks)."""
+    ours, reference = LineFramer(MIN_LINE_BYTES), LineFramer(MIN_LINE_BYTES)
+    r, w = os.pipe()
+    try:
+        os.set_blocking(r, False)
+        for chunk in [c for c in chunks if c]:
+            os.write(w, chunk)
+            text, rest, nread, count = _lines.read_lines(r, ours.held, 1 << 16, MIN_LINE_BYTES)
+            assert nread == len(chunk)
+            assert _frames_equal(ours.take(text, rest, count), reference.feed(chunk))
+            assert ours.held == reference.held
+        os.close(w)
+        w = -1
+        text, rest, nread, count = _lines.read_lines(r, ours.held, 1 << 16, MIN_LINE_BYTES)
+        assert (nread, rest, text) == (0, None, reference.held)  # end of file: the held bytes
+        assert _frames_equal(ours.flush(), reference.flush())
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+@needs_c
+def test_read_lines_reads_a_flood_in_pieces_and_says_when_the_pipe_is_empty() -> None:
+    """Over 256 KiB waiting: one read takes at most ``max_read`` of it (rounded to the granule),
+    the frame's text is its complete lines exactly, and an empty pipe raises BlockingIOError as
+    ``os.read`` does."""
+    line = b"step %09d loss 1.250 tok/s 51,200 " + b"x" * 40 + b"\n"
+    data = b"".join(line % i for i in range(6000))
+    r, w = os.pipe()
+    try:
+        os.set_blocking(r, False)
+        grow_pipe(w, 1 << 20)
+        os.write(w, data)
+        framer, frames, taken = LineFramer(), [], 0
+        while taken < len(data):
+            text, rest, nread, count = _lines.read_lines(r, framer.held, 256 * 1024, 65536)
+            assert 0 < nread <= 256 * 1024 + 4096
+            taken += nread
+            frame = framer.take(text, rest, count)
+            assert frame is not None and frame.text is not None and count == len(frame)
+            assert frame.text.endswith(b"x" * 40)  # the last complete line's end
+            frames.append(frame.text)
+        assert len(frames) > 1 and framer.held == b""
+        assert b"\n".join(frames) + b"\n" == data
+        with pytest.raises(BlockingIOError):
+            _lines.read_lines(r, b"", 256 * 1024, 65536)
+    finally:
+        os.close(r)
+        os.close(w)
