@@ -19,8 +19,11 @@
  *       True when one of the words (a tuple of bytes) occurs in data: the line watcher's
  *       questions of a frame (a loss, an epoch, a NaN), asked of 256 KiB frames in a flood.
  *
- * All four read only their immutable arguments, so a large input is handled without the GIL:
- * the drain thread's scan and the writer thread's encode run at once on two cores.
+ *   read_lines(fd, held, max_read, max_line) -> (text, rest, nread, count)
+ *       The drain's read of a pipe and the scan above in one call (below, where it is defined).
+ *
+ * The first four read only their immutable arguments, so a large input is handled without the
+ * GIL: the drain thread's scan and the writer thread's encode run at once on two cores.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -300,15 +303,12 @@ static PyObject *lines_mentions(PyObject *self, PyObject *args)
    - count > 0: text is the complete lines (scan's contract), rest the bytes after the last '\n';
    - count == 0 or -1: text is held + the chunk, whole (no '\n' in it, or the scan refused it, or
      a '\r' is in it: the framer's general path), rest is None;
-   - nread == 0: end of file (text is held).
-   A non-blocking fd with nothing to read raises BlockingIOError, as os.read does.
+   - nread == 0: end of file (text is held); an empty non-blocking fd: BlockingIOError.
 
-   Memory (a flood's peak; issue 53): the buffer is sized to what FIONREAD says the pipe holds,
-   rounded up to READ_GRANULE, and the text's size is set, not shrunk by realloc: a shrink frees
-   a sliver behind every frame that the allocator's per-thread cache keeps, so the holes that
-   frames leave once written never join, and a flood's frames were never placed in them (the
-   drain's heap arena grew from 5.5 to 11.5 MiB).  Buffers of one size that are freed whole
-   are reused: the slack kept per frame is under READ_GRANULE plus one partial line. */
+   Memory (issue 53): the buffer is sized by FIONREAD, rounded up to READ_GRANULE, and the
+   text's size is set, not shrunk by realloc: a shrink frees a sliver behind every frame that
+   the allocator's thread cache keeps, so written frames' holes never joined and were never
+   reused (the drain's arena 5.5 -> 11.5 MiB).  Slack per frame: < READ_GRANULE + a line. */
 #define READ_GRANULE (4 * 1024)
 
 static PyObject *lines_read_lines(PyObject *self, PyObject *args)
