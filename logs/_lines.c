@@ -371,7 +371,7 @@ static PyObject *lines_read_lines(PyObject *self, PyObject *args)
     } else {
         Py_INCREF(rest);
     }
-    /* still ours alone (never shared, its hash never taken): the size is set in place */
+    /* ours alone (never shared, hash untaken, never a 0/1-byte singleton): size set in place */
     Py_SET_SIZE(data, end);
     buf[end] = '\0';
     return Py_BuildValue("(NNnn)", data, rest, got, count);
