@@ -144,19 +144,13 @@ class LineFramer:
         else:
             parts, count = None, CODEC.scan(complete, limit)
         if count > 0:  # JSON-safe ASCII, no line too long: kept as it came
-            self._pending = chunk[last_nl + 1 :]
-            frame = Frame(None, None, nbytes, complete, count, parts)
-            if len(self._pending) > limit:
-                return _merge(frame, self._cut_pending())
-            return frame
+            return self._holding(
+                Frame(None, None, nbytes, complete, count, parts), chunk[last_nl + 1 :]
+            )
         lines = _decode(complete).split("\n")
         # A line of n characters has at most 4n bytes: only a long one needs a byte count.
         if size <= limit or max(map(len, lines)) * 4 <= limit or _fits(lines, limit):
-            self._pending = chunk[last_nl + 1 :]
-            frame = Frame(lines, None, nbytes)
-            if len(self._pending) > limit:
-                return _merge(frame, self._cut_pending())
-            return frame
+            return self._holding(Frame(lines, None, nbytes), chunk[last_nl + 1 :])
         return self._feed_general(pending + chunk if pending else chunk)
 
     @property
@@ -171,11 +165,7 @@ class LineFramer:
         if count <= 0:
             self._pending = b""
             return self.feed(text)
-        self._pending = rest if rest is not None else b""
-        frame = Frame(None, None, len(text) + 1, text, count)
-        if len(self._pending) > self.max_line_bytes:
-            return _merge(frame, self._cut_pending())
-        return frame
+        return self._holding(Frame(None, None, len(text) + 1, text, count), rest or b"")
 
     def _feed_general(self, buf: bytes) -> Frame | None:
         lines: list[str] = []
@@ -188,9 +178,13 @@ class LineFramer:
                 break  # may be the first half of a "\r\n" split across chunks
             self._append_line(buf[start : match.start()], term, lines, flags)
             start = consumed = match.end()
-        self._pending = buf[start:]
-        frame = Frame(lines, flags, consumed) if lines else None
-        if len(self._pending) > self.max_line_bytes:
+        return self._holding(Frame(lines, flags, consumed) if lines else None, buf[start:])
+
+    def _holding(self, frame: Frame | None, held: bytes) -> Frame | None:
+        """``frame``, with ``held`` kept back for the next chunk; held bytes past the bound
+        are cut into ``partial`` pieces first, which follow the frame."""
+        self._pending = held
+        if len(held) > self.max_line_bytes:
             return _merge(frame, self._cut_pending())
         return frame
 
