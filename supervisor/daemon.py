@@ -15,6 +15,7 @@ import math
 import os
 import random
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Final
@@ -23,9 +24,11 @@ from dflashd.supervisor.carryover import carried_over
 from dflashd.supervisor.core import DaemonCore
 from dflashd.supervisor.doubles import HostDoubles, StartupError
 from dflashd.supervisor.endedruns import EndedRuns
+from dflashd.supervisor.foreground import say, serve_handed_over
 from dflashd.supervisor.host.clock import SystemClock
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.groups import HostProcesses
+from dflashd.supervisor.host.handover import HandoverError, take_handover
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.recovery import boot_id
@@ -37,6 +40,7 @@ from dflashd.supervisor.model.bounds import MAX_SECONDS
 from dflashd.supervisor.model.deadlines import Deadline, Deadlines
 from dflashd.supervisor.model.effects import Publish, WriteRecord
 from dflashd.supervisor.model.events import Event
+from dflashd.supervisor.model.exitcodes import EXIT_USAGE
 from dflashd.supervisor.model.hang import HangSampled
 from dflashd.supervisor.model.inputs import (
     ChildExited,
@@ -154,8 +158,6 @@ class Daemon:
 
     hang_watch = property(lambda self: self.core.state.hang, doc="The run's hang evidence.")
 
-    # -- entry points ---------------------------------------------------------------------
-
     def serve(self) -> int:
         """Run until stopped, completed or fatal; returns the process exit code."""
         self.inbox.catch_signals()
@@ -230,9 +232,7 @@ class Daemon:
             self.config.gpus_enabled, self._sampler_factory, child_pid, self.inbox.post_gpu
         )
         try:
-            self.reporter.start_metrics(
-                self.inbox.ping
-            )  # before the launch: a busy address refuses
+            self.reporter.start_metrics(self.inbox.ping)  # before launch: a busy address refuses
         except MetricsUnavailable as exc:
             raise StartupError(str(exc)) from None
         self.core.step(None, Started(gpus_off, bool(self._systemd.watchdog_interval_s)))
@@ -260,8 +260,6 @@ class Daemon:
                 self.core.changed()
             elif self.observer.lines(self.run, message, now):
                 self.core.changed()
-
-    # -- the loop -------------------------------------------------------------------------
 
     def _loop(self) -> None:
         assert self.wakeups is not None
@@ -332,8 +330,6 @@ class Daemon:
         if core.deadlines.state_write_due(now):
             core.execute(run, (Publish(),))
 
-    # -- control and status ---------------------------------------------------------------
-
     def status(self) -> StatusView:
         """The ``status --json`` object (docs/design.md, "Status")."""
         return status_view(self)
@@ -342,8 +338,6 @@ class Daemon:
         """``status`` for a client, published and saved as shown: no total shown goes back."""
         self.core.execute(self.run, (Publish(shown=True),))
         return dict(self.publisher.last_view or self.status())
-
-    # -- shutdown -------------------------------------------------------------------------
 
     def close(self) -> None:
         """End every run's processes, wait for the pipes, close the log and the sockets.
@@ -386,3 +380,17 @@ def _closing_steps(daemon: Daemon) -> list[tuple[str, Callable[[], object]]]:
         ("inbox", daemon.inbox.close),
         ("cgroups", daemon.ops.close),
     ]
+
+
+def main() -> int:
+    """``python -m dflashd.supervisor.daemon --handover-fd N …``: what ``dflashd start`` execs."""
+    try:
+        handover = take_handover(sys.argv[1:])
+    except HandoverError as exc:
+        say(str(exc))
+        return EXIT_USAGE
+    return serve_handed_over(handover, Daemon)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

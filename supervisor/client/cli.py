@@ -161,10 +161,9 @@ def start(
         if ready_fd is None and lock_is_held(where.lock):
             fail(already_running_message(where), 1)
         invocation = (config_path, tuple(command))
-        code = run_foreground(
+        run_foreground(  # becomes the daemon program: returns only through a refusal's exit
             where, config, ready_fd, echo=not quiet, raw=raw, saved=invocation, warning=mixed
         )
-        sys.exit(code)
     # detached: the daemon records the invocation once it holds the lock (a refused start never)
     sys.exit(
         start_detached(where, config, config_path, tuple(command), wait=not no_wait, warning=mixed)

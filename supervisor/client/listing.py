@@ -24,6 +24,7 @@ import orjson
 
 from dflashd.supervisor.client.registry import forget as drop
 from dflashd.supervisor.client.registry import forget_gone, remembered
+from dflashd.supervisor.host.handover import DAEMON_MODULE
 from dflashd.supervisor.host.home import Home, default_home, lock_is_held
 from dflashd.supervisor.model.goodput import duration_text
 from dflashd.supervisor.speak.echo import escape_controls
@@ -127,8 +128,10 @@ def _environ(entry: Path) -> dict[str, str]:
 
 
 def _is_daemon(words: list[str]) -> bool:
-    """A daemon's command line: dflashd's module or script, ``start``, ``--foreground``."""
-    ours = any(w == "dflashd.supervisor" or w.endswith("/dflashd") or w == "dflashd" for w in words)
+    """A daemon's command line: dflashd's module, script or daemon program, ``start``,
+    ``--foreground`` (the program ``start`` becomes keeps those words: ``host/handover.py``)."""
+    names = ("dflashd.supervisor", DAEMON_MODULE, "dflashd")
+    ours = any(w in names or w.endswith("/dflashd") for w in words)
     return ours and "start" in words and "--foreground" in words
 
 

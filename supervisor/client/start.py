@@ -17,7 +17,7 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import click
 import orjson
@@ -27,7 +27,9 @@ from dflashd.supervisor.client.common import exposed_secret, fail
 from dflashd.supervisor.client.firststep import wait_for_first_step
 from dflashd.supervisor.client.invocation import save_invocation
 from dflashd.supervisor.client.registry import remember
+from dflashd.supervisor.client.render import use_color
 from dflashd.supervisor.host.config import Config, ConfigError, load_config
+from dflashd.supervisor.host.handover import Handover, become_daemon, report_ready
 from dflashd.supervisor.host.home import (
     AlreadyRunning,
     Home,
@@ -104,22 +106,42 @@ def run_foreground(
     *,
     echo: bool = True,
     raw: bool = False,
-    sampler_factory: Any = None,
     saved: tuple[Path | None, tuple[str, ...]] | None = None,
     warning: str | None = None,
-) -> int:
-    """The daemon in this process until it ends; its exit code.
+) -> NoReturn:
+    """Take the home, then become the daemon program (``execv``: this process, its pid, its
+    terminal and its signals go on as the daemon; :mod:`dflashd.supervisor.host.handover`).
 
     ``saved``: the config path and command ``dflashd restart`` repeats, recorded only once
     this process holds the home's lock (a refused start records nothing); ``warning`` is
     said then too (a refused start says only why).
     """
-    from dflashd.logs.writer import LogWriterError
-    from dflashd.supervisor.daemon import Daemon
-    from dflashd.supervisor.doubles import HostDoubles, StartupError
-    from dflashd.supervisor.speak.daemonlog import DaemonLog, is_daemon_log
-    from dflashd.supervisor.speak.diagnostics import configure_logging
+    handover = take_home(home, config, ready_fd, echo=echo, raw=raw, saved=saved, warning=warning)
+    shown = ["start", "--foreground", "--home", str(home.root)]
+    if saved is not None and saved[0] is not None:
+        shown += ["--config", str(saved[0].absolute())]
+    if ready_fd is not None:
+        shown += ["--ready-fd", str(ready_fd)]
+    try:
+        become_daemon(handover, [*shown, "--", *config.command])
+    except OSError as exc:
+        message = f"cannot start the daemon program ({sys.executable}): {exc.strerror}"
+        report_ready(ready_fd, {"ok": False, "error": message, "code": EXIT_USAGE})
+        fail(message, EXIT_USAGE)
 
+
+def take_home(
+    home: Home,
+    config: Config,
+    ready_fd: int | None,
+    *,
+    echo: bool = True,
+    raw: bool = False,
+    saved: tuple[Path | None, tuple[str, ...]] | None = None,
+    warning: str | None = None,
+) -> Handover:
+    """The home's lock taken (or one line and the exit a second start gets), the invocation
+    saved, the home remembered for ``ls``: what the daemon program is handed."""
     lock = HomeLock(home.lock)
     try:
         lock.acquire()
@@ -135,68 +157,25 @@ def run_foreground(
     remember(home.root)  # `ls` lists it from now on, whatever becomes of this daemon
     if warning is not None:
         click.echo(f"dflashd: {warning}", err=True)
-    configure_logging(foreground=ready_fd is None)
-    if ready_fd is not None and is_daemon_log(2, home.daemon_log):  # detached: bound daemon.log
-        logs = config.logs
-        configure_logging(
-            stream=DaemonLog(home.daemon_log, logs.daemon_max_bytes, logs.daemon_backups)
-        )
-    printer = None
-    if echo and ready_fd is None:
-        from dflashd.supervisor.client.render import use_color
-        from dflashd.supervisor.speak.echo import Echo
-
-        if sys.stdout is not None:
-            # a bar's \r is kept into a terminal and a pipe (``| tee train.log``: ``cat`` redraws
-            # it in place); the journal gets lines
-            redraw = sys.stdout.isatty() or not os.environ.get("JOURNAL_STREAM")
-            printer = Echo(sys.stdout.buffer, raw=raw, color=use_color(sys.stdout), redraw=redraw)
-
-    def first_launch(info: dict[str, Any]) -> None:
-        if ready_fd is not None:
-            report_ready(ready_fd, info)
-        else:
-            print_launch(info, foreground=True)
-
-    try:
-        tap = printer.offer if printer is not None else None
-        doubles = HostDoubles(sampler_factory=sampler_factory, line_tap=tap)
-        daemon = Daemon(home, config, doubles=doubles, on_first_launch=first_launch)
-        return daemon.serve()
-    except (LogWriterError, StartupError, OSError) as exc:
-        message = str(exc) if not isinstance(exc, OSError) else f"{exc.strerror}: {exc.filename}"
-        report_ready(ready_fd, {"ok": False, "error": message, "code": EXIT_USAGE})
-        fail(message, EXIT_USAGE)
-    finally:
-        if printer is not None:
-            printer.close()
-        lock.release()
+    out = sys.stdout
+    echo = echo and ready_fd is None and out is not None
+    # a bar's \r is kept into a terminal and a pipe (``| tee train.log``: ``cat`` redraws it in
+    # place); the journal gets lines
+    redraw = echo and (out.isatty() or not os.environ.get("JOURNAL_STREAM"))
+    color = echo and use_color(out)
+    return Handover(home, config, lock.fd, ready_fd, echo, raw, color, redraw)
 
 
-def report_ready(fd: int | None, info: dict[str, Any]) -> None:
-    """One JSON line to the detached ``start`` waiting on the ready pipe."""
-    if fd is None:
-        return
-    try:
-        os.write(fd, orjson.dumps(info) + b"\n")
-        os.close(fd)
-    except OSError:
-        pass
+def print_launch(info: dict[str, Any]) -> None:
+    """``run 3 launched (pid 1234)`` and the log's path, or what went wrong, as the detached
+    daemon reported its launch (the foreground daemon says its own: ``foreground.py``).
+    Never raises: the job runs whatever became of this terminal."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        _print_launch(info)
 
 
-def print_launch(info: dict[str, Any], *, foreground: bool = False) -> None:
-    """``run 3 launched (pid 1234)`` and the log's path, or what went wrong (never raises:
-    a closed terminal must not end the daemon)."""
-    try:
-        _print_launch(info, foreground=foreground)
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
-def _print_launch(info: dict[str, Any], *, foreground: bool = False) -> None:
-    if info.get("ok") and foreground:  # the launch itself is the daemon's `launched` line, once
-        click.echo(f"r{info['run']} dflashd | log {info['log']}   (dflashd tail -f)", err=True)
-    elif info.get("ok"):
+def _print_launch(info: dict[str, Any]) -> None:
+    if info.get("ok"):
         click.echo(
             f"dflashd: run {info['run']} launched (pid {info['pid']}); daemon pid {info['daemon_pid']}"
         )

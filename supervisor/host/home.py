@@ -252,6 +252,21 @@ class HomeLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
 
+    @classmethod
+    def taken_over(cls, path: Path, fd: int) -> HomeLock:
+        """The lock another program of this process took (``start`` before it became the
+        daemon: the flock belongs to the open fd, which the exec kept)."""
+        lock = cls(path)
+        lock._fd = fd
+        return lock
+
+    @property
+    def fd(self) -> int:
+        """The open fd holding the flock (only while held)."""
+        if self._fd is None:
+            raise HomeError(f"the lock {self.path} is not held")
+        return self._fd
+
     def release(self) -> None:
         """Drop the lock (the kernel also drops it when the process dies)."""
         if self._fd is not None:

@@ -1,0 +1,80 @@
+"""The client and the daemon are two programs (issue 52; docs/design.md, "The client and the
+daemon"): ``start --foreground`` checks, takes the home, then becomes the daemon program in
+the same process, and hands the job none of what it handed itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dflashd.supervisor.client.listing import daemon_homes
+from tests.conftest import Daemon
+
+# The job writes what its open fds point at, then waits to be stopped.
+FD_LISTER = (
+    "import os, sys, time\n"
+    "fds = {fd: os.readlink(f'/proc/self/fd/{fd}') for fd in map(int, os.listdir('/proc/self/fd'))"
+    " if os.path.exists(f'/proc/self/fd/{fd}')}\n"
+    "tmp = sys.argv[1] + '.tmp'\n"
+    "open(tmp, 'w').write(repr(fds))\n"
+    "os.replace(tmp, sys.argv[1])\n"
+    "time.sleep(120)\n"
+)
+
+
+def _wait_for_file(path: Path, daemon: Daemon, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_text()
+        assert daemon.proc.poll() is None, daemon.proc.communicate()
+        time.sleep(0.05)  # a bounded poll: the job writes the file once it runs
+    raise AssertionError(f"the job never wrote {path}; log: {daemon.records()[-5:]}")
+
+
+def _parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def test_start_foreground_becomes_the_daemon_and_the_job_inherits_nothing_of_it(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, home: Path
+) -> None:
+    listing = tmp_path / "fds.txt"
+    daemon = start_daemon([sys.executable, "-c", FD_LISTER, str(listing)])
+    fds = _wait_for_file(listing, daemon)
+    # the same process: the pid the test started serves the home and holds its lock
+    assert (home / "dflashd.lock").read_text().strip() == str(daemon.proc.pid)
+    job = daemon.wait_event("launched").fields["pid"]  # the job is the daemon's own child
+    assert _parent_of(int(job)) == daemon.proc.pid
+    words = (Path(f"/proc/{daemon.proc.pid}/cmdline").read_bytes()).split(b"\0")
+    shown = [w.decode() for w in words if w]
+    assert shown[1:4] == ["-P", "-m", "dflashd.supervisor.daemon"], shown
+    assert ["start", "--foreground", "--home", str(home)] == shown[6:10], shown
+    assert shown[shown.index("--") + 1 :][:2] == [sys.executable, "-c"]
+    assert daemon_homes().get(str(home)) == os.getuid()  # `dflashd ls` finds it
+    # neither the lock (a dead daemon's home would stay locked) nor the hand-over reach the job
+    assert "dflashd.lock" not in fds and "dflashd-handover" not in fds, fds
+    daemon.stop()
+    assert daemon.proc.returncode == 0
+
+
+def test_the_daemon_program_started_by_hand_says_how_to_start_it(tmp_path: Path) -> None:
+    program = [sys.executable, "-m", "dflashd.supervisor.daemon"]
+    for extra in ([], ["--handover-fd", "0"], ["start", "--foreground"]):
+        done = subprocess.run(
+            [*program, *extra],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2, (extra, done.stderr)
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("dflashd: "), done.stderr
+        assert "dflashd start" in done.stderr, done.stderr
+        assert not list(tmp_path.iterdir())  # nothing made, nothing launched
