@@ -17,11 +17,19 @@ from dflashd.logs.writer import LogWriterError
 from dflashd.supervisor.doubles import HostDoubles, StartupError
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.handover import Handover, report_ready
-from dflashd.supervisor.host.home import Home, HomeLock
-from dflashd.supervisor.model.exitcodes import EXIT_USAGE
+from dflashd.supervisor.host.home import (
+    AlreadyRunning,
+    Home,
+    HomeError,
+    HomeLock,
+    already_running_message,
+)
+from dflashd.supervisor.model.exitcodes import EXIT_ALREADY_RUNNING, EXIT_USAGE
 from dflashd.supervisor.speak.daemonlog import DaemonLog, is_daemon_log
 from dflashd.supervisor.speak.diagnostics import configure_logging
 from dflashd.supervisor.speak.echo import Echo, escape_controls
+from dflashd.supervisor.speak.invocation import save_invocation
+from dflashd.supervisor.speak.registry import remember
 from dflashd.supervisor.watch.gpuwatch import SamplerFactory
 
 FirstLaunch = Callable[[dict[str, Any]], None]
@@ -45,11 +53,27 @@ class DaemonMaker(Protocol):
 def serve_handed_over(
     handover: Handover, make: DaemonMaker, sampler_factory: SamplerFactory | None = None
 ) -> int:
-    """The daemon serving the checked start until it ends; its exit code.  The home's lock,
-    taken by ``start``, is held throughout and dropped at the end.  ``sampler_factory``: a
-    test's GPUs (``tests/scripted_daemon.py``); None: NVML."""
+    """The daemon serving the checked start until it ends; its exit code.  The home's lock is
+    taken first (a refused start records nothing and says one line), held throughout and
+    dropped at the end; then the invocation ``restart`` repeats is saved and the home
+    remembered for ``ls``.  ``sampler_factory``: a test's GPUs (``tests/scripted_daemon.py``);
+    None: NVML."""
     home, config, ready_fd = handover.home, handover.config, handover.ready_fd
-    lock = HomeLock.taken_over(home.lock, handover.lock_fd)
+    lock = HomeLock(home.lock)
+    try:
+        lock.acquire()
+    except (AlreadyRunning, HomeError) as exc:
+        running = isinstance(exc, AlreadyRunning)
+        message = already_running_message(home) if running else str(exc)
+        code = EXIT_ALREADY_RUNNING if running else EXIT_USAGE
+        report_ready(ready_fd, {"ok": False, "error": message, "code": code})
+        say(escape_controls(message))
+        return code
+    if handover.saved is not None:
+        save_invocation(home, *handover.saved)
+    remember(home.root)  # `ls` lists it from now on, whatever becomes of this daemon
+    if handover.warning is not None:
+        say(handover.warning)
     configure_logging(foreground=ready_fd is None)
     if ready_fd is not None and is_daemon_log(2, home.daemon_log):  # detached: bound daemon.log
         logs = config.logs

@@ -130,7 +130,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session", autouse=True)
 def own_state_directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The user's state directory (the default home, and the registry of started homes that
-    ``ls`` lists: client/registry.py) is one of this session's, never the real one."""
+    ``ls`` lists: speak/registry.py) is one of this session's, never the real one."""
     patch = pytest.MonkeyPatch()
     patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
     yield

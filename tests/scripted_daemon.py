@@ -2,8 +2,8 @@
 
     python tests/scripted_daemon.py GPU_SCRIPT HOME CONFIG [-- CMD ARG...]
 
-The production code has no test hook: this runner checks and takes the home as ``dflashd
-start --foreground`` does, then serves the daemon program's loop in this process (no exec),
+The production code has no test hook: this runner checks the start as ``dflashd start
+--foreground`` does, then serves the daemon program in this process (no exec),
 with a :class:`ScriptedSampler` factory for its GPUs.
 """
 
@@ -14,9 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find tests/
 
-from dflashd.supervisor.client.start import prepare, take_home
+from dflashd.supervisor.client.start import prepare
 from dflashd.supervisor.daemon import Daemon
 from dflashd.supervisor.foreground import serve_handed_over
+from dflashd.supervisor.host.handover import Handover
 from dflashd.supervisor.host.home import Home
 from tests.harness import ScriptedSampler
 
@@ -26,7 +27,7 @@ def main() -> int:
     command = tuple(rest[1:] if rest and rest[0] == "--" else rest)
     home = Home(Path(home_dir).absolute())
     config = prepare(home, Path(config_path), command)
-    handover = take_home(home, config, None, echo=False)
+    handover = Handover(home, config, None, echo=False)
     sampler = lambda child_pid: ScriptedSampler(Path(script), child_pid)  # noqa: E731
     return serve_handed_over(handover, Daemon, sampler)
 

@@ -26,20 +26,19 @@ from dflashd.supervisor.client.common import (
     timeout_option,
 )
 from dflashd.supervisor.client.habits import Commands, another_jobs_home
-from dflashd.supervisor.client.invocation import has_run
 from dflashd.supervisor.client.logcmds import report, tail
 from dflashd.supervisor.client.replay import replay
 from dflashd.supervisor.client.stackscmd import stacks
 from dflashd.supervisor.client.start import (
-    already_running_message,
     prepare,
     run_foreground,
     start_detached,
     start_interrupted,
 )
-from dflashd.supervisor.host.home import Home, lock_is_held, read_lock_pid
+from dflashd.supervisor.host.home import Home, already_running_message, lock_is_held, read_lock_pid
 from dflashd.supervisor.model.exitcodes import EXIT_NOT_RUNNING, EXIT_USAGE
 from dflashd.supervisor.model.lifecycle import State
+from dflashd.supervisor.speak.invocation import has_run
 
 # a daemon found gone in one of these states ended without recording its end
 _LIVE_STATES: Final = frozenset({State.RUNNING, State.STARTING, State.BACKOFF, State.STOPPING})

@@ -2,7 +2,7 @@
 ``pm2 ls`` or ``supervisorctl status``.
 
 Homes come from three places: the registry of every home this user started
-(:mod:`~dflashd.supervisor.client.registry`: fatal, completed and stopped ones too), each live
+(:mod:`~dflashd.supervisor.speak.registry`: fatal, completed and stopped ones too), each live
 process whose command line is a dflashd daemon, read from /proc (its home from ``--home DIR``,
 ``--home=DIR``, its ``DFLASHD_HOME`` or its default, a relative one against its cwd), and this
 user's default home when it has a history.  Each home is read from its state.json (opened
@@ -22,12 +22,12 @@ from typing import Any
 import click
 import orjson
 
-from dflashd.supervisor.client.registry import forget as drop
-from dflashd.supervisor.client.registry import forget_gone, remembered
 from dflashd.supervisor.host.handover import DAEMON_MODULE
 from dflashd.supervisor.host.home import Home, default_home, lock_is_held
 from dflashd.supervisor.model.goodput import duration_text
 from dflashd.supervisor.speak.echo import escape_controls
+from dflashd.supervisor.speak.registry import forget as drop
+from dflashd.supervisor.speak.registry import forget_gone, remembered
 from dflashd.supervisor.speak.statusview import read_state
 
 

@@ -11,14 +11,14 @@ import click
 
 from dflashd.supervisor.client.cmdhint import unlaunchable
 from dflashd.supervisor.client.common import fail
-from dflashd.supervisor.client.invocation import (
+from dflashd.supervisor.host.config import Config
+from dflashd.supervisor.host.home import Home
+from dflashd.supervisor.model.exitcodes import EXIT_USAGE
+from dflashd.supervisor.speak.invocation import (
     InvocationUnreadable,
     load_environment,
     load_invocation,
 )
-from dflashd.supervisor.host.config import Config
-from dflashd.supervisor.host.home import Home
-from dflashd.supervisor.model.exitcodes import EXIT_USAGE
 
 
 @dataclass(frozen=True, slots=True)

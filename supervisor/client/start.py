@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import subprocess
 import sys
 import time
 from contextlib import closing
@@ -25,18 +24,14 @@ import orjson
 from dflashd.supervisor.client.cmdhint import command_hint
 from dflashd.supervisor.client.common import exposed_secret, fail
 from dflashd.supervisor.client.firststep import wait_for_first_step
-from dflashd.supervisor.client.invocation import save_invocation
-from dflashd.supervisor.client.registry import remember
 from dflashd.supervisor.client.render import use_color
 from dflashd.supervisor.host.config import Config, ConfigError, load_config
-from dflashd.supervisor.host.handover import Handover, become_daemon, report_ready
+from dflashd.supervisor.host.handover import Handover, become_daemon, report_ready, spawn_daemon
 from dflashd.supervisor.host.home import (
-    AlreadyRunning,
     Home,
     HomeError,
-    HomeLock,
+    already_running_message,
     lock_is_held,
-    read_lock_pid,
     unusable_path,
 )
 from dflashd.supervisor.model.exitcodes import (
@@ -47,15 +42,6 @@ from dflashd.supervisor.model.exitcodes import (
 )
 
 _READY_TIMEOUT_S: Final = 120.0
-
-
-def already_running_message(home: Home) -> str:
-    """What a second start says: who holds the home, and what to do instead."""
-    return (
-        f"already running (pid {read_lock_pid(home.lock)}) on {home.root}: "
-        f"`dflashd status --home {home.root}` shows its run; "
-        "`dflashd restart` starts it again; another --home runs a second job"
-    )
 
 
 def prepare(home: Home, config_path: Path | None, command: tuple[str, ...]) -> Config:
@@ -109,61 +95,24 @@ def run_foreground(
     saved: tuple[Path | None, tuple[str, ...]] | None = None,
     warning: str | None = None,
 ) -> NoReturn:
-    """Take the home, then become the daemon program (``execv``: this process, its pid, its
-    terminal and its signals go on as the daemon; :mod:`dflashd.supervisor.host.handover`).
-
-    ``saved``: the config path and command ``dflashd restart`` repeats, recorded only once
-    this process holds the home's lock (a refused start records nothing); ``warning`` is
-    said then too (a refused start says only why).
-    """
-    handover = take_home(home, config, ready_fd, echo=echo, raw=raw, saved=saved, warning=warning)
-    shown = ["start", "--foreground", "--home", str(home.root)]
-    if saved is not None and saved[0] is not None:
-        shown += ["--config", str(saved[0].absolute())]
-    if ready_fd is not None:
-        shown += ["--ready-fd", str(ready_fd)]
-    try:
-        become_daemon(handover, [*shown, "--", *config.command])
-    except OSError as exc:
-        message = f"cannot start the daemon program ({sys.executable}): {exc.strerror}"
-        report_ready(ready_fd, {"ok": False, "error": message, "code": EXIT_USAGE})
-        fail(message, EXIT_USAGE)
-
-
-def take_home(
-    home: Home,
-    config: Config,
-    ready_fd: int | None,
-    *,
-    echo: bool = True,
-    raw: bool = False,
-    saved: tuple[Path | None, tuple[str, ...]] | None = None,
-    warning: str | None = None,
-) -> Handover:
-    """The home's lock taken (or one line and the exit a second start gets), the invocation
-    saved, the home remembered for ``ls``: what the daemon program is handed."""
-    lock = HomeLock(home.lock)
-    try:
-        lock.acquire()
-    except AlreadyRunning:
-        message = already_running_message(home)
-        report_ready(ready_fd, {"ok": False, "error": message, "code": EXIT_ALREADY_RUNNING})
-        fail(message, EXIT_ALREADY_RUNNING)
-    except HomeError as exc:
-        report_ready(ready_fd, {"ok": False, "error": str(exc), "code": EXIT_USAGE})
-        fail(str(exc), EXIT_USAGE)
-    if saved is not None:
-        save_invocation(home, *saved)
-    remember(home.root)  # `ls` lists it from now on, whatever becomes of this daemon
-    if warning is not None:
-        click.echo(f"dflashd: {warning}", err=True)
+    """Become the daemon program (``execv``: this process, its pid, its terminal and its
+    signals go on as the daemon; :mod:`dflashd.supervisor.host.handover`), which takes the
+    home.  ``saved``: the config path and command ``dflashd restart`` repeats, recorded only
+    once the daemon holds the home's lock (a refused start records nothing); ``warning`` is
+    said then too (a refused start says only why)."""
     out = sys.stdout
     echo = echo and ready_fd is None and out is not None
     # a bar's \r is kept into a terminal and a pipe (``| tee train.log``: ``cat`` redraws it in
     # place); the journal gets lines
     redraw = echo and (out.isatty() or not os.environ.get("JOURNAL_STREAM"))
     color = echo and use_color(out)
-    return Handover(home, config, lock.fd, ready_fd, echo, raw, color, redraw)
+    handover = Handover(home, config, ready_fd, echo, raw, color, redraw, saved, warning)
+    try:
+        become_daemon(handover)
+    except OSError as exc:
+        message = f"cannot start the daemon program ({sys.executable}): {exc.strerror}"
+        report_ready(ready_fd, {"ok": False, "error": message, "code": EXIT_USAGE})
+        fail(message, EXIT_USAGE)
 
 
 def print_launch(info: dict[str, Any]) -> None:
@@ -250,12 +199,9 @@ def _launch(
         last = []
     after_seq = last[0].seq if last else 0  # follow only what this start writes
     read_fd, write_fd = os.pipe()
-    argv = [sys.executable, "-m", "dflashd.supervisor", "start", "--foreground"]
-    argv += ["--home", str(home.root), "--ready-fd", str(write_fd)]
-    if config_path is not None:
-        argv += ["--config", str(config_path.absolute())]
-    if command:
-        argv += ["--", *command]
+    # the daemon records the invocation once it holds the lock (a refused start never)
+    saved = (config_path.absolute() if config_path else None, command)
+    handover = Handover(home, config, write_fd, saved=saved)
     try:
         log_fd = os.open(
             home.daemon_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
@@ -266,16 +212,10 @@ def _launch(
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         with closing(os.fdopen(log_fd, "ab")) as daemon_log:
-            subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=daemon_log,
-                stderr=daemon_log,
-                pass_fds=(write_fd,),
-                env=env,
-                start_new_session=True,  # the mask it inherits is cleared by the daemon (inbox.py)
-            )
+            spawn_daemon(handover, log_fd=daemon_log.fileno(), env=env)
         launched["spawned"] = True
+    except OSError as exc:
+        fail(f"cannot start the daemon program ({sys.executable}): {exc.strerror}", EXIT_USAGE)
     finally:
         os.close(write_fd)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

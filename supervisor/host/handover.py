@@ -1,19 +1,22 @@
-"""What ``dflashd start --foreground`` hands the daemon program it becomes, and the becoming.
+"""What ``dflashd start`` hands the daemon program, and how the program is started.
 
 The client and the daemon are two programs, as supervisorctl and supervisord are: the client
-checks the config and the home and takes the home's lock, then replaces itself (``execv``,
-the same pid, the same terminal and the same signals) with ``python -m
-dflashd.supervisor.daemon``.  What it checked travels in an anonymous memory file whose fd
-the new program is told on its command line; the lock and the ready pipe travel as open fds.
-The client never loads the daemon's code, and the daemon never loads the client's.
+checks the config, the command and the home, then starts ``python -m
+dflashd.supervisor.daemon`` with what it checked: in the foreground it replaces itself with it
+(``execv``: the same pid, terminal and signals), detached it spawns it in a session of its own.
+What it checked travels in an anonymous memory file whose fd the program's command line names;
+the program takes the home's lock itself.  The client never loads the daemon's code, and the
+daemon never loads the client's.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, NoReturn
 
 import orjson
@@ -31,47 +34,84 @@ class HandoverError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Handover:
-    """A checked start: the home, its lock (an open fd holding the flock), the config, the
-    ready pipe of a detached ``start`` (None in a terminal or a unit), and how the job's
-    output is echoed on the daemon's stdout (``echo`` False: not at all)."""
+    """A checked start: the home, the config, the ready pipe of a detached ``start`` (None in
+    a terminal or a unit), how the job's output is echoed on the daemon's stdout (``echo``
+    False: not at all), what ``dflashd restart`` repeats (``saved``: the config file and the
+    command as given) and the one-home warning to say once the home is taken."""
 
     home: Home
     config: Config
-    lock_fd: int
     ready_fd: int | None
-    echo: bool
+    echo: bool = False
     raw: bool = False
     color: bool = False
     redraw: bool = True
+    saved: tuple[Path | None, tuple[str, ...]] | None = None
+    warning: str | None = None
 
 
-def become_daemon(handover: Handover, shown: list[str]) -> NoReturn:
-    """Replace this process with the daemon program; ``shown``: the words after the module
-    on its command line (``start --foreground --home …``), so that ``ps`` and ``dflashd ls``
-    see what runs.  Raises OSError when the exec fails (nothing was started)."""
-    fd = os.memfd_create("dflashd-handover", 0)  # inherited across the exec, read once there
+def program_words(handover: Handover) -> list[str]:
+    """What the daemon program's command line shows after its hand-over: the start's words
+    (``start --foreground --home H … -- CMD…``), so that ``ps`` and ``dflashd ls`` see what runs."""
+    words = ["start", "--foreground", "--home", str(handover.home.root)]
+    if handover.saved is not None and handover.saved[0] is not None:
+        words += ["--config", str(handover.saved[0].absolute())]
+    return [*words, "--", *handover.config.command]
+
+
+def _written(handover: Handover) -> int:
+    fd = os.memfd_create("dflashd-handover", 0)  # inherited by the program, read once there
     try:
         os.write(fd, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL))
-        ready = [] if handover.ready_fd is None else [handover.ready_fd]
-        passed = [fd, handover.lock_fd, *ready]
-        for kept in passed:
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _argv(fd: int, handover: Handover) -> list[str]:
+    # -P: the job's directory is never searched for modules (a logs.py there would shadow one)
+    words = program_words(handover)
+    return [sys.executable, "-P", "-m", DAEMON_MODULE, HANDOVER_OPTION, str(fd), *words]
+
+
+def become_daemon(handover: Handover) -> NoReturn:
+    """Replace this process with the daemon program.  Raises OSError when the exec fails
+    (nothing was started)."""
+    fd = _written(handover)
+    try:
+        for kept in (fd, *([] if handover.ready_fd is None else [handover.ready_fd])):
             os.set_inheritable(kept, True)
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
-        # -P: the job's directory is never searched for modules (a train/logs.py there
-        # would otherwise shadow one of the daemon's)
-        argv = [sys.executable, "-P", "-m", DAEMON_MODULE, HANDOVER_OPTION, str(fd), *shown]
-        os.execv(sys.executable, argv)
-    except BaseException:
+        os.execv(sys.executable, _argv(fd, handover))
+    finally:
+        os.close(fd)  # only when the exec failed
+
+
+def spawn_daemon(handover: Handover, *, log_fd: int, env: dict[str, str] | None) -> None:
+    """Start the daemon program detached: its own session, stdin from /dev/null, stdout and
+    stderr to ``log_fd`` (daemon.log), ``env`` (None: this process's)."""
+    fd = _written(handover)
+    try:
+        ready = () if handover.ready_fd is None else (handover.ready_fd,)
+        subprocess.Popen(
+            _argv(fd, handover),
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            pass_fds=(fd, *ready),
+            env=env,
+            start_new_session=True,  # the mask it inherits is cleared by the daemon (inbox.py)
+        )
+    finally:
         os.close(fd)
-        os.set_inheritable(handover.lock_fd, False)
-        raise
 
 
 def take_handover(argv: list[str]) -> Handover:
     """The hand-over named on the daemon program's command line (``--handover-fd N …``),
-    read and closed; the fds it names are made private again (the job inherits none)."""
+    read and closed; the ready pipe is made private again (the job inherits it never)."""
     if len(argv) < 2 or argv[0] != HANDOVER_OPTION or not argv[1].isdigit():
         raise HandoverError(
             "the daemon program is started by `dflashd start`, not by hand "
@@ -86,9 +126,8 @@ def take_handover(argv: list[str]) -> Handover:
         raise HandoverError(f"cannot read the hand-over of `dflashd start`: {exc}") from None
     if not isinstance(handover, Handover):
         raise HandoverError("the hand-over of `dflashd start` is not one")
-    for kept in (handover.lock_fd, handover.ready_fd):
-        if kept is not None:
-            os.set_inheritable(kept, False)
+    if handover.ready_fd is not None:
+        os.set_inheritable(handover.ready_fd, False)
     return handover
 
 

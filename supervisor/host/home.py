@@ -252,21 +252,6 @@ class HomeLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
 
-    @classmethod
-    def taken_over(cls, path: Path, fd: int) -> HomeLock:
-        """The lock another program of this process took (``start`` before it became the
-        daemon: the flock belongs to the open fd, which the exec kept)."""
-        lock = cls(path)
-        lock._fd = fd
-        return lock
-
-    @property
-    def fd(self) -> int:
-        """The open fd holding the flock (only while held)."""
-        if self._fd is None:
-            raise HomeError(f"the lock {self.path} is not held")
-        return self._fd
-
     def release(self) -> None:
         """Drop the lock (the kernel also drops it when the process dies)."""
         if self._fd is not None:
@@ -280,6 +265,15 @@ def read_lock_pid(path: Path) -> int | None:
         return int(path.read_text().strip() or "0") or None
     except (OSError, ValueError):
         return None
+
+
+def already_running_message(home: Home) -> str:
+    """What a second start says: who holds the home, and what to do instead."""
+    return (
+        f"already running (pid {read_lock_pid(home.lock)}) on {home.root}: "
+        f"`dflashd status --home {home.root}` shows its run; "
+        "`dflashd restart` starts it again; another --home runs a second job"
+    )
 
 
 def lock_is_held(path: Path) -> bool:
