@@ -5,14 +5,16 @@ the same process, and hands the job none of what it handed itself."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.client.listing import daemon_homes
-from tests.conftest import Daemon
+from tests.conftest import Daemon, daemon_argv
 
 # The job writes what its open fds point at, then waits to be stopped.
 FD_LISTER = (
@@ -78,3 +80,27 @@ def test_the_daemon_program_started_by_hand_says_how_to_start_it(tmp_path: Path)
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("dflashd: "), done.stderr
         assert "dflashd start" in done.stderr, done.stderr
         assert not list(tmp_path.iterdir())  # nothing made, nothing launched
+
+
+def test_a_stop_while_the_daemon_program_loads_is_a_clean_stop(home: Path) -> None:
+    """SIGTERM (a unit's stop) or Ctrl-C just after ``start --foreground`` became the daemon
+    program, while it still loads its modules: held back until its loop takes its signals,
+    then an ordinary stop with every record, never a death with nothing recorded."""
+    proc = subprocess.Popen(
+        daemon_argv(home, command=[sys.executable, "-c", "import time; time.sleep(60)"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 30
+    while b"dflashd.supervisor.daemon" not in cmdline.read_bytes():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.001)  # a bounded poll: the exec is seen within a millisecond of it
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    events = [r.event for r in read_records(home / "logs") if isinstance(r, EventRecord)]
+    assert events[-1] == "daemon_exit", events
+    assert events[-4:-1] == ["launched", "stopping", "exit"], events  # an ordinary stop

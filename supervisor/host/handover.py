@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from dflashd.supervisor.host.home import Home
 
 DAEMON_MODULE: Final = "dflashd.supervisor.daemon"
 HANDOVER_OPTION: Final = "--handover-fd"
+HELD_WHILE_LOADING: Final = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
 class HandoverError(Exception):
@@ -85,9 +87,14 @@ def become_daemon(handover: Handover) -> NoReturn:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
+        # a stop (Ctrl-C, a unit's SIGTERM, a closed terminal) while the program loads waits,
+        # held back, until its loop takes its signals over (inbox.py): a clean stop, not a
+        # traceback or a death with nothing recorded
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELD_WHILE_LOADING)
         os.execv(sys.executable, _argv(fd, handover))
-    finally:
-        os.close(fd)  # only when the exec failed
+    finally:  # only when the exec failed
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_WHILE_LOADING)
+        os.close(fd)
 
 
 def spawn_daemon(handover: Handover, *, log_fd: int, env: dict[str, str] | None) -> None:
