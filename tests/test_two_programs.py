@@ -4,6 +4,7 @@ the same process, and hands the job none of what it handed itself."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -12,8 +13,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from dflashd.logs import EventRecord, read_records
 from dflashd.supervisor.client.listing import daemon_homes
+from dflashd.supervisor.host.config import load_config
+from dflashd.supervisor.host.handover import (
+    HANDOVER_OPTION,
+    Handover,
+    handover_file,
+    take_handover,
+)
+from dflashd.supervisor.host.home import Home
 from tests.conftest import Daemon, daemon_argv
 
 # The job writes what its open fds point at, then waits to be stopped.
@@ -104,3 +115,26 @@ def test_a_stop_while_the_daemon_program_loads_is_a_clean_stop(home: Path) -> No
     events = [r.event for r in read_records(home / "logs") if isinstance(r, EventRecord)]
     assert events[-1] == "daemon_exit", events
     assert events[-4:-1] == ["launched", "stopping", "exit"], events  # an ordinary stop
+
+
+@pytest.mark.parametrize("memfd", [True, False], ids=["memfd", "no-memfd"])
+def test_the_hand_over_comes_back_whole_with_or_without_memory_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memfd: bool
+) -> None:
+    """What ``start`` checked is what the program serves, including where the kernel or a
+    sandbox has no memfd_create (then an unlinked file of the home holds it)."""
+    home = Home(tmp_path / "home")
+    home.root.mkdir()
+    config = load_config(None, ("python", "train.py", "--lr", "3e-4"))
+    sent = Handover(home, config, None, echo=True, saved=(None, ("python", "train.py")))
+    if not memfd:
+
+        def no_memfd(name: str, flags: int = 0) -> int:
+            raise OSError(errno.ENOSYS, "Function not implemented")
+
+        monkeypatch.setattr(os, "memfd_create", no_memfd)
+    fd = handover_file(sent)
+    assert take_handover([HANDOVER_OPTION, str(fd), "start", "--foreground"]) == sent
+    assert list(home.root.iterdir()) == []  # nothing left behind in the home
+    with pytest.raises(OSError):
+        os.fstat(fd)  # read once and closed

@@ -16,6 +16,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -61,8 +62,15 @@ def program_words(handover: Handover) -> list[str]:
     return [*words, "--", *handover.config.command]
 
 
-def _written(handover: Handover) -> int:
-    fd = os.memfd_create("dflashd-handover", 0)  # inherited by the program, read once there
+def handover_file(handover: Handover) -> int:
+    """An fd of an anonymous file holding the hand-over: a memory file, or where the kernel or a
+    sandbox has none (ENOSYS, EPERM under some seccomp profiles), an unlinked 0600 file in the
+    home; either is inherited by the program and read once there."""
+    try:
+        fd = os.memfd_create("dflashd-handover", 0)
+    except OSError:
+        with tempfile.TemporaryFile(dir=handover.home.root) as unnamed:
+            fd = os.dup(unnamed.fileno())
     try:
         os.write(fd, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL))
     except BaseException:
@@ -80,7 +88,7 @@ def _argv(fd: int, handover: Handover) -> list[str]:
 def become_daemon(handover: Handover) -> NoReturn:
     """Replace this process with the daemon program.  Raises OSError when the exec fails
     (nothing was started)."""
-    fd = _written(handover)
+    fd = handover_file(handover)
     try:
         for kept in (fd, *([] if handover.ready_fd is None else [handover.ready_fd])):
             os.set_inheritable(kept, True)
@@ -100,7 +108,7 @@ def become_daemon(handover: Handover) -> NoReturn:
 def spawn_daemon(handover: Handover, *, log_fd: int, env: dict[str, str] | None) -> None:
     """Start the daemon program detached: its own session, stdin from /dev/null, stdout and
     stderr to ``log_fd`` (daemon.log), ``env`` (None: this process's)."""
-    fd = _written(handover)
+    fd = handover_file(handover)
     try:
         ready = () if handover.ready_fd is None else (handover.ready_fd,)
         subprocess.Popen(
