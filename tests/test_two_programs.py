@@ -76,21 +76,32 @@ def test_start_foreground_becomes_the_daemon_and_the_job_inherits_nothing_of_it(
     assert daemon.proc.returncode == 0
 
 
-def test_the_daemon_program_started_by_hand_says_how_to_start_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stdin", [b"", b"\x80\x05not a pickle", b"\x80\x04K\x07."])
+def test_the_daemon_program_started_by_hand_says_how_to_start_it(
+    tmp_path: Path, stdin: bytes
+) -> None:
+    """No hand-over, or an fd holding nothing, garbage, or a pickle of something else: one
+    line naming ``dflashd start``, exit 2, nothing made."""
+    given = tmp_path / "given"
+    given.write_bytes(stdin)
     program = [sys.executable, "-m", "dflashd.supervisor.daemon"]
+    work = tmp_path / "work"
+    work.mkdir()
     for extra in ([], ["--handover-fd", "0"], ["start", "--foreground"]):
-        done = subprocess.run(
-            [*program, *extra],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        with open(given, "rb") as fd0:
+            done = subprocess.run(
+                [*program, *extra],
+                stdin=fd0,
+                capture_output=True,
+                cwd=work,
+                text=True,
+                timeout=60,
+                check=False,
+            )
         assert done.returncode == 2, (extra, done.stderr)
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("dflashd: "), done.stderr
         assert "dflashd start" in done.stderr, done.stderr
-        assert not list(tmp_path.iterdir())  # nothing made, nothing launched
+        assert not list(work.iterdir())  # nothing made, nothing launched
 
 
 def test_a_stop_while_the_daemon_program_loads_is_a_clean_stop(home: Path) -> None:

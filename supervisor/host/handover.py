@@ -72,7 +72,9 @@ def handover_file(handover: Handover) -> int:
         with tempfile.TemporaryFile(dir=handover.home.root) as unnamed:
             fd = os.dup(unnamed.fileno())
     try:
-        os.write(fd, pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL))
+        data = memoryview(pickle.dumps(handover, protocol=pickle.HIGHEST_PROTOCOL))
+        while data:
+            data = data[os.write(fd, data) :]
     except BaseException:
         os.close(fd)
         raise
@@ -137,7 +139,7 @@ def take_handover(argv: list[str]) -> Handover:
         os.lseek(fd, 0, os.SEEK_SET)
         with os.fdopen(fd, "rb") as memory:
             handover = pickle.load(memory)
-    except (OSError, EOFError, pickle.UnpicklingError) as exc:
+    except Exception as exc:  # anything an fd not of `start` may hold: one line, exit 2
         raise HandoverError(f"cannot read the hand-over of `dflashd start`: {exc}") from None
     if not isinstance(handover, Handover):
         raise HandoverError("the hand-over of `dflashd start` is not one")
