@@ -28,7 +28,7 @@ from dflashd.supervisor.foreground import say, serve_handed_over
 from dflashd.supervisor.host.clock import SystemClock
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.groups import HostProcesses
-from dflashd.supervisor.host.handover import HandoverError, take_handover
+from dflashd.supervisor.host.handover import FirstLaunch, HandoverError, take_handover
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.recovery import boot_id
@@ -56,7 +56,7 @@ from dflashd.supervisor.model.progress import Limits, NotifyMessage
 from dflashd.supervisor.model.stacks import StacksTaken
 from dflashd.supervisor.model.step import DaemonState, Rules
 from dflashd.supervisor.publisher import Publisher
-from dflashd.supervisor.runs import FirstLaunch, LoopCallbacks, RunParts, Runs
+from dflashd.supervisor.runs import LoopCallbacks, RunParts, Runs
 from dflashd.supervisor.snapshot import goodput_totals, status_view
 from dflashd.supervisor.speak.control import stop_handler
 from dflashd.supervisor.speak.daemonlog import reopen_daemon_log

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from dflashd.logs.writer import LogWriterError
 from dflashd.supervisor.doubles import HostDoubles, StartupError
 from dflashd.supervisor.host.config import Config
-from dflashd.supervisor.host.handover import Handover, report_ready
+from dflashd.supervisor.host.handover import FirstLaunch, Handover, report_ready
 from dflashd.supervisor.host.home import (
     AlreadyRunning,
     Home,
@@ -31,8 +30,6 @@ from dflashd.supervisor.speak.echo import Echo, escape_controls
 from dflashd.supervisor.speak.invocation import save_invocation
 from dflashd.supervisor.speak.registry import remember
 from dflashd.supervisor.watch.gpuwatch import SamplerFactory
-
-FirstLaunch = Callable[[dict[str, Any]], None]
 
 
 class Serving(Protocol):

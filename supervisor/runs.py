@@ -20,6 +20,7 @@ from typing import Any, Final
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.host.clock import Clock
 from dflashd.supervisor.host.fdreserve import FdReserve
+from dflashd.supervisor.host.handover import FirstLaunch
 from dflashd.supervisor.host.notify import SystemdNotifier
 from dflashd.supervisor.host.processops import ProcessOps
 from dflashd.supervisor.host.room import room_at
@@ -45,8 +46,6 @@ from dflashd.supervisor.watch.stackdumps import Dumper
 # disk pushes back; the sink drops after 2 s of a stalled write, so this bound is never hit
 # by a healthy disk, and the exit record still follows every byte caught up.
 CATCH_UP_S: Final = 5.0
-
-FirstLaunch = Callable[[dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -29,6 +30,10 @@ from dflashd.supervisor.host.home import Home
 DAEMON_MODULE: Final = "dflashd.supervisor.daemon"
 HANDOVER_OPTION: Final = "--handover-fd"
 HELD_WHILE_LOADING: Final = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+# what the daemon calls with its first launch's report: the ready pipe, or one line (foreground.py)
+FirstLaunch = Callable[[dict[str, Any]], None]
 
 
 class HandoverError(Exception):
