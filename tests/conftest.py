@@ -116,8 +116,73 @@ def _gpu_available() -> str | None:
     return None if torch.cuda.is_available() else "torch sees no CUDA device"
 
 
+# The suite's longest tests (real daemons, torchrun rendezvous and real hangs: 10-60 s each on
+# the 2-core machine, `pytest --durations=40`), longest first.  Each worker starts on its share
+# of them, so that none starts late and the suite's end waits on it alone (a longest-first
+# schedule).  A name that matches no test fails tests/test_house.py.
+LONGEST_FIRST: Final = (
+    "tests/multinode/test_remote_wait.py::test_every_rank_of_every_node",
+    "tests/multinode/test_remote_wait.py::test_a_rank_waiting_in_a_barrier",
+    "tests/multinode/test_two_nodes.py::test_two_nodes_survive",
+    "tests/test_hangs.py::test_waits_outside_the_run",
+    "tests/multinode/test_store_faults.py::test_a_frozen_store_host",
+    "tests/test_slow_diverged.py::test_a_slowed_rank_under_torchrun",
+    "tests/test_hangs.py::test_pauses_that_work",
+    "tests/multinode/test_store_faults.py::test_a_restart_round",
+    "tests/test_hangs.py::test_a_start_up_waiting_on_a_stale_build_lock",
+    "tests/test_slow_diverged.py::test_a_cpu_hog",
+    "tests/multinode/test_remote_wait.py::test_a_rank_frozen_in_its_own_code",
+    "tests/faults/test_daemon_survives.py::test_a_broken_webhook_never_silences",
+    "tests/faults/test_daemon_survives.py::test_a_hung_alert_command",
+    "tests/test_alerts_metrics.py::test_hung_webhook_never_blocks",
+    "tests/test_hangs.py::test_two_gloo_ranks_one_frozen",
+    "tests/test_trainer.py::test_resume_gives_the_same_next_loss",
+    "tests/test_world.py::test_the_helper_shares_and_hears",
+    "tests/test_world.py::test_a_frozen_store_host_is_an_error",
+    "tests/test_trainer.py::test_per_thread_backends",
+    "tests/test_stacks.py::test_a_frozen_rank_of_the_bundled_trainer",
+    "tests/test_hangs.py::test_a_job_blocked_forever",
+    "tests/test_daemon_killed.py::test_a_daemon_killed_mid_hang",
+    "tests/test_hangs.py::test_an_early_death_keeps_the_caches",
+    "tests/test_alerts_trust.py::test_one_stuck_job_is_one_alert",
+    "tests/faults/test_custody.py::test_the_same_home_through_a_symlinked_path",
+)
+
+
+def _longest_first_rank(item: pytest.Item) -> int:
+    for rank, prefix in enumerate(LONGEST_FIRST):
+        if item.nodeid.startswith(prefix):
+            return rank
+    return len(LONGEST_FIRST)
+
+
+def dealt_longest_first(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The order that starts each worker on its share of the longest tests.
+
+    pytest-xdist's ``worksteal`` deals the collection out in ``workers`` contiguous parts
+    (part i: a ``1/(workers - i)`` share of what is left) and an idle worker steals from the
+    end of another's part: the longest tests go to the front of the parts, dealt round-robin
+    longest first, and every other test keeps its order."""
+    longest = sorted(
+        (item for item in items if _longest_first_rank(item) < len(LONGEST_FIRST)),
+        key=_longest_first_rank,
+    )
+    rest = iter(item for item in items if _longest_first_rank(item) == len(LONGEST_FIRST))
+    ordered: list[pytest.Item] = []
+    for part in range(workers):
+        size = (len(items) - len(ordered)) // (workers - part)
+        mine = longest[part::workers]
+        ordered += mine
+        ordered += [item for _, item in zip(range(size - len(mine)), rest, strict=False)]
+    ordered += list(rest)
+    return ordered
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """GPU tests are skipped, with the reason shown, on machines without a GPU."""
+    """The longest tests first (above); GPU tests are skipped, with the reason shown, on
+    machines without a GPU."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    items[:] = dealt_longest_first(items, workers)
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
