@@ -122,6 +122,27 @@ def test_prefix_agrees(data: bytes, head: bytes) -> None:
     assert _lines.prefix(data, count, head) == linecodec.prefix_python(data, count, head) == want
 
 
+@needs_c
+def test_the_c_loops_agree_at_every_length_around_their_16_byte_steps() -> None:
+    """The C loops move 16 bytes a step where the machine has SSE2 (the last step overlapping
+    the one before): lines and heads of every length from 0 to past 256, a bound at every
+    length around a line's, an unsafe byte at every offset of a block."""
+    lines = [bytes((65 + i % 26,)) * i for i in range(300)]
+    data = b"\n".join(lines)
+    for head_n in (0, 1, 15, 16, 17, 31, 32, 33, 63, 64, 70):
+        head = bytes(range(97, 97 + 26)) * 3
+        head = head[:head_n]
+        assert _lines.encode(data, 300, head, 7, b',"m":"', b'"}\n') == linecodec.encode_python(
+            data, 300, head, 7, b',"m":"', b'"}\n'
+        )
+        assert _lines.prefix(data, 300, head) == linecodec.prefix_python(data, 300, head)
+    for bound in (0, 1, 15, 16, 17, 255, 298, 299, 300):
+        assert _lines.scan(data, bound) == linecodec.scan_python(data, bound)
+    for at in range(40):
+        spoiled = data[: 1000 + at] + b"\x1b" + data[1001 + at :]
+        assert _lines.scan(spoiled, 300) == linecodec.scan_python(spoiled, 300) == -1
+
+
 @pytest.mark.parametrize(
     "prefix",
     [
