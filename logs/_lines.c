@@ -46,8 +46,8 @@ static inline int unsafe_byte(unsigned char c)
 #if defined(__SSE2__)
 /* One pass, 16 bytes a step (SSE2 is in every x86-64): the unsafe bytes and the newlines of a
    block found by four compares, each newline then taken from the mask.  It was two passes, a
-   byte loop for the unsafe bytes and memchr per line: 55 -> ~20 us for 256 KiB of 120-byte
-   lines on the 2-core box, a tenth of the daemon's CPU in a block flood (issue 53). */
+   byte loop for the unsafe bytes and memchr per line: 42 -> 17 us for a 240 KiB frame of
+   ~110-byte lines on the 2-core box (tests/perf/codec_cost.py; issue 53). */
 #include <emmintrin.h>
 
 static Py_ssize_t scan_lines(const unsigned char *p, Py_ssize_t n, Py_ssize_t max_line)
@@ -182,9 +182,10 @@ static size_t put_decimal(char *out, unsigned long long value)
 }
 
 #if defined(__SSE2__)
-/* memcpy for the short pieces of a record (a head of ~60 bytes, a line of ~100): 16-byte
-   moves, the last one overlapping the one before, never past either end; a call of memcpy
-   per piece cost more than the copy (encode: 42 -> ~25 us for 256 KiB of 120-byte lines). */
+/* memcpy for the short pieces of a record or an echo line (a head, a line of ~100 bytes):
+   16-byte moves, the last one overlapping the one before, never past either end.  On a
+   240 KiB frame (tests/perf/codec_cost.py, 2-core box): prefix 20 -> 15 us, encode the same
+   within the noise (30-32 us). */
 static inline void copy_short(char *dst, const char *src, size_t n)
 {
     if (n < 16 || n > 256) {
