@@ -119,7 +119,7 @@ def _gpu_available() -> str | None:
 # The suite's longest tests (real daemons, torchrun rendezvous and real hangs: 10-60 s each on
 # the 2-core machine, `pytest --durations=40`), longest first.  Each worker starts on its share
 # of them, so that none starts late and the suite's end waits on it alone (a longest-first
-# schedule).  A name that matches no test fails tests/test_house.py.
+# schedule).  A name that matches no test fails tests/test_schedule.py.
 LONGEST_FIRST: Final = (
     "tests/multinode/test_remote_wait.py::test_every_rank_of_every_node",
     "tests/multinode/test_remote_wait.py::test_a_rank_waiting_in_a_barrier",
