@@ -7,3 +7,14 @@ def mentions(data: bytes, words: tuple[bytes, ...], /) -> bool: ...
 def read_lines(
     fd: int, held: bytes, max_read: int, max_line: int, /
 ) -> tuple[bytes, bytes | None, int, int]: ...
+def append_records(
+    fd: int,
+    dir_fd: int,
+    name: bytes,
+    dev: int,
+    ino: int,
+    frames: tuple[tuple[bytes, int, bytes, int, bytes], ...],
+    tail: bytes,
+    /,
+) -> tuple[int, int, int]: ...
+def echo_lines(fd: int, data: bytes, count: int, head: bytes, /) -> tuple[int, int, int]: ...

@@ -89,6 +89,15 @@ class Compressor:
             self._pending += 1
         self._jobs.put((fh, (st.st_dev, st.st_ino)))
 
+    def submit_name(self, dir_fd: int, name: str) -> None:
+        """Compress the rotated file ``name`` in the directory ``dir_fd`` (opened now, never
+        through a link, so later renames do not matter); gone already: nothing to do."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            return
+        self.submit(os.fdopen(fd, "rb"))
+
     def close(
         self, timeout_s: float = EXIT_WAIT_S, *, basename: str = "", backups: int = 0
     ) -> None:

@@ -5,6 +5,8 @@
     prefix(data, count, head)                  -> bytes
     mentions(data, words)                      -> bool
     read_lines(fd, held, max_read, max_line)   -> (text, rest, nread, count)   (C only)
+    append_records(fd, dir_fd, name, dev, ino, frames, tail) -> (written, total, err)  (C only)
+    echo_lines(fd, data, count, head)          -> (written, total, err)        (C only)
 
 ``data`` is complete lines joined by ``\\n`` (no trailing one).  ``CODEC.scan`` counts them when
 every byte is printable ASCII that a JSON string holds verbatim (0x20 to 0x7f except ``"``
@@ -18,6 +20,11 @@ asks of every 256 KiB frame it matches (CPython's search took 0.2 ms a word ther
 landing behind the held-back bytes (``_lines.c`` says what it returns); it has no Python twin:
 where C was not built it is None and the drain reads with ``os.read`` and frames with
 :meth:`~dflashd.logs.framer.LineFramer.feed`, which makes the same frames.
+``CODEC.append_records`` is the writer's append of scanned frames (the live file's name
+checked, the records encoded and written) in one such call; where C was not built it is None
+and the writer checks, encodes and writes in three (:meth:`~dflashd.logs.livefile.LiveFile.append`).
+``CODEC.echo_lines`` is the echo's ``prefix`` and its write in one call; None where C was not
+built (the echo then prefixes and writes in two).
 
 Each exists twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,
 run without the GIL on large inputs) and here in Python (the reference, and the fallback).
@@ -97,6 +104,13 @@ Split = Callable[[bytes, int], list[bytes] | None]
 Prefix = Callable[[bytes, int, bytes], bytes]
 Mentions = Callable[[bytes, tuple[bytes, ...]], bool]
 ReadLines = Callable[[int, bytes, int, int], tuple[bytes, bytes | None, int, int]]
+FrameRecords = tuple[
+    bytes, int, bytes, int, bytes
+]  # text, count, head, seq0, mid: as encode takes them
+EchoLines = Callable[[int, bytes, int, bytes], tuple[int, int, int]]
+AppendRecords = Callable[
+    [int, int, bytes, int, int, tuple[FrameRecords, ...], bytes], tuple[int, int, int]
+]
 
 
 def mentions_python(data: bytes, words: tuple[bytes, ...]) -> bool:
@@ -115,6 +129,8 @@ class Codec:
     mentions: Mentions
     split: Split | None = None  # Python: the scan that keeps the lines (the framer uses it)
     read_lines: ReadLines | None = None  # C: the drain's read and scan in one call
+    append_records: AppendRecords | None = None  # C: the writer's check, encode and write in one
+    echo_lines: EchoLines | None = None  # C: the echo's prefix and write in one
 
 
 def _built() -> ModuleType | None:
@@ -131,7 +147,14 @@ def _codec(built: ModuleType | None) -> Codec:
             "python", scan_python, encode_python, prefix_python, mentions_python, split_python
         )
     return Codec(
-        "c", built.scan, built.encode, built.prefix, built.mentions, read_lines=built.read_lines
+        "c",
+        built.scan,
+        built.encode,
+        built.prefix,
+        built.mentions,
+        read_lines=built.read_lines,
+        append_records=built.append_records,
+        echo_lines=built.echo_lines,
     )
 
 
@@ -145,7 +168,8 @@ def use(implementation: str) -> Codec:
     CODEC.implementation, CODEC.scan = chosen.implementation, chosen.scan
     CODEC.encode, CODEC.split = chosen.encode, chosen.split
     CODEC.prefix, CODEC.mentions = chosen.prefix, chosen.mentions
-    CODEC.read_lines = chosen.read_lines
+    CODEC.read_lines, CODEC.append_records = chosen.read_lines, chosen.append_records
+    CODEC.echo_lines = chosen.echo_lines
     return previous
 
 

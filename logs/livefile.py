@@ -16,6 +16,7 @@ import os
 import time
 from typing import Final
 
+from dflashd.logs.linecodec import FrameRecords
 from dflashd.logs.logdir import LogDir
 
 VANISH_CHECK_S: Final = 1.0
@@ -90,6 +91,28 @@ class LiveFile:
             return False
         self.size += written
         return True
+
+    def append_records(self, frames: tuple[FrameRecords, ...], tail: bytes) -> int | None:
+        """Scanned frames' records appended by one call that checks the name, encodes and
+        writes without the GIL (``LogDir.append_records``): the bytes appended, or None when it
+        did not apply (the directory's check is due, the file detached, its name moved, or the
+        write failed: cut back, and left to :meth:`append`, which checks, reopens, writes again
+        and counts what fails)."""
+        if self._detached is not None or time.monotonic() >= self._next_check:
+            return None
+        try:
+            written, _, err = self.dir.append_records(
+                self.fd, self.basename, self._inode, frames, tail
+            )
+        except OSError:
+            return None
+        if err:
+            if written:
+                with contextlib.suppress(OSError):
+                    self.dir.ftruncate(self.fd, self.size)
+            return None
+        self.size += written
+        return written
 
     def take_notice(self) -> str | None:
         """What the directory check found since the last call (for one record), once."""

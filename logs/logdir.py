@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from dflashd.logs.linecodec import CODEC, FrameRecords
 from dflashd.logs.resume import numbered_names
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -74,6 +75,22 @@ class LogDir:
     def writev(self, fd: int, parts: Sequence[bytes | memoryview]) -> int:
         """One ``writev(2)`` of at most ``IOV_MAX`` parts: a batch without joining it first."""
         return os.writev(fd, parts)
+
+    def append_records(
+        self,
+        fd: int,
+        name: str,
+        inode: tuple[int, int],
+        frames: tuple[FrameRecords, ...],
+        tail: bytes,
+    ) -> tuple[int, int, int]:
+        """One ``write(2)`` of scanned frames' records, encoded in the same call, when ``name``
+        still is the open file ``inode`` (``CODEC.append_records``, which says what it returns;
+        where C was not built: nothing written, err -1, as for a name that moved)."""
+        append = CODEC.append_records
+        if append is None:
+            return 0, 0, -1
+        return append(fd, self.fd, os.fsencode(name), inode[0], inode[1], frames, tail)
 
     def ftruncate(self, fd: int, size: int) -> None:
         """Cut the file back (a failed write's partial record)."""

@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from dflashd.logs.framer import Frame
-from dflashd.logs.linecodec import CODEC, encode_parts
+from dflashd.logs.linecodec import CODEC, FrameRecords, encode_parts
 from dflashd.logs.safejson import dumps_any
 
 Source = Literal["stdout", "stderr", "dflashd"]
@@ -27,7 +27,7 @@ CHILD_SOURCES: Final[tuple[str, ...]] = ("stdout", "stderr")
 
 # Keys that belong to the envelope of a supervisor record; an event's fields may not use them.
 ENVELOPE_KEYS: Final[frozenset[str]] = frozenset({"ts", "seq", "run", "src", "event", "line"})
-_RECORD_END: Final = b'"}\n'  # closes a line record's string and object
+RECORD_END: Final = b'"}\n'  # closes a line record's string and object
 
 
 class RecordError(ValueError):
@@ -179,22 +179,65 @@ def reassemble(records: list[LineRecord]) -> str:
     return "".join(parts)
 
 
+def record_pieces(run: int, src: str, ts: str) -> tuple[bytes, bytes]:
+    """A line record's bytes before its seq and between its seq and its line: ``head`` and
+    ``mid`` of ``CODEC.encode`` (``RECORD_END`` closes it)."""
+    return b'{"ts":"' + ts.encode() + b'","seq":', b',"run":%d,"src":"%s","line":"' % (
+        run,
+        src.encode(),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedBatch:
+    """A batch of scanned frames as ``CODEC.append_records`` takes them (one call encodes and
+    writes all their records): ``bound`` is the most bytes they encode to."""
+
+    frames: tuple[FrameRecords, ...]
+    bound: int
+    next_seq: int
+    last_run: int
+
+
+def scanned_batch(
+    batch: list[tuple[int, str, Frame, float]], seq0: int, room: int
+) -> ScannedBatch | None:
+    """The frames of ``batch`` (run, src, frame, wall time), numbered from ``seq0``, as
+    ``CODEC.append_records`` takes them, when it was built, each frame is scanned (its text
+    JSON-safe, as the drain's C read leaves a flood's frames) and their records fit in ``room``
+    bytes (no rotation inside); else None."""
+    if CODEC.append_records is None:
+        return None
+    frames: list[FrameRecords] = []
+    seq, bound, run = seq0, 0, 0
+    for run_no, src, frame, wall_s in batch:
+        count = len(frame)
+        if not count:
+            continue
+        if frame.text is None or frame.flags is not None or frame.parts is not None:
+            return None
+        head, mid = record_pieces(run_no, src, utc_timestamp(wall_s))
+        frames.append((frame.text, count, head, seq, mid))
+        seq, run = seq + count, run_no
+        bound += len(frame.text) + count * (len(head) + len(mid) + len(RECORD_END) + 20)
+    return ScannedBatch(tuple(frames), bound, seq, run) if frames and bound <= room else None
+
+
 def encode_frame(run: int, src: str, frame: Frame, ts: str, seq0: int) -> bytes:
     """The records of one frame's lines, numbered from ``seq0``, as JSON lines."""
     count = len(frame)
     if frame.flags is None and count:
-        head = b'{"ts":"' + ts.encode() + b'","seq":'
-        mid = b',"run":%d,"src":"%s","line":"' % (run, src.encode())
+        head, mid = record_pieces(run, src, ts)
         if frame.parts is not None:  # the Python scan split it already
-            return encode_parts(frame.parts, head, seq0, mid, _RECORD_END)
+            return encode_parts(frame.parts, head, seq0, mid, RECORD_END)
         if frame.text is not None:  # already valid JSON string content: one pass, in C where built
-            return CODEC.encode(frame.text, count, head, seq0, mid, _RECORD_END)
+            return CODEC.encode(frame.text, count, head, seq0, mid, RECORD_END)
         # One orjson call for the whole frame.  Inside a JSON string every '"' is
         # escaped, so '","' only ever occurs between two array elements.
         escaped = orjson.dumps(frame.lines)[2:-2]
         if escaped.count(b'","') == count - 1:
             lines = escaped.replace(b'","', b"\n")  # an escaped line holds no raw newline
-            return CODEC.encode(lines, count, head, seq0, mid, _RECORD_END)
+            return CODEC.encode(lines, count, head, seq0, mid, RECORD_END)
     flags = frame.flags if frame.flags is not None else [(False, None)] * count
     out = []
     for offset, (line, (partial, eol)) in enumerate(zip(frame.lines, flags, strict=True)):

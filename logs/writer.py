@@ -34,11 +34,18 @@ from pathlib import Path
 from typing import Any, Final
 
 from dflashd.logs.compress import EXIT_WAIT_S, Compressor, remove_stale_tmp, rotation_lock
+from dflashd.logs.drops import Drops
 from dflashd.logs.framer import Frame
 from dflashd.logs.limits import DEFAULT_BASENAME, MIN_MAX_BYTES
 from dflashd.logs.livefile import LiveFile, error_text
 from dflashd.logs.logdir import LogDir, rotate_into_place
-from dflashd.logs.records import encode_event, encode_frame, utc_timestamp
+from dflashd.logs.records import (
+    RECORD_END,
+    encode_event,
+    encode_frame,
+    scanned_batch,
+    utc_timestamp,
+)
 from dflashd.logs.resume import plain_rotated, recover_tail
 
 DEFAULT_MAX_BYTES: Final = 100 * 1024 * 1024
@@ -100,15 +107,11 @@ class RotatingLogWriter:
         self._lock = threading.Lock()
         self._records_written = 0
         self._bytes_written = 0
-        self._records_dropped = 0
-        self._bytes_dropped = 0
-        self._unreported_records = 0
-        self._unreported_bytes = 0
+        self._drops = Drops()
         self._rotations = 0
         self._rotation_failures = 0
         self._rotate_retry_at = 0.0
         self._rotation_failing = False
-        self._noted_error: str | None = None  # an upstream drop's cause (the sink's)
         # the writer's own records met inside a batch: written after it (its seqs are taken)
         self._own: list[tuple[str, dict[str, Any]]] = []
         self.torn_bytes = 0
@@ -131,7 +134,7 @@ class RotatingLogWriter:
             rotated, held = self._plain_rotated, self._dir.fd
             self.compressor = Compressor(self.directory, self._lock, rotated, dir_fd=held)
             for name in self._plain_rotated():  # what a previous daemon left plain, oldest first
-                self._submit(name)
+                self.compressor.submit_name(held, name)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -142,8 +145,11 @@ class RotatingLogWriter:
     def write_frames(self, batch: list[tuple[int, str, Frame, float]]) -> bool:
         """Write several frames (run, src, frame, wall time) in one append: one syscall for many chunks."""
         with self._lock:
-            if self._unreported_records:
+            if self._drops.unreported_records:
                 self._report_drops()
+            if self._append_scanned(batch):
+                self._write_own()
+                return True
             seq = self.next_seq
             parts = []
             for run, src, frame, wall_s in batch:
@@ -154,6 +160,18 @@ class RotatingLogWriter:
             if not parts:
                 return True
             return self._append(parts, seq - self.next_seq)
+
+    def _append_scanned(self, batch: list[tuple[int, str, Frame, float]]) -> bool:
+        """Scanned frames in one C call, no GIL (issue 53); False: not for this batch, unwritten."""
+        scanned = scanned_batch(batch, self.next_seq, self.max_bytes - self._live.size)
+        if (
+            scanned is None
+            or (written := self._live.append_records(scanned.frames, RECORD_END)) is None
+        ):
+            return False
+        self.last_run = scanned.last_run
+        self._wrote(scanned.next_seq - self.next_seq, written)
+        return True
 
     def write_event(
         self,
@@ -167,7 +185,7 @@ class RotatingLogWriter:
         not counted as a drop either: the caller keeps it and writes it again, as the sink does)."""
         ts = utc_timestamp(self._clock())
         with self._lock:
-            if self._unreported_records:
+            if self._drops.unreported_records:
                 self._report_drops()
             seq = self.next_seq
             data = encode_event(run, event, fields or {}, ts, seq)
@@ -177,10 +195,8 @@ class RotatingLogWriter:
     def count_dropped(self, records: int, nbytes: int, error: str) -> None:
         """Drops made upstream that the writer never saw (counted in its stats too), and why."""
         with self._lock:
-            self._count_dropped(b"", records)
-            self._bytes_dropped += nbytes
-            self._unreported_bytes += nbytes
-            self._noted_error = error
+            self._drops.lost(records, nbytes)
+            self._drops.error = error
 
     def _append(self, data: bytes | list[bytes], count: int, *, counted: bool = True) -> bool:
         """Append whole records, rotating within one record of ``max_bytes`` (a batch may span files).
@@ -198,9 +214,13 @@ class RotatingLogWriter:
                 data = b"".join(data)  # a rotation falls inside: cut at a record's end
             return self._append_batch(data, count, counted)
         finally:  # the writer's own records, after the batch: its seqs are taken already
-            while self._own:
-                event, fields = self._own.pop(0)
-                self._record_self(event, fields)
+            self._write_own()
+
+    def _write_own(self) -> None:
+        """The writer's own records met inside a batch (a rotation's), after it."""
+        while self._own:
+            event, fields = self._own.pop(0)
+            self._record_self(event, fields)
 
     def _append_batch(self, data: bytes, count: int, counted: bool) -> bool:
         # Cut at records' ends by offset, each piece written through a view: slicing the
@@ -217,7 +237,7 @@ class RotatingLogWriter:
             records = data.count(b"\n", start, cut)
             if not self._append_part(view[start:cut], records, counted):
                 if counted:
-                    self._count_dropped(view[cut:], count - records)
+                    self._drops.lost(count - records, end - cut)
                 return False
             count -= records
             start = cut
@@ -225,24 +245,20 @@ class RotatingLogWriter:
                 break
         return self._append_part(view[start:], count, counted) if start < end else True
 
-    def _count_dropped(self, data: Records, count: int) -> None:
-        nbytes = _nbytes(data)
-        self._records_dropped += count
-        self._bytes_dropped += nbytes
-        self._unreported_records += count
-        self._unreported_bytes += nbytes
-
     def _append_part(self, data: Records, count: int, counted: bool = True) -> bool:
         if not self._write_all(data):
             if counted:
-                self._count_dropped(data, count)
+                self._drops.lost(count, _nbytes(data))
             return False
+        self._wrote(count, _nbytes(data))
+        return True
+
+    def _wrote(self, count: int, nbytes: int) -> None:
         self.next_seq += count
         self._records_written += count
-        self._bytes_written += _nbytes(data)
+        self._bytes_written += nbytes
         if self._live.size >= self.max_bytes:
             self._rotate()
-        return True
 
     def note_dropped(self, records: int, nbytes: int, error: str) -> None:
         """Drops made upstream (the sink, past a stalled disk): the next ``log_dropped`` says so.
@@ -251,20 +267,18 @@ class RotatingLogWriter:
         writer's own drops plus these.
         """
         with self._lock:
-            self._unreported_records += records
-            self._unreported_bytes += nbytes
-            self._noted_error = error
+            self._drops.noted(records, nbytes, error)
 
     def _report_drops(self) -> None:
+        drops = self._drops
         fields = {
-            "records": self._unreported_records,
-            "bytes": self._unreported_bytes,
-            "error": self._noted_error or self._live.last_error,
+            "records": drops.unreported_records,
+            "bytes": drops.unreported_bytes,
+            "error": drops.error or self._live.last_error,
         }
         if self._record_self("log_dropped", fields):
-            self._unreported_records = 0
-            self._unreported_bytes = 0
-            self._noted_error = None
+            drops.unreported_records = drops.unreported_bytes = 0
+            drops.error = None
 
     def _write_all(self, data: Records) -> bool:
         written = self._live.append(data)
@@ -303,8 +317,8 @@ class RotatingLogWriter:
         if self._rotation_failing:
             self._rotation_failing = False
             self._own.append(("log_rotation_resumed", {"failures": self._rotation_failures}))
-        if rotated.newest is not None:
-            self._submit(rotated.newest)
+        if rotated.newest is not None and self.compressor is not None:
+            self.compressor.submit_name(self._dir.fd, rotated.newest)
         return True
 
     def _rotation_failed(self, exc: OSError) -> bool:
@@ -336,26 +350,16 @@ class RotatingLogWriter:
             return WriterStats(
                 records_written=self._records_written,
                 bytes_written=self._bytes_written,
-                records_dropped=self._records_dropped,
-                bytes_dropped=self._bytes_dropped,
+                records_dropped=self._drops.records,
+                bytes_dropped=self._drops.nbytes,
                 write_errors=self._live.write_errors,
                 rotations=self._rotations,
-                last_error=self._noted_error or self._live.last_error,
+                last_error=self._drops.error or self._live.last_error,
                 rotation_failures=self._rotation_failures,
             )
 
     def _plain_rotated(self, dir_fd: int | None = None) -> list[str]:  # in the held directory
         return [p.name for p in plain_rotated(dir_fd or self._dir.fd, self.basename, self.backups)]
-
-    def _submit(self, name: str) -> None:
-        """Hand a rotated file to the compressor (opened now, so later renames do not matter)."""
-        if self.compressor is None:
-            return
-        try:  # through the held directory, never a link: the compressor closes it
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dir.fd)
-        except OSError:
-            return
-        self.compressor.submit(os.fdopen(fd, "rb"))
 
     def close(self, compress_wait_s: float = EXIT_WAIT_S) -> None:
         """Close the live file (idempotent); wait at most ``compress_wait_s`` for the

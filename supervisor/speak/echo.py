@@ -55,6 +55,12 @@ def escaped_values(value: object) -> object:
     return value
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class Echo:
     """A writer thread between the drains and a stream; drops rather than blocks."""
 
@@ -124,18 +130,26 @@ class Echo:
                 return
             with self._bytes_lock:
                 self._queued_bytes -= item[2].nbytes
-            data = self._format(*item)
-            if self.dropped_lines != self._reported_drops:
-                lost = self.dropped_lines - self._reported_drops
-                self._reported_drops = self.dropped_lines
-                note = f"dflashd: {lost} lines not echoed (the terminal was slower than the job; all are in the log)\n"
-                data = note.encode() + data
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                if self.dropped_lines != self._reported_drops:
+                    lost = self.dropped_lines - self._reported_drops
+                    self._reported_drops = self.dropped_lines
+                    note = f"dflashd: {lost} lines not echoed (the terminal was slower than the job; all are in the log)\n"
+                    _write_all(fd, note.encode())
+                if not self._print(fd, *item):
+                    return
             except OSError:
                 return  # stdout gone (a closed terminal): stop echoing, the log has everything
+
+    def _print(self, fd: int, run_no: int, src: str, frame: Frame) -> bool:
+        """The frame's lines on ``fd``; False once it cannot be written.  A flood's frames
+        (scanned, prefixed) go in one C call that prefixes and writes without the GIL."""
+        echo_lines = CODEC.echo_lines
+        if frame.text is not None and not self._raw and echo_lines is not None:
+            head = self._prefix(run_no, src).encode()
+            return not echo_lines(fd, frame.text, len(frame), head)[2]
+        _write_all(fd, self._format(run_no, src, frame))
+        return True
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Print what is queued (bounded), then stop."""

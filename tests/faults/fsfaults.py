@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dflashd.logs.linecodec import FrameRecords
 from dflashd.logs.logdir import LogDir
 from dflashd.logs.writer import RotatingLogWriter
 
@@ -40,6 +41,17 @@ class FaultyDir(LogDir):
     def writev(self, fd: int, parts: Sequence[bytes | memoryview]) -> int:
         self._maybe_fail("write")
         return super().writev(fd, parts)
+
+    def append_records(
+        self,
+        fd: int,
+        name: str,
+        inode: tuple[int, int],
+        frames: tuple[FrameRecords, ...],
+        tail: bytes,
+    ) -> tuple[int, int, int]:
+        self._maybe_fail("write")
+        return super().append_records(fd, name, inode, frames, tail)
 
     def create_new(self, name: str) -> int:
         self._maybe_fail("create_new")
