@@ -114,3 +114,18 @@ def test_any_bytes_never_crash_and_keep_line_structure(data: bytes, cuts: list[i
     out = reassemble(records)
     assert out.count("\n") == data.count(b"\n")
     assert out == data.decode("utf-8", "replace")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12)),
+    n=st.integers(0, 30),
+)
+def test_a_frames_last_lines_are_its_last_lines(lines: list[str], n: int) -> None:
+    """``last_lines`` of a scanned frame (bytes, decoded only at its end) is the list's tail."""
+    frame = LineFramer(4096).feed("".join(f"{line}\n" for line in lines).encode())
+    if frame is None:
+        assert lines == []
+        return
+    assert frame.last_lines(n) == (lines[-n:] if n else [])
+    assert frame.last_lines(n) == (frame.lines[-n:] if n else [])
