@@ -522,8 +522,14 @@ static PyObject *lines_append_records(PyObject *self, PyObject *args)
     Py_ssize_t bound = 0;
     for (Py_ssize_t i = 0; i < nframes; i++) {
         struct frame_piece *f = &pieces[i];
+        PyObject *item = PyTuple_GET_ITEM(frames, i);
+        if (!PyTuple_Check(item)) {
+            PyMem_Free(pieces);
+            PyErr_SetString(PyExc_TypeError, "append_records: each frame is a tuple");
+            return NULL;
+        }
         /* the tuples hold their bytes (immutable): safe to read without the GIL */
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(frames, i), "y#ny#Ky#:append_records", &f->data,
+        if (!PyArg_ParseTuple(item, "y#ny#Ky#:append_records", &f->data,
                               &f->n, &f->count, &f->head, &f->head_n, &f->seq0, &f->mid,
                               &f->mid_n)) {
             PyMem_Free(pieces);
