@@ -35,6 +35,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <limits.h>
 #include <string.h>
 #include <fcntl.h>
 #include <sys/ioctl.h>
@@ -220,6 +221,12 @@ static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssi
     char *w = out;
     const char *p = data;
     const char *end = data + n;
+    /* The seq's digits are counted up in place, a carry at a time: converting each seq afresh
+       (a division per digit) was most of this loop (issue 53).  Near the end of the range,
+       where a seq wraps, each is converted as it always was. */
+    char digits[24];
+    size_t digits_n = put_decimal(digits, seq);
+    const int counting = seq <= ULLONG_MAX - (unsigned long long)count;
     for (Py_ssize_t i = 0; i < count; i++) {
         const char *nl = next_newline(p, end);
         const char *stop = nl ? nl : end;
@@ -227,7 +234,21 @@ static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssi
             return -1;
         copy_short(w, head, (size_t)head_n);
         w += head_n;
-        w += put_decimal(w, seq + (unsigned long long)i);
+        if (counting) {
+            memcpy(w, digits, digits_n);
+            w += digits_n;
+            size_t k = digits_n;
+            while (k > 0 && digits[k - 1] == '9')
+                digits[--k] = '0';
+            if (k > 0) {
+                digits[k - 1]++;
+            } else { /* 99..9 + 1: one digit more */
+                memmove(digits + 1, digits, digits_n++);
+                digits[0] = '1';
+            }
+        } else {
+            w += put_decimal(w, seq + (unsigned long long)i);
+        }
         copy_short(w, mid, (size_t)mid_n);
         w += mid_n;
         copy_short(w, p, (size_t)(stop - p));

@@ -143,6 +143,17 @@ def test_the_c_loops_agree_at_every_length_around_their_16_byte_steps() -> None:
         assert _lines.scan(spoiled, 300) == linecodec.scan_python(spoiled, 300) == -1
 
 
+@needs_c
+def test_the_seqs_counted_up_in_place_carry_as_numbers_do() -> None:
+    """The C encoder counts each record's seq up in its digits (a carry at a time), not by
+    converting each afresh: across every carry, a new digit, and the end of the range."""
+    data = b"\n".join(b"line %d" % i for i in range(120))
+    for seq0 in (0, 1, 8, 9, 10, 89, 99, 990, 9_999, 99_999_950, 10**18 - 60, 2**64 - 121):
+        assert _lines.encode(data, 120, b"<", seq0, b">", b"\n") == linecodec.encode_python(
+            data, 120, b"<", seq0, b">", b"\n"
+        ), seq0
+
+
 @pytest.mark.parametrize(
     "prefix",
     [
