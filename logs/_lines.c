@@ -207,12 +207,18 @@ static inline void copy_short(char *dst, const char *src, size_t n)
         _mm_storeu_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
     _mm_storeu_si128((__m128i *)(dst + n - 16), _mm_loadu_si128((const __m128i *)(src + n - 16)));
 }
+/* A piece of at most 16 bytes as one 16-byte move: its source has 16 bytes to read, the
+   buffer 16 bytes to spare past its end (ENCODE_SLACK), and what the move writes past the piece
+   is written over by the next.  A record's seq and its closing '"}\n' went through memcpy
+   calls of a few bytes, two a record. */
+#define MOVE16(dst, src) _mm_storeu_si128((__m128i *)(dst), _mm_loadu_si128((const __m128i *)(src)))
 #else
 #define copy_short memcpy
 #endif
+#define ENCODE_SLACK 16
 
-/* Fills out (large enough) and returns the bytes written, or -1 when data has more or
-   fewer than count lines. */
+/* Fills out (large enough, and ENCODE_SLACK more) and returns the bytes written, or -1 when
+   data has more or fewer than count lines. */
 static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssize_t count,
                                const char *head, Py_ssize_t head_n, unsigned long long seq,
                                const char *mid, Py_ssize_t mid_n, const char *tail,
@@ -224,8 +230,11 @@ static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssi
     /* The seq's digits are counted up in place, a carry at a time: converting each seq afresh
        (a division per digit) was most of this loop (issue 53).  Near the end of the range,
        where a seq wraps, each is converted as it always was. */
-    char digits[24];
+    char digits[24], tail16[16] = {0};
     size_t digits_n = put_decimal(digits, seq);
+    const int tail_small = tail_n <= 16;
+    if (tail_small)
+        memcpy(tail16, tail, (size_t)tail_n);
     const int counting = seq <= ULLONG_MAX - (unsigned long long)count;
     for (Py_ssize_t i = 0; i < count; i++) {
         const char *nl = next_newline(p, end);
@@ -235,7 +244,12 @@ static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssi
         copy_short(w, head, (size_t)head_n);
         w += head_n;
         if (counting) {
-            memcpy(w, digits, digits_n);
+#if defined(__SSE2__)
+            if (digits_n <= 16)
+                MOVE16(w, digits);
+            else
+#endif
+                memcpy(w, digits, digits_n);
             w += digits_n;
             size_t k = digits_n;
             while (k > 0 && digits[k - 1] == '9')
@@ -253,7 +267,12 @@ static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssi
         w += mid_n;
         copy_short(w, p, (size_t)(stop - p));
         w += stop - p;
-        copy_short(w, tail, (size_t)tail_n);
+#if defined(__SSE2__)
+        if (tail_small)
+            MOVE16(w, tail16);
+        else
+#endif
+            copy_short(w, tail, (size_t)tail_n);
         w += tail_n;
         p = stop + 1;
     }
@@ -273,11 +292,11 @@ static PyObject *lines_encode(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_ssize_t per_line = head_n + mid_n + tail_n + 20; /* 20: the digits of any u64 */
-    if (per_line > (PY_SSIZE_T_MAX - n) / count) {
+    if (per_line > (PY_SSIZE_T_MAX - n - ENCODE_SLACK) / count) {
         PyErr_NoMemory();
         return NULL;
     }
-    PyObject *result = PyBytes_FromStringAndSize(NULL, n + count * per_line);
+    PyObject *result = PyBytes_FromStringAndSize(NULL, n + count * per_line + ENCODE_SLACK);
     if (result == NULL)
         return NULL;
     char *out = PyBytes_AS_STRING(result);
@@ -565,7 +584,7 @@ static PyObject *lines_append_records(PyObject *self, PyObject *args)
         }
         bound += f->n + f->count * per_line;
     }
-    char *out = PyMem_RawMalloc((size_t)bound);
+    char *out = PyMem_RawMalloc((size_t)bound + ENCODE_SLACK);
     if (out == NULL) {
         PyMem_Free(pieces);
         return PyErr_NoMemory();
