@@ -317,18 +317,28 @@ static PyObject *lines_encode(PyObject *self, PyObject *args)
     return result;
 }
 
+/* Fills out (large enough, and ENCODE_SLACK more): head, the line, '\n' for each line. */
 static Py_ssize_t prefix_lines(char *out, const char *data, Py_ssize_t n, Py_ssize_t count,
                                const char *head, Py_ssize_t head_n)
 {
     char *w = out;
     const char *p = data;
     const char *end = data + n;
+    char head16[16] = {0};
+    const int head_small = head_n <= 16; /* "r3 out | ": one move, not a memcpy call a line */
+    if (head_small)
+        memcpy(head16, head, (size_t)head_n);
     for (Py_ssize_t i = 0; i < count; i++) {
         const char *nl = next_newline(p, end);
         const char *stop = nl ? nl : end;
         if ((nl == NULL) != (i == count - 1))
             return -1;
-        copy_short(w, head, (size_t)head_n);
+#if defined(__SSE2__)
+        if (head_small)
+            MOVE16(w, head16);
+        else
+#endif
+            copy_short(w, head, (size_t)head_n);
         w += head_n;
         copy_short(w, p, (size_t)(stop - p));
         w += stop - p;
@@ -348,12 +358,12 @@ static PyObject *lines_prefix(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "count must be at least 1");
         return NULL;
     }
-    if (head_n + 1 > (PY_SSIZE_T_MAX - n) / count) {
+    if (head_n + 1 > (PY_SSIZE_T_MAX - n - ENCODE_SLACK) / count) {
         PyErr_NoMemory();
         return NULL;
     }
     /* n holds count - 1 newlines: each line gets head and one '\n' */
-    PyObject *result = PyBytes_FromStringAndSize(NULL, n + 1 + count * head_n);
+    PyObject *result = PyBytes_FromStringAndSize(NULL, n + 1 + count * head_n + ENCODE_SLACK);
     if (result == NULL)
         return NULL;
     char *out = PyBytes_AS_STRING(result);
@@ -369,6 +379,8 @@ static PyObject *lines_prefix(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "data does not hold count lines");
         return NULL;
     }
+    if (_PyBytes_Resize(&result, written) < 0)
+        return NULL;
     return result;
 }
 
@@ -641,11 +653,11 @@ static PyObject *lines_echo_lines(PyObject *self, PyObject *args)
     Py_ssize_t n, count, head_n;
     if (!PyArg_ParseTuple(args, "iy#ny#:echo_lines", &fd, &data, &n, &count, &head, &head_n))
         return NULL;
-    if (count < 1 || head_n + 1 > (PY_SSIZE_T_MAX - n) / count) {
+    if (count < 1 || head_n + 1 > (PY_SSIZE_T_MAX - n - ENCODE_SLACK) / count) {
         PyErr_SetString(PyExc_ValueError, "echo_lines: bad sizes");
         return NULL;
     }
-    char *out = PyMem_RawMalloc((size_t)(n + 1 + count * head_n));
+    char *out = PyMem_RawMalloc((size_t)(n + 1 + count * head_n + ENCODE_SLACK));
     if (out == NULL)
         return PyErr_NoMemory();
     Py_ssize_t total, written = 0;
