@@ -5,7 +5,8 @@
 #   tests/gpu/log_path_ab.sh [TREE ...]     (a TREE: e.g. `git archive REV | tar -x -C .old`)
 #   LOG_PATH_MIB=256 LOG_PATH_MODES=block,line (the defaults)
 # Carry: .whl (orjson, zstandard, py-spy, structlog, prometheus-client, supervisor 4.3 wheels)
-# and each TREE.  Output: $OUT/side_by_side_<mode>_<tree>.txt.
+# and each TREE.  Output: $OUT/side_by_side_<mode>_<tree>.txt.  The trees run one after the
+# other; tests/perf/tree_ab.py TREE --wheels .whl interleaves two of them round by round.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 here="$PWD"
