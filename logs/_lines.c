@@ -534,6 +534,21 @@ static PyObject *lines_read_lines(PyObject *self, PyObject *args)
     return Py_BuildValue("(NNnn)", data, rest, got, count);
 }
 
+/* write(2) of buf's n bytes to fd, again after a short write or EINTR (without the GIL): 0 when
+   all were written, else the errno of the write that failed; *written: how many were. */
+static int write_fully(int fd, const char *buf, Py_ssize_t n, Py_ssize_t *written)
+{
+    while (*written < n) {
+        ssize_t got = write(fd, buf + *written, (size_t)(n - *written));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return got < 0 ? errno : EIO;
+        *written += got;
+    }
+    return 0;
+}
+
 /* append_records(fd, dir_fd, name, dev, ino, frames, tail) -> (written, total, err)
 
    The writer thread's whole append of a batch of scanned frames, in one stretch without the GIL:
@@ -618,16 +633,8 @@ static PyObject *lines_append_records(PyObject *self, PyObject *args)
             else
                 total += w;
         }
-        while (!bad && written < total) {
-            ssize_t got = write(fd, out + written, (size_t)(total - written));
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got <= 0) {
-                err = got < 0 ? errno : EIO;
-                break;
-            }
-            written += got;
-        }
+        if (!bad)
+            err = write_fully(fd, out, total, &written);
     }
     Py_END_ALLOW_THREADS
     PyMem_RawFree(out);
@@ -664,16 +671,8 @@ static PyObject *lines_echo_lines(PyObject *self, PyObject *args)
     int err = 0;
     Py_BEGIN_ALLOW_THREADS
     total = prefix_lines(out, data, n, count, head, head_n);
-    while (total > 0 && written < total) {
-        ssize_t got = write(fd, out + written, (size_t)(total - written));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            err = got < 0 ? errno : EIO;
-            break;
-        }
-        written += got;
-    }
+    if (total > 0)
+        err = write_fully(fd, out, total, &written);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(out);
     if (total < 0) {
