@@ -123,12 +123,15 @@ def test_a_restart_round_while_a_node_is_suspect_starts_afresh_and_a_hang_after_
         # stuck world is still found afresh, through the store: B ended for it, or A ended
         # first and B's rank crashed after its wait elsewhere.  Or torch's round failed
         # outright (A's new workers exited until its restarts ran out, its store went with it,
-        # B's agent lost it): nothing hung, so dflashd ended nothing and both crashed
-        crashed = [e.fields["verdict"] for e in host.events("exit")][:1] == ["crashed"]
-        assert any(world in evidence for evidence in ends) or (ends == [] and crashed), (
-            ended.fields,
-            ends,
-        )
+        # B's agent lost it): nothing hung, so dflashd ended nothing.  B then crashed, and A
+        # either crashed too or was still forming its next round when the test stopped it
+        # (seen once in CI: A's first exit "stopped", after B's).  Either way no run was
+        # judged stalled: nothing of the earlier round's wait was carried into a verdict.
+        a_exits = [str(e.fields["verdict"]) for e in host.events("exit")]
+        judged = {verdict[0], *a_exits[:1]}
+        assert any(world in evidence for evidence in ends) or (
+            ends == [] and verdict[0] == "crashed" and judged <= {"crashed", "stopped"}
+        ), (ended.fields, ends, a_exits)
         return
     assert verdict == ("stalled", "hung"), ended.fields
     assert ended.fields["hung_after_s"] <= 60, ended.fields
