@@ -4,9 +4,12 @@ argv: MODE(block|line|slow) MIB REPORT_FILE
 block: ~64 KiB per write(2) per stream (a C program, a buffered stream);
 line:  one write(2) per line (print() under PYTHONUNBUFFERED=1);
 slow:  one line every 10 ms carrying its send time (for the lag at low rates).
-The child times itself and writes {"mib_s":…, "last_write":…} to REPORT_FILE.
+The child times itself and writes {"mib_s":…, "last_write":…} to REPORT_FILE, with the
+SHA-256 of what it writes to each stream (taken before the clock starts), so a launcher's
+copy of the bytes can be checked.
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -26,11 +29,14 @@ count = total // len(line(0)) if mode != "slow" else int(mib)
 template = b"step %09d loss %5.3f tok/s 51,200 lr 3e-4 " + pad.encode() + b"\n"
 lines = [template % (i, i % 997 / 100) for i in range(count)] if mode != "slow" else []
 written = 0
+# Each stream's bytes, as its reader must find them (block and line modes write the same)
+out = b"".join(lines[i] for i in range(len(lines)) if i % 16 != 15)
+err = b"".join(lines[15::16])
+digests = {"stdout_sha256": hashlib.sha256(out), "stderr_sha256": hashlib.sha256(err)}
+if mode != "block":
+    del out, err
 start = time.perf_counter()
 if mode == "block":
-    out = b"".join(lines[i] for i in range(count) if i % 16 != 15)
-    err = b"".join(lines[15::16])
-    start = time.perf_counter()
     o = e = 0
     block = 65536
     # Interleave the two streams as a program writing both would.
@@ -58,6 +64,9 @@ with open(report, "w") as fh:
             "last_write": time.time(),
             "elapsed_s": elapsed,
             "cpu_s": time.process_time(),  # the child's own CPU, all of it
+            "bytes": written,
+            "stderr_lines": len(lines[15::16]),
+            **{name: digest.hexdigest() for name, digest in digests.items()},
         },
         fh,
     )

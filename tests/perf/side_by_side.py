@@ -7,7 +7,10 @@ supervisord comes from the package registry, into this benchmark's own venv (mad
 a ratio is more than 30 % worse than the one recorded in tests/perf/baseline.json in each of
 three rounds (ratios only, never times).  The ratios to supervisord are the guard that cannot
 slide with the machine: a page-cache write's speed depends on the box, supervisord's on the
-same bytes in the same run does not.
+same bytes in the same run does not.  Every run's bytes are checked, off the clock, against
+the SHA-256 the child took of each stream: dflashd's records (each line a record, every byte,
+in order, through rotated and compressed files), supervisord's two files, direct's size; a
+mismatch is printed and fails the run.
 
     python tests/perf/side_by_side.py [--mib 256] [--reps 3] [--modes block,line]
     python tests/perf/side_by_side.py --ci
@@ -17,24 +20,31 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
 from _bench import daemon_argv, process_cpu_s
 
+from dflashd.logs.limits import DEFAULT_BASENAME
+from dflashd.logs.logset import OpenSet
+from dflashd.logs.packed import read_all
+
 WRITER = Path(__file__).with_name("_writer_child.py")
 BASELINE = Path(__file__).with_name("baseline.json")
 TOLERANCE = 0.30
 CI_ROUNDS = 3
+MISMATCHES: list[str] = []  # every run whose copy of the bytes was not the child's
 
 
 def child(mode: str, mib: float, report: Path) -> list[str]:
@@ -47,14 +57,54 @@ class Result:
     e2e_mib_s: float  # from its first write to the launcher's exit (or its "exited" line)
     cpu_s_per_gib: float  # the launcher's own CPU
     peak_rss_mib: float = 0.0  # the launcher's own high-water mark (VmHWM)
+    mismatch: str = ""  # what the launcher's copy of the bytes lacks ("": every byte there)
 
 
 def result(
-    mib: float, report: Path, ended_wall: float, cpu_s: float, rss_mib: float = 0.0
+    mib: float,
+    report: Path,
+    ended_wall: float,
+    cpu_s: float,
+    rss_mib: float = 0.0,
+    copy: dict[str, bytes] | None = None,
 ) -> Result:
+    """The run's figures; ``copy``: what the launcher kept of each stream (by src), checked
+    against the child's digests (None: only the total size is known, in ``size``)."""
     rep = json.loads(report.read_text())
     first_write = rep["last_write"] - rep["elapsed_s"]
-    return Result(rep["mib_s"], mib / (ended_wall - first_write), cpu_s / (mib / 1024), rss_mib)
+    mismatch = streams_mismatch(rep, copy) if copy is not None else ""
+    return Result(
+        rep["mib_s"], mib / (ended_wall - first_write), cpu_s / (mib / 1024), rss_mib, mismatch
+    )
+
+
+def streams_mismatch(rep: dict[str, object], copy: dict[str, bytes]) -> str:
+    """ "" when each stream's copy is what the child wrote, byte for byte; else what differs."""
+    wrong = []
+    for src in ("stdout", "stderr"):
+        got = copy.get(src, b"")
+        if hashlib.sha256(got).hexdigest() != rep[f"{src}_sha256"]:
+            wrong.append(f"{src}: {len(got):,} bytes kept, not the child's")
+    return "; ".join(wrong)
+
+
+# A line record of the benchmark's lines (JSON-safe ASCII: the line is the string verbatim)
+_LINE_RECORD: Final = re.compile(rb'"src":"(stdout|stderr)","line":"([^"]*)"}$', re.MULTILINE)
+
+
+def dflashd_copy(logs: Path) -> dict[str, bytes]:
+    """Each stream's lines as dflashd's records hold them, oldest first, rotated and compressed
+    files included: every line, each its own record, in order, rebuilt as the stream's bytes."""
+    lines: dict[bytes, list[bytes]] = {b"stdout": [], b"stderr": []}
+    log_set = OpenSet(logs, DEFAULT_BASENAME)
+    try:
+        for _seq, handle in log_set.handles:
+            handle.seek(0)  # the set read each file's first record to order them
+            for src, line in _LINE_RECORD.findall(read_all(handle)):
+                lines[src].append(line)
+    finally:
+        log_set.close()
+    return {src.decode(): b"\n".join(kept) + b"\n" if kept else b"" for src, kept in lines.items()}
 
 
 def peak_rss_mib(pid: int) -> float | None:
@@ -72,7 +122,11 @@ def direct(mode: str, mib: float, work: Path) -> Result:
     report = work / "r.json"
     with open(work / "direct.log", "wb") as out:
         subprocess.run(child(mode, mib, report), stdout=out, stderr=out, check=True)
-    return result(mib, report, time.time(), 0.0)
+    done = result(mib, report, time.time(), 0.0)
+    size, wrote = (work / "direct.log").stat().st_size, json.loads(report.read_text())["bytes"]
+    if size != wrote:  # both streams in one file, interleaved: its size is what can be checked
+        return replace(done, mismatch=f"{size:,} bytes in the file of {wrote:,} written")
+    return done
 
 
 def pipe_ceiling(mode: str, mib: float, work: Path) -> Result:
@@ -141,12 +195,14 @@ def dflashd(mode: str, mib: float, work: Path, variant: str) -> Result:
             stderr=subprocess.DEVNULL,
         )
         used, ended, rss = watch(proc, report, None)
-    return result(mib, report, ended, used, rss)
+    return result(mib, report, ended, used, rss, dflashd_copy(home / "logs"))
 
 
 def supervisord(mode: str, mib: float, work: Path, venv: Path) -> Result:
     report = work / "r.json"
     report.unlink(missing_ok=True)
+    for kept in ("job.out", "job.err"):  # supervisord appends to its log files
+        (work / kept).unlink(missing_ok=True)
     conf = work / "s.conf"
     conf.write_text(
         f"[supervisord]\nlogfile={work}/supervisord.log\npidfile={work}/s.pid\nnodaemon=true\n"
@@ -167,7 +223,8 @@ def supervisord(mode: str, mib: float, work: Path, venv: Path) -> Result:
     if not report.exists():
         said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
         raise SystemExit(f"supervisord did not run the job: {said.strip()[-500:]}")
-    return result(mib, report, ended, used, rss)
+    copy = {"stdout": (work / "job.out").read_bytes(), "stderr": (work / "job.err").read_bytes()}
+    return result(mib, report, ended, used, rss, copy)
 
 
 def ensure_supervisord(venv: Path, wheels: Path | None) -> bool:
@@ -241,7 +298,9 @@ def main() -> int:
             f"REGRESSION {key}: {now:.3f}x direct, recorded {then:.3f}x"
             f" (more than 30 % worse in each of {CI_ROUNDS} rounds)"
         )
-    return 1 if worse else 0
+    for mismatch in MISMATCHES:
+        print(f"BYTES LOST {mismatch}")
+    return 1 if worse or MISMATCHES else 0
 
 
 def measure_mode(
@@ -271,6 +330,7 @@ def measure_mode(
     peer = statistics.median(r.mib_s for r in got["supervisord"]) if "supervisord" in got else None
     ratios: dict[str, float] = {}
     for name, values in got.items():
+        MISMATCHES.extend(f"{mode} {name}: {r.mismatch}" for r in values if r.mismatch)
         mib_s = statistics.median(r.mib_s for r in values)
         e2e = statistics.median(r.e2e_mib_s for r in values)
         cpu = statistics.median(r.cpu_s_per_gib for r in values)
@@ -281,10 +341,17 @@ def measure_mode(
             ratios[f"{mode}:{name}/supervisord"] = mib_s / peer
         if peer and name not in {"supervisord", "direct"}:
             versus = f"  {mib_s / peer:5.2f}x supervisord"
+        kept = (
+            ""
+            if name == "pipe-ceiling"
+            else "   bytes MISMATCH"
+            if any(r.mismatch for r in values)
+            else "   bytes ok"
+        )
         print(
             f"{name:14s} {mib_s:8.1f} MiB/s {mib_s / base:5.2f}x{versus:19s}  end to end"
             f" {e2e:8.1f} MiB/s {e2e / e2e_base:5.2f}x   CPU {cpu:5.1f} s/GiB"
-            f"   peak RSS {rss:5.1f} MiB"
+            f"   peak RSS {rss:5.1f} MiB{kept}"
         )
     return ratios
 

@@ -77,8 +77,11 @@ def main() -> int:
                     f"{statistics.median(rates) / peer:5.2f}x supervisord   "
                     f"peak RSS {max(r.peak_rss_mib for r in results):5.1f} MiB   "
                     f"each {[round(x) for x in rates]}"
+                    + ("   bytes MISMATCH" if any(r.mismatch for r in results) else "   bytes ok")
                 )
-    return 0
+    for mismatch in sbs.MISMATCHES:
+        print(f"BYTES LOST {mismatch}")
+    return 1 if sbs.MISMATCHES else 0
 
 
 if __name__ == "__main__":
