@@ -26,10 +26,14 @@ from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
 from dflashd.logs.linecodec import CODEC
 
 READ_BYTES: Final = 256 * 1024
-# After a read this small, the next waits this long: a job printing line by line wakes a drain
-# that reads at once for every line (each write(2) then pays the reader's wake-up, and every
-# line is a frame of its own); a millisecond lets them gather in the 1 MiB pipe, which holds
-# far more than any job prints in one (the child is never blocked: issue 53).
+# After a read this small, or one that left less than this in the pipe, the next waits this
+# long: a job printing line by line wakes a drain that reads at once for every line (each
+# write(2) then pays the reader's wake-up, and every line is a frame of its own); a millisecond
+# lets them gather in the 1 MiB pipe, which holds far more than any job prints in one (the child
+# is never blocked: issue 53).  The pipe's fill is asked too: after a large read, reading again
+# at once took the few KiB printed meanwhile, and half a line flood's frames were such slivers,
+# each a hand-off to the writer and the echo (a block flood refills the pipe faster than a read
+# is framed, so it never waits).
 SMALL_READ_BYTES: Final = 16 * 1024
 GATHER_S: Final = 0.001
 PIPE_BYTES: Final = 1 << 20
@@ -65,6 +69,12 @@ def pending_bytes(fd: int) -> int:
     return int.from_bytes(buf, "little")
 
 
+def should_gather(nread: int, left_in_pipe: Callable[[], int]) -> bool:
+    """Wait ``GATHER_S`` before the next read: the last one was small, or it left little in the
+    pipe (asked only after a large read: a syscall)."""
+    return nread < SMALL_READ_BYTES or left_in_pipe() < SMALL_READ_BYTES
+
+
 class FrameSink(Protocol):
     """Where a drain hands its frames (the run log's :class:`~dflashd.logs.sink.LogSink`)."""
 
@@ -86,8 +96,10 @@ class PipeDrain:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         tail_lines: int = 20,
         on_lines: LinesCallback | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.fd = fd
+        self._sleep = sleep  # the gather's wait (tests put lines in the pipe meanwhile)
         self.run = run
         self.src = src
         self._sink = sink
@@ -158,8 +170,8 @@ class PipeDrain:
                 with self._cond:
                     self.consumed_bytes += nread
                     self._cond.notify_all()
-                if nread < SMALL_READ_BYTES and self._gather_s:
-                    time.sleep(self._gather_s)
+                if self._gather_s and should_gather(nread, lambda: pending_bytes(self.fd)):
+                    self._sleep(self._gather_s)
             with self._framer_lock:
                 self._emit(self._framer.flush())
         finally:

@@ -75,6 +75,7 @@ def main() -> int:
                 print(
                     f"{name:12s} {statistics.median(rates):8.1f} MiB/s  "
                     f"{statistics.median(rates) / peer:5.2f}x supervisord   "
+                    f"CPU {statistics.median(r.cpu_s_per_gib for r in results):5.1f} s/GiB   "
                     f"peak RSS {max(r.peak_rss_mib for r in results):5.1f} MiB   "
                     f"each {[round(x) for x in rates]}"
                     + ("   bytes MISMATCH" if any(r.mismatch for r in results) else "   bytes ok")
