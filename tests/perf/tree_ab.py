@@ -62,7 +62,8 @@ def main() -> int:
             got: dict[str, list[sbs.Result]] = {"old": [], "new": [], "supervisord": []}
             for _ in range(args.rounds):
                 for name, site in sites.items():
-                    os.environ["PYTHONPATH"] = str(site)
+                    # the tree first; what was on the path stays behind it (the GPU host's wheels)
+                    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [kept])])
                     got[name].append(sbs.dflashd(mode, args.mib, work, args.variant))
                 os.environ.pop("PYTHONPATH")  # supervisord's own package, not ours
                 got["supervisord"].append(sbs.supervisord(mode, args.mib, work, args.venv))
