@@ -26,14 +26,14 @@ from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
 from dflashd.logs.linecodec import CODEC
 
 READ_BYTES: Final = 256 * 1024
-# After a read this small, or one that left less than this in the pipe, the next waits this
-# long: a job printing line by line wakes a drain that reads at once for every line (each
-# write(2) then pays the reader's wake-up, and every line is a frame of its own); a millisecond
-# lets them gather in the 1 MiB pipe, which holds far more than any job prints in one (the child
-# is never blocked: issue 53).  The pipe's fill is asked too: after a large read, reading again
+# After a read this small, or one that left less than this (but something) in the pipe, the
+# next waits this long: a job printing line by line wakes a drain that reads at once for every
+# line (each write(2) then pays the reader's wake-up, and every line is a frame of its own); a
+# millisecond lets them gather in the 1 MiB pipe, which holds far more than any job prints in
+# one (the child is never blocked: issue 53).  The pipe's fill is asked too: after a large read, reading again
 # at once took the few KiB printed meanwhile, and half a line flood's frames were such slivers,
 # each a hand-off to the writer and the echo (a block flood refills the pipe faster than a read
-# is framed, so it never waits).
+# is framed, so it never waits; an empty pipe is a pause, and poll waits for what follows).
 SMALL_READ_BYTES: Final = 16 * 1024
 GATHER_S: Final = 0.001
 PIPE_BYTES: Final = 1 << 20
@@ -70,9 +70,14 @@ def pending_bytes(fd: int) -> int:
 
 
 def should_gather(nread: int, left_in_pipe: Callable[[], int]) -> bool:
-    """Wait ``GATHER_S`` before the next read: the last one was small, or it left little in the
-    pipe (asked only after a large read: a syscall)."""
-    return nread < SMALL_READ_BYTES or left_in_pipe() < SMALL_READ_BYTES
+    """Wait ``GATHER_S`` before the next read: the last one was small, or it left a little in
+    the pipe (asked only after a large read: a syscall).  A large read that emptied the pipe
+    does not wait: the writer paused, and the next read waits in ``poll`` for its next write,
+    so a burst after the pause is read as it comes instead of filling the pipe meanwhile."""
+    if nread < SMALL_READ_BYTES:
+        return True
+    left = left_in_pipe()
+    return 0 < left < SMALL_READ_BYTES
 
 
 class FrameSink(Protocol):
