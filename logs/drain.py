@@ -30,10 +30,11 @@ READ_BYTES: Final = 256 * 1024
 # next waits this long: a job printing line by line wakes a drain that reads at once for every
 # line (each write(2) then pays the reader's wake-up, and every line is a frame of its own); a
 # millisecond lets them gather in the 1 MiB pipe, which holds far more than any job prints in
-# one (the child is never blocked: issue 53).  The pipe's fill is asked too: after a large read, reading again
-# at once took the few KiB printed meanwhile, and half a line flood's frames were such slivers,
-# each a hand-off to the writer and the echo (a block flood refills the pipe faster than a read
-# is framed, so it never waits; an empty pipe is a pause, and poll waits for what follows).
+# one (the child is never blocked: issue 53).  The pipe's fill is asked after a large read too:
+# reading again at once took the few KiB printed meanwhile, and half a line flood's frames were
+# such slivers, each a hand-off to the writer and the echo.  A block flood refills the pipe
+# faster than a read is framed, so it never waits; an emptied pipe is a pause, and poll waits
+# for the next write.
 SMALL_READ_BYTES: Final = 16 * 1024
 GATHER_S: Final = 0.001
 PIPE_BYTES: Final = 1 << 20

@@ -1,6 +1,7 @@
-"""The drain's gather (issue 53): after a read, the next waits a millisecond when the pipe holds
-little, so a job printing line by line is framed in a few large frames, not a frame per line
-and not a large frame followed by a sliver of what was printed while it was framed."""
+"""The drain's gather (issue 53): after a read, the next waits a millisecond when the read was
+small or left a little (not nothing) in the pipe, so a job printing line by line is framed in a
+few large frames, not a frame per line and not a large frame followed by a sliver of what was
+printed while it was framed."""
 
 from __future__ import annotations
 
@@ -34,9 +35,7 @@ def test_a_large_read_waits_only_when_it_left_a_little_in_the_pipe() -> None:
     assert not should_gather(256 * 1024, lambda: 0)
 
 
-def test_what_is_printed_while_a_large_frame_is_handed_on_waits_to_be_framed_with_what_follows() -> (
-    None
-):
+def test_a_line_printed_while_a_large_frame_is_handed_on_is_framed_with_the_next() -> None:
     read_fd, write_fd = os.pipe()
     grow_pipe(read_fd)
     if pipe_size(read_fd) < PIPE_BYTES:

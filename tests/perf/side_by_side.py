@@ -69,7 +69,7 @@ def result(
     copy: dict[str, bytes] | None = None,
 ) -> Result:
     """The run's figures; ``copy``: what the launcher kept of each stream (by src), checked
-    against the child's digests (None: only the total size is known, in ``size``)."""
+    against the child's digests (None: not checked here)."""
     rep = json.loads(report.read_text())
     first_write = rep["last_write"] - rep["elapsed_s"]
     mismatch = streams_mismatch(rep, copy) if copy is not None else ""
@@ -79,7 +79,7 @@ def result(
 
 
 def streams_mismatch(rep: dict[str, object], copy: dict[str, bytes]) -> str:
-    """ "" when each stream's copy is what the child wrote, byte for byte; else what differs."""
+    """Empty when each stream's copy is what the child wrote, byte for byte; else what differs."""
     wrong = []
     for src in ("stdout", "stderr"):
         got = copy.get(src, b"")
@@ -185,8 +185,12 @@ def dflashd(mode: str, mib: float, work: Path, variant: str) -> Result:
     report, home = work / "r.json", work / "home"
     subprocess.run(["rm", "-rf", str(home), str(report)], check=True)
     config = work / "d.toml"
+    # the default rotation (100 MiB files, 10 kept) unless the records (~1.8 x the bytes) need
+    # more files: a flood past them would lose its oldest by design, not by fault
+    backups = max(10, int(mib * 2 / 100) + 2)
     config.write_text(
         f'gpus = "none"\n[restart]\nearly_retries = 0\n[logs]\ncompress = {compress}\n'
+        f"backups = {backups}\n"
     )
     with open(work / "echo.txt", "wb") as echo:  # the echo goes to a file, as under nohup
         proc = subprocess.Popen(
