@@ -217,6 +217,37 @@ static inline void copy_short(char *dst, const char *src, size_t n)
 #endif
 #define ENCODE_SLACK 16
 
+/* A fixed piece written once a line (a record's closing bytes, the echo's "r3 out | "): held
+   in 16 bytes when it fits, so each line's copy is one move (MOVE16), else copy_short. */
+typedef struct {
+    const char *bytes;
+    size_t n;
+    char padded[16];
+    int fits;
+} Piece;
+
+static inline void piece_init(Piece *piece, const char *bytes, size_t n)
+{
+    piece->bytes = bytes;
+    piece->n = n;
+    piece->fits = n <= 16;
+    memset(piece->padded, 0, sizeof piece->padded);
+    if (piece->fits)
+        memcpy(piece->padded, bytes, n);
+}
+
+/* The piece at w (ENCODE_SLACK spare past it); the position after it. */
+static inline char *piece_put(char *w, const Piece *piece)
+{
+#if defined(__SSE2__)
+    if (piece->fits)
+        MOVE16(w, piece->padded);
+    else
+#endif
+        copy_short(w, piece->bytes, piece->n);
+    return w + piece->n;
+}
+
 /* Fills out (large enough, and ENCODE_SLACK more) and returns the bytes written, or -1 when
    data has more or fewer than count lines. */
 static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssize_t count,
@@ -230,11 +261,10 @@ static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssi
     /* The seq's digits are counted up in place, a carry at a time: converting each seq afresh
        (a division per digit) was most of this loop (issue 53).  Near the end of the range,
        where a seq wraps, each is converted as it always was. */
-    char digits[24], tail16[16] = {0};
+    char digits[24];
     size_t digits_n = put_decimal(digits, seq);
-    const int tail_small = tail_n <= 16;
-    if (tail_small)
-        memcpy(tail16, tail, (size_t)tail_n);
+    Piece closing;
+    piece_init(&closing, tail, (size_t)tail_n);
     const int counting = seq <= ULLONG_MAX - (unsigned long long)count;
     for (Py_ssize_t i = 0; i < count; i++) {
         const char *nl = next_newline(p, end);
@@ -267,13 +297,7 @@ static Py_ssize_t encode_lines(char *out, const char *data, Py_ssize_t n, Py_ssi
         w += mid_n;
         copy_short(w, p, (size_t)(stop - p));
         w += stop - p;
-#if defined(__SSE2__)
-        if (tail_small)
-            MOVE16(w, tail16);
-        else
-#endif
-            copy_short(w, tail, (size_t)tail_n);
-        w += tail_n;
+        w = piece_put(w, &closing);
         p = stop + 1;
     }
     return w - out;
@@ -324,22 +348,14 @@ static Py_ssize_t prefix_lines(char *out, const char *data, Py_ssize_t n, Py_ssi
     char *w = out;
     const char *p = data;
     const char *end = data + n;
-    char head16[16] = {0};
-    const int head_small = head_n <= 16; /* "r3 out | ": one move, not a memcpy call a line */
-    if (head_small)
-        memcpy(head16, head, (size_t)head_n);
+    Piece prefix; /* "r3 out | ": one move, not a memcpy call a line */
+    piece_init(&prefix, head, (size_t)head_n);
     for (Py_ssize_t i = 0; i < count; i++) {
         const char *nl = next_newline(p, end);
         const char *stop = nl ? nl : end;
         if ((nl == NULL) != (i == count - 1))
             return -1;
-#if defined(__SSE2__)
-        if (head_small)
-            MOVE16(w, head16);
-        else
-#endif
-            copy_short(w, head, (size_t)head_n);
-        w += head_n;
+        w = piece_put(w, &prefix);
         copy_short(w, p, (size_t)(stop - p));
         w += stop - p;
         *w++ = '\n';

@@ -85,9 +85,7 @@ class LiveFile:
         except OSError as exc:
             self.write_errors += 1
             self.last_error = error_text(exc)
-            if written:
-                with contextlib.suppress(OSError):
-                    self.dir.ftruncate(self.fd, self.size)
+            self._cut_back(written)
             return False
         self.size += written
         return True
@@ -107,12 +105,16 @@ class LiveFile:
         except OSError:
             return None
         if err:
-            if written:
-                with contextlib.suppress(OSError):
-                    self.dir.ftruncate(self.fd, self.size)
+            self._cut_back(written)
             return None
         self.size += written
         return written
+
+    def _cut_back(self, written: int) -> None:
+        """A failed append's partial bytes off the file, so it holds whole records only."""
+        if written:
+            with contextlib.suppress(OSError):
+                self.dir.ftruncate(self.fd, self.size)
 
     def take_notice(self) -> str | None:
         """What the directory check found since the last call (for one record), once."""
