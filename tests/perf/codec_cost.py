@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -46,7 +47,11 @@ def main() -> int:
         for i in range(2200)
     ]
     frame, count = b"\n".join(lines), len(lines)
-    print(f"# codec_cost: {len(frame)} bytes, {count} lines; inner loops: {CODEC.implementation}")
+    simd = getattr(sys.modules.get("dflashd.logs._lines"), "simd", "none")
+    print(
+        f"# codec_cost: {len(frame)} bytes, {count} lines; inner loops: {CODEC.implementation}"
+        f" (scan: {simd}; DFLASHD_SIMD=sse2 or avx2 holds it lower)"
+    )
     calls: dict[str, Callable[[], object]] = {
         "scan": lambda: CODEC.scan(frame, 65536),
         "encode": lambda: CODEC.encode(frame, count, HEAD, 100, b',"line":"', b'"}\n'),
