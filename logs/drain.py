@@ -81,6 +81,36 @@ def should_gather(nread: int, left_in_pipe: Callable[[], int]) -> bool:
     return 0 < left < SMALL_READ_BYTES
 
 
+class LineTail:
+    """The last lines for the exit record, as a reader would want them: whitespace-only lines
+    (a bar's clears) left out, and a ``\r``-redrawn line replaced by what redrew it, so a
+    progress bar shows once, in its last state, and the traceback stays visible.  Each frame
+    gives its last ``n`` lines.  The log itself keeps every line."""
+
+    def __init__(self, n: int) -> None:
+        self.lines: deque[str] = deque(maxlen=n)
+        self._redrawn = False  # the last line kept ended in \r (a bar being redrawn)
+
+    def add(self, frame: Frame) -> None:
+        texts = frame.last_lines(self.lines.maxlen or 0)
+        if frame.flags is None:  # every line ended by "\n" (a flood's frames): added at once
+            kept = [text for text in texts if text.strip()]
+            if kept:
+                if self._redrawn and self.lines:
+                    self.lines.pop()  # the line before ended in \r: the first is its redraw
+                self.lines.extend(kept)
+                self._redrawn = False
+            return
+        flags = frame.flags[-len(texts) :] if texts else []
+        for text, (_, eol) in zip(texts, flags, strict=True):
+            if not text.strip():
+                continue
+            if self._redrawn and self.lines:
+                self.lines.pop()  # the previous line ended in \r: this one is its redraw
+            self.lines.append(text)
+            self._redrawn = eol == "\r"
+
+
 class FrameSink(Protocol):
     """Where a drain hands its frames (the run log's :class:`~dflashd.logs.sink.LogSink`)."""
 
@@ -124,36 +154,20 @@ class PipeDrain:
         self.line_count = 0
         self.eof = False
         self.error: str | None = None
-        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self._tail = LineTail(tail_lines)
+        self.tail = self._tail.lines
         # gather small reads only where the pipe holds a burst (Linux may refuse to grow it)
         self._gather_s = GATHER_S if pipe_size(fd) >= PIPE_BYTES else 0.0
-        self._tail_redrawn = False  # the tail's last line ended in \r (a bar being redrawn)
         self._thread = threading.Thread(
             target=self._run, name=f"dflashd-drain-{src}-{run}", daemon=True
         )
         self._thread.start()
 
-    def _add_to_tail(self, frame: Frame) -> None:
-        """The last lines for the exit record, as a reader would want them: whitespace-only
-        lines (a bar's clears) left out, and a ``\r``-redrawn line replaced by what redrew it,
-        so a progress bar shows once, in its last state, and the traceback stays visible.
-        The log itself keeps every line."""
-        n = self.tail.maxlen or 0
-        texts = frame.last_lines(n)
-        flags = frame.flags[-len(texts) :] if frame.flags is not None and texts else None
-        for i, text in enumerate(texts):
-            if not text.strip():
-                continue
-            if self._tail_redrawn and self.tail:
-                self.tail.pop()  # the previous line ended in \r: this one is its redraw
-            self.tail.append(text)
-            self._tail_redrawn = flags is not None and flags[i][1] == "\r"
-
     def _emit(self, frame: Frame | None) -> None:
         if frame is None or not len(frame):
             return
         self.line_count += len(frame)
-        self._add_to_tail(frame)
+        self._tail.add(frame)
         self._sink.submit_frame(self.run, self.src, frame)
         if self._on_lines is not None:
             self._on_lines(self.src, frame)

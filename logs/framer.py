@@ -75,9 +75,17 @@ class Frame:
         if n <= 0:
             return []
         if self._lines is None and self.text is not None:
-            # from the end, n newlines back: rsplit(b"\n", n) copied the whole frame before
-            # them too (13 us of a flood's 256 KiB frame, the drain's exit tail, every frame)
-            text, start = self.text, len(self.text)
+            # The frame's last bytes first, where n lines of up to ~256 bytes lie: one decode
+            # and one split (the drain's tail asks this of every frame, a flood's 256 KiB ones
+            # included; n searches back were most of the drain's own Python in a flood).
+            text = self.text
+            guess = text[-n * _LINE_GUESS :] if len(text) > n * _LINE_GUESS else text
+            parts = guess.decode("ascii").split("\n")
+            if len(parts) > n or guess is text:
+                return parts[-n:]  # more than n: the first, cut at the guess, is left out
+            # longer lines: from the end, n newlines back (rsplit(b"\n", n) copied the whole
+            # frame before them too)
+            start = len(text)
             for _ in range(n):
                 start = text.rfind(b"\n", 0, start)
                 if start < 0:
@@ -90,6 +98,10 @@ class Frame:
 
     def __repr__(self) -> str:
         return f"Frame(lines={self.lines!r}, flags={self.flags!r}, nbytes={self.nbytes})"
+
+
+# bytes a line is guessed to take at most when the last lines of a frame's text are wanted
+_LINE_GUESS: Final = 256
 
 
 def _utf8_cut(data: bytes, limit: int) -> int:
