@@ -174,31 +174,37 @@ class LogSink:
                     break
                 if not self._queue and not self._retry and self._closing:
                     return
-                batch = list(self._queue)
-                self._queue.clear()
+                batch, self._queue = self._queue, deque()
+                count = len(batch)
                 self._write_started = time.monotonic()
                 drops = (self._unreported_drop_records, self._unreported_drop_bytes)
                 self._unreported_drop_records = self._unreported_drop_bytes = 0
             if drops[0]:  # said by the writer's next log_dropped record
                 self.writer.note_dropped(drops[0], drops[1], "disk stalled")
             self._write_retried()
-            try:
-                freed = self._write_batch(batch)
-            except Exception as exc:  # never lose the thread: the batch is dropped, counted
-                freed = self._lost(batch, exc)
+            self._write_batch(batch)
             with self._cond:
                 self._write_started = None
-                self._queued_bytes -= freed
-                self._done += len(batch)
+                self._done += count
                 self._cond.notify_all()
                 give_up = self._closing and not self._queue and bool(self._retry)
                 idle = not self._queue
-            self._untrimmed += freed
             if idle:  # between a trickle's lines, or woken once a burst has stopped
                 self._trim_if_due()
             if give_up:
                 self._write_retried()  # one last try; what the disk still refuses is counted
                 return
+
+    def _release(self, nbytes: int) -> None:
+        """Frames written (or dropped): their bytes leave the queue's bound at once, so a drain
+        held by it reads again while the rest of the batch is written (it waited for the
+        whole batch, up to the bound, the job's pipe filling meanwhile)."""
+        if not nbytes:
+            return
+        with self._cond:
+            self._queued_bytes -= nbytes
+            self._cond.notify_all()
+        self._untrimmed += nbytes
 
     def _trim_in_s(self) -> float | None:
         """How long the queue must stay empty before the owed trim; None when none is owed."""
@@ -213,26 +219,30 @@ class LogSink:
             self._untrimmed, self._trimmed_at = 0, now
             self._trim()
 
-    def _write_batch(self, batch: list[_FrameItem | _EventItem]) -> int:
-        freed = 0
-        frames: list[tuple[int, str, Frame, float]] = []
-        frame_bytes = 0
-        for item in batch:
-            if isinstance(item, _FrameItem):
-                # Consecutive frames go out in one write (many small reads in line mode).
-                frames.append((item.run, item.src, item.frame, item.wall_s))
-                frame_bytes += item.frame.nbytes
-                if frame_bytes < _COALESCE_BYTES:
-                    continue
-            if frames:
-                freed += self._write_frames(frames)
-                frames, frame_bytes = [], 0
-            if isinstance(item, _EventItem):
-                self._write_started = time.monotonic()
-                self._write_event(item)
-        if frames:
-            freed += self._write_frames(frames)
-        return freed
+    def _write_batch(self, batch: deque[_FrameItem | _EventItem]) -> None:
+        """The batch in order, taken from its front as it is written: consecutive frames go out
+        in one write (many small reads in line mode), up to ``_COALESCE_BYTES``, and their
+        bytes leave the queue's bound as soon as they are written."""
+        chunk: list[_FrameItem] = []
+        chunk_bytes = 0
+        try:
+            while batch:
+                item = batch.popleft()
+                if isinstance(item, _FrameItem):
+                    chunk.append(item)
+                    chunk_bytes += item.frame.nbytes
+                    if chunk_bytes < _COALESCE_BYTES:
+                        continue
+                if chunk:
+                    self._release(self._write_frames(chunk))
+                    chunk, chunk_bytes = [], 0
+                if isinstance(item, _EventItem):
+                    self._write_started = time.monotonic()
+                    self._write_event(item)
+            if chunk:
+                self._release(self._write_frames(chunk))
+        except Exception as exc:  # never lose the thread: the unwritten rest is dropped, counted
+            self._release(self._lost([*chunk, *batch], exc))
 
     def _write_event(self, item: _EventItem) -> None:
         # records keep their order: behind the ones waiting, if any
@@ -265,21 +275,24 @@ class LogSink:
         self.writer.count_dropped(1, 0, f"{item.event} record: {why}"[:300])
 
     def _lost(self, batch: list[_FrameItem | _EventItem], exc: Exception) -> int:
+        """The batch's unwritten rest counted as dropped; its frames' bytes."""
         self.thread_errors += 1
         records = sum(len(i.frame) if isinstance(i, _FrameItem) else 1 for i in batch)
         nbytes = sum(i.frame.nbytes for i in batch if isinstance(i, _FrameItem))
         self.writer.count_dropped(records, nbytes, f"{type(exc).__name__}: {exc}"[:300])
         return nbytes
 
-    def _write_frames(self, frames: list[tuple[int, str, Frame, float]]) -> int:
+    def _write_frames(self, chunk: list[_FrameItem]) -> int:
+        """One append of the chunk's frames; their bytes (written, or dropped and counted)."""
         # The stall clock runs per write, not per batch: a big batch on a slow but working disk is no stall.
         self._write_started = time.monotonic()
-        nbytes = sum(frame.nbytes for _, _, frame, _ in frames)
+        frames = [(item.run, item.src, item.frame, item.wall_s) for item in chunk]
+        nbytes = sum(item.frame.nbytes for item in chunk)
         try:
             self.writer.write_frames(frames)
         except Exception as exc:  # nothing of these reached the disk (encoded before written)
             self.thread_errors += 1
-            records = sum(len(frame) for _, _, frame, _ in frames)
+            records = sum(len(item.frame) for item in chunk)
             self.writer.count_dropped(records, nbytes, f"{type(exc).__name__}: {exc}"[:300])
         return nbytes
 
