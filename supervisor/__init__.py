@@ -14,4 +14,7 @@ Three layers (docs/design.md, "The house"):
 :mod:`~dflashd.supervisor.client` is the command line; nothing in the daemon imports it.
 """
 
+from dflashd.supervisor.host import codecache as _codecache
+
 __version__ = "0.5.0"
+_codecache.install()  # first, before the modules that make ~160 dataclasses

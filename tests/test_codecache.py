@@ -1,0 +1,123 @@
+"""The dataclasses' compiled methods kept between starts (supervisor/host/codecache.py): a class made
+from kept code is the class made from its source, and a file that is torn, foreign or writable by
+others is never run.  Each start is a real interpreter of its own."""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Makes a few dataclasses of every kind the daemon uses and says how they behave.
+CLASSES = r"""
+import dataclasses, json, sys
+from pathlib import Path
+from dflashd.supervisor.host import codecache
+cache = codecache.install(Path(sys.argv[1]))
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    step: int
+    loss: float | None = None
+    marks: tuple[int, ...] = ()
+
+@dataclasses.dataclass
+class Counts:
+    seen: int = 0
+    names: list[str] = dataclasses.field(default_factory=list)
+
+@dataclasses.dataclass(eq=False)
+class Handle:
+    fd: int
+
+a, b = Step(3, 2.5), Step(3, 2.5)
+try:
+    a.step = 4
+    frozen = False
+except dataclasses.FrozenInstanceError:
+    frozen = True
+counts = Counts()
+counts.names.append("x")
+print(json.dumps({
+    "repr": [repr(a), repr(counts), repr(Handle(1)).split(" at ")[0]],
+    "eq": [a == b, a == Step(4), Counts() == Counts(), Handle(1) == Handle(1)],
+    "hash": hash(a) == hash(b),
+    "frozen": frozen,
+    "replace": repr(dataclasses.replace(a, loss=1.0)),
+    "fields": [f.name for f in dataclasses.fields(Step)],
+    "slots": list(Step.__slots__),
+    "fresh_default": Counts().names,
+    "compiled": None if cache is None else cache.compiled,
+}))
+"""
+
+
+def start(cache: Path, **env: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", CLASSES, str(cache)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def behaviour(result: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in result.items() if k != "compiled"}
+
+
+def test_a_class_made_from_kept_code_is_the_class_made_from_its_source(tmp_path: Path) -> None:
+    kept = tmp_path / "cache.bin"
+    plain = start(kept, DFLASHD_NO_CODE_CACHE="1")
+    assert plain["compiled"] is None and not kept.exists()  # switched off: the plain exec
+    first = start(kept, PYTHONDONTWRITEBYTECODE="")
+    assert isinstance(first["compiled"], int) and first["compiled"] >= 10
+    assert kept.exists()
+    second = start(kept, PYTHONDONTWRITEBYTECODE="")
+    assert second["compiled"] == 0  # every method's code came from the file
+    assert behaviour(plain) == behaviour(first) == behaviour(second)
+    assert behaviour(second)["eq"] == [True, False, True, False]
+
+
+def test_nothing_is_written_where_python_writes_no_bytecode(tmp_path: Path) -> None:
+    kept = tmp_path / "cache.bin"
+    start(kept, PYTHONDONTWRITEBYTECODE="1")
+    assert not kept.exists()
+
+
+def _poisoned(kept: Path) -> None:
+    """The file's every method replaced by code that ends the process, saying so."""
+    form, tag, codes = marshal.loads(kept.read_bytes())
+    poison = compile("raise SystemExit('ran the file')", "<poison>", "exec")
+    kept.write_bytes(marshal.dumps((form, tag, dict.fromkeys(codes, poison))))
+
+
+def test_a_file_others_may_write_is_never_run_and_ours_is(tmp_path: Path) -> None:
+    kept = tmp_path / "cache.bin"
+    start(kept, PYTHONDONTWRITEBYTECODE="")
+    _poisoned(kept)
+    os.chmod(kept, 0o666)
+    assert start(kept, PYTHONDONTWRITEBYTECODE="1")["compiled"] != 0  # not run: compiled anew
+    os.chmod(kept, 0o644)
+    done = subprocess.run(
+        [sys.executable, "-c", CLASSES, str(kept)], capture_output=True, text=True, check=False
+    )
+    assert "ran the file" in done.stderr  # the same file, ours alone: it is what runs
+
+
+@pytest.mark.parametrize("torn", [b"", b"\x00garbage", b"\xe3" * 7])
+def test_a_torn_file_is_compiled_anew_and_replaced(tmp_path: Path, torn: bytes) -> None:
+    kept = tmp_path / "cache.bin"
+    kept.write_bytes(torn)
+    os.chmod(kept, 0o644)
+    result = start(kept, PYTHONDONTWRITEBYTECODE="")
+    assert isinstance(result["compiled"], int) and result["compiled"] >= 10
+    assert start(kept, PYTHONDONTWRITEBYTECODE="")["compiled"] == 0
