@@ -25,6 +25,7 @@ from dflashd.supervisor.core import DaemonCore
 from dflashd.supervisor.doubles import HostDoubles, StartupError
 from dflashd.supervisor.endedruns import EndedRuns
 from dflashd.supervisor.foreground import say, serve_handed_over
+from dflashd.supervisor.host import codecache
 from dflashd.supervisor.host.clock import SystemClock
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.groups import HostProcesses
@@ -168,6 +169,7 @@ class Daemon:
             except OSError as exc:  # a socket or file of the home cannot be made: refuse the start
                 raise StartupError(f"{exc.filename or self.home.root}: {exc.strerror}") from None
             self._opened = True
+            codecache.settle()  # start-up's dataclasses made: their kept code saved, let go
             gc.freeze()  # start-up's objects live on: a flood's garbage never walks them again
             self._loop()
         except StartupError:

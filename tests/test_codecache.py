@@ -95,9 +95,15 @@ def test_nothing_is_written_where_python_writes_no_bytecode(tmp_path: Path) -> N
 
 def _poisoned(kept: Path) -> None:
     """The file's every method replaced by code that ends the process, saying so."""
-    form, tag, codes = marshal.loads(kept.read_bytes())
-    poison = compile("raise SystemExit('ran the file')", "<poison>", "exec")
-    kept.write_bytes(marshal.dumps((form, tag, dict.fromkeys(codes, poison))))
+    form, tag, index, blob = marshal.loads(kept.read_bytes())
+    poison = marshal.dumps(compile("raise SystemExit('ran the file')", "<poison>", "exec"))
+    poisoned, new_index = bytearray(), {}
+    for crc, entries in index.items():
+        for at, text_n, _code_at, _code_n in entries:
+            entry = (len(poisoned), text_n, len(poisoned) + text_n, len(poison))
+            poisoned += blob[at : at + text_n] + poison
+            new_index.setdefault(crc, []).append(entry)
+    kept.write_bytes(marshal.dumps((form, tag, new_index, bytes(poisoned))))
 
 
 def test_a_file_others_may_write_is_never_run_and_ours_is(tmp_path: Path) -> None:
@@ -111,6 +117,43 @@ def test_a_file_others_may_write_is_never_run_and_ours_is(tmp_path: Path) -> Non
         [sys.executable, "-c", CLASSES, str(kept)], capture_output=True, text=True, check=False
     )
     assert "ran the file" in done.stderr  # the same file, ours alone: it is what runs
+
+
+SETTLED = r"""
+import dataclasses, sys
+from pathlib import Path
+from dflashd.supervisor.host import codecache
+cache = codecache.install(Path(sys.argv[1]))
+
+@dataclasses.dataclass(frozen=True)
+class Before:
+    a: int
+
+codecache.settle()  # what the daemon does before its loop
+assert cache.blob == b"" and cache.new == {} and "exec" not in vars(dataclasses)  # let go: the plain compile
+
+@dataclasses.dataclass(frozen=True)
+class After:
+    a: int
+
+assert After(1) == After(1) and Before(2) != Before(3)
+print("settled")
+"""
+
+
+def test_a_settled_start_has_saved_its_code_and_compiles_as_dataclasses_does(
+    tmp_path: Path,
+) -> None:
+    kept = tmp_path / "cache.bin"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", SETTLED, str(kept)], env=env, capture_output=True, text=True
+    )
+    assert done.stdout.strip() == "settled", done.stderr[-2000:]
+    _form, _tag, index, _blob = marshal.loads(kept.read_bytes())
+    assert (
+        5 <= sum(map(len, index.values())) <= 8
+    )  # Before's methods (six in 3.11), saved at settle; not After's
 
 
 @pytest.mark.parametrize("torn", [b"", b"\x00garbage", b"\xe3" * 7])
