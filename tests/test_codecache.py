@@ -156,11 +156,24 @@ def test_a_settled_start_has_saved_its_code_and_compiles_as_dataclasses_does(
     )  # Before's methods (six in 3.11), saved at settle; not After's
 
 
-@pytest.mark.parametrize("torn", [b"", b"\x00garbage", b"\xe3" * 7])
+@pytest.mark.parametrize("torn", [b"", b"\x00garbage", b"\xe3" * 7, marshal.dumps((2, "x", {}, 1))])
 def test_a_torn_file_is_compiled_anew_and_replaced(tmp_path: Path, torn: bytes) -> None:
     kept = tmp_path / "cache.bin"
     kept.write_bytes(torn)
     os.chmod(kept, 0o644)
+    result = start(kept, PYTHONDONTWRITEBYTECODE="")
+    assert isinstance(result["compiled"], int) and result["compiled"] >= 10
+    assert start(kept, PYTHONDONTWRITEBYTECODE="")["compiled"] == 0
+
+
+@pytest.mark.parametrize("bad", [[(-5, 10**9, 7, -1)], [("x",)], None, [(0, 1, 2)], "abc"])
+def test_entries_not_as_written_are_compiled_anew_and_the_file_mended(
+    tmp_path: Path, bad: object
+) -> None:
+    kept = tmp_path / "cache.bin"
+    start(kept, PYTHONDONTWRITEBYTECODE="")
+    form, tag, index, blob = marshal.loads(kept.read_bytes())
+    kept.write_bytes(marshal.dumps((form, tag, dict.fromkeys(index, bad), blob)))
     result = start(kept, PYTHONDONTWRITEBYTECODE="")
     assert isinstance(result["compiled"], int) and result["compiled"] >= 10
     assert start(kept, PYTHONDONTWRITEBYTECODE="")["compiled"] == 0

@@ -3,11 +3,11 @@
 ``@dataclass`` writes each class's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__`` and, when
 frozen, ``__setattr__``/``__delattr__`` as source text and compiles it with ``exec``: six
 compilations a class.  The daemon makes ~160 such classes at start-up, and compiling their
-methods was about half of its imports (185 -> 95 ms on the 2-core box; issue 53: the start
+methods was about a third of its imports (154 -> 97 ms on the 2-core box; issue 53: the start
 is most of a short flood's CPU).  The text of a method depends only on its class's fields, so
 its code object can be kept, like a ``.pyc``: :func:`install` gives the ``dataclasses`` module
-an ``exec`` that looks the text up first and compiles only what it has not seen, and the
-process saves what it compiled when it exits.
+an ``exec`` that looks the text up first and compiles only what it has not seen; the daemon
+saves what it compiled once its start-up is over (:func:`settle`), a client when it exits.
 
 Kept by the exact source text, an entry can never be wrong for a class that changed: a changed
 class has other text, which is compiled afresh.  The file lives with the package's own
@@ -80,17 +80,19 @@ class CodeCache:
             self.index, self.blob = kept[2], kept[3]
 
     def _kept(self, text: bytes) -> CodeType | None:
+        """The text's code from the file, or None (not there, or an entry not as written:
+        whatever the file holds, a class is made, by compiling)."""
         blob = memoryview(self.blob)
-        for entry in self.index.get(zlib.crc32(text), ()):
-            at, text_n, code_at, code_n = entry
-            if text_n == len(text) and blob[at : at + text_n] == text:
-                try:
+        try:
+            for entry in self.index.get(zlib.crc32(text), ()):
+                at, text_n, code_at, code_n = entry
+                if text_n == len(text) and blob[at : at + text_n] == text:
                     code = marshal.loads(blob[code_at : code_at + code_n])
-                except (EOFError, ValueError, TypeError):
-                    return None
-                if isinstance(code, CodeType):
-                    self.used.append(entry)
-                    return code
+                    if isinstance(code, CodeType):
+                        self.used.append(entry)
+                        return code
+        except Exception:  # a malformed entry: compiled instead
+            return None
         return None
 
     def exec(
@@ -108,7 +110,19 @@ class CodeCache:
         """What this process compiled, written for the next start (atomically; never raises)."""
         if not self.new or sys.dont_write_bytecode:
             return
-        kept = [entry for entries in self.index.values() for entry in entries]
+        try:
+            self._write()
+        except Exception:  # a malformed file read, a full disk: the next start compiles again
+            pass
+
+    def _write(self) -> None:
+        kept = [
+            entry
+            for entries in self.index.values()
+            if isinstance(entries, list)
+            for entry in entries
+            if self._whole(entry)
+        ]
         if len(kept) + len(self.new) > _MAX_ENTRIES:
             kept = self.used
         blob = bytearray()
@@ -133,6 +147,15 @@ class CodeCache:
                 temporary.unlink()
             except OSError:
                 pass
+
+    def _whole(self, entry: object) -> bool:
+        """An entry of the file as this module writes them: four offsets within the blob."""
+        if not (isinstance(entry, tuple) and len(entry) == 4):
+            return False
+        at, text_n, code_at, code_n = entry
+        return all(isinstance(v, int) and v >= 0 for v in entry) and max(
+            at + text_n, code_at + code_n
+        ) <= len(self.blob)
 
     def release(self) -> None:
         self.index, self.blob, self.used, self.new = {}, b"", [], {}
