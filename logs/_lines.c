@@ -29,6 +29,10 @@
  *       The writer's check of its live file's name, the encode above of several frames and
  *       the write of their records, in one call (below, where it is defined).
  *
+ *   simd: str
+ *       The scan's width in use: "avx512bw" or "avx2" (64 bytes a step, chosen at import where
+ *       the CPU has it; DFLASHD_SIMD=sse2 or avx2 holds it lower), "sse2", or "none".
+ *
  * The first four read only their immutable arguments, so a large input is handled without the
  * GIL: the drain thread's scan and the writer thread's encode run at once on two cores.
  */
