@@ -70,6 +70,19 @@ def start(cache: Path, **env: str) -> dict[str, object]:
     return result
 
 
+def read_cache(kept: Path) -> tuple[object, object, dict[int, list[tuple[int, ...]]], bytes]:
+    """The file's parts: its header's (format, tag, index), then the blob."""
+    data = kept.read_bytes()
+    header_n = int.from_bytes(data[:8], "little")
+    form, tag, index = marshal.loads(data[8 : 8 + header_n])
+    return form, tag, index, data[8 + header_n :]
+
+
+def write_cache(kept: Path, form: object, tag: object, index: object, blob: bytes) -> None:
+    header = marshal.dumps((form, tag, index))
+    kept.write_bytes(len(header).to_bytes(8, "little") + header + blob)
+
+
 def behaviour(result: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in result.items() if k != "compiled"}
 
@@ -95,7 +108,7 @@ def test_nothing_is_written_where_python_writes_no_bytecode(tmp_path: Path) -> N
 
 def _poisoned(kept: Path) -> None:
     """The file's every method replaced by code that ends the process, saying so."""
-    form, tag, index, blob = marshal.loads(kept.read_bytes())
+    form, tag, index, blob = read_cache(kept)
     poison = marshal.dumps(compile("raise SystemExit('ran the file')", "<poison>", "exec"))
     poisoned, new_index = bytearray(), {}
     for crc, entries in index.items():
@@ -103,7 +116,7 @@ def _poisoned(kept: Path) -> None:
             entry = (len(poisoned), text_n, len(poisoned) + text_n, len(poison))
             poisoned += blob[at : at + text_n] + poison
             new_index.setdefault(crc, []).append(entry)
-    kept.write_bytes(marshal.dumps((form, tag, new_index, bytes(poisoned))))
+    write_cache(kept, form, tag, new_index, bytes(poisoned))
 
 
 def test_a_file_others_may_write_is_never_run_and_ours_is(tmp_path: Path) -> None:
@@ -150,13 +163,16 @@ def test_a_settled_start_has_saved_its_code_and_compiles_as_dataclasses_does(
         [sys.executable, "-c", SETTLED, str(kept)], env=env, capture_output=True, text=True
     )
     assert done.stdout.strip() == "settled", done.stderr[-2000:]
-    _form, _tag, index, _blob = marshal.loads(kept.read_bytes())
+    _form, _tag, index, _blob = read_cache(kept)
     assert (
         5 <= sum(map(len, index.values())) <= 8
     )  # Before's methods (six in 3.11), saved at settle; not After's
 
 
-@pytest.mark.parametrize("torn", [b"", b"\x00garbage", b"\xe3" * 7, marshal.dumps((2, "x", {}, 1))])
+@pytest.mark.parametrize(
+    "torn",
+    [b"", b"\x00garbage", b"\xe3" * 7, b"\xff" * 8 + b"x", (9).to_bytes(8, "little") + b"\x00" * 9],
+)
 def test_a_torn_file_is_compiled_anew_and_replaced(tmp_path: Path, torn: bytes) -> None:
     kept = tmp_path / "cache.bin"
     kept.write_bytes(torn)
@@ -172,8 +188,45 @@ def test_entries_not_as_written_are_compiled_anew_and_the_file_mended(
 ) -> None:
     kept = tmp_path / "cache.bin"
     start(kept, PYTHONDONTWRITEBYTECODE="")
-    form, tag, index, blob = marshal.loads(kept.read_bytes())
-    kept.write_bytes(marshal.dumps((form, tag, dict.fromkeys(index, bad), blob)))
+    form, tag, index, blob = read_cache(kept)
+    write_cache(kept, form, tag, dict.fromkeys(index, bad), blob)
     result = start(kept, PYTHONDONTWRITEBYTECODE="")
     assert isinstance(result["compiled"], int) and result["compiled"] >= 10
     assert start(kept, PYTHONDONTWRITEBYTECODE="")["compiled"] == 0
+
+
+OTHER = r"""
+import dataclasses, sys
+from pathlib import Path
+from dflashd.supervisor.host import codecache
+cache = codecache.install(Path(sys.argv[1]))
+
+@dataclasses.dataclass(frozen=True)
+class Other:
+    x: int
+    y: str = "y"
+
+print("made", cache.compiled, flush=True)
+sys.stdin.readline()  # held here until the test lets it exit (and save)
+"""
+
+
+def test_two_starts_saving_at_once_both_keep_their_code(tmp_path: Path) -> None:
+    """A start that read the file before another saved it merges, not overwrites: the file
+    then holds both starts' code, and neither compiles again."""
+    kept = tmp_path / "cache.bin"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": ""}
+    argv = [sys.executable, "-c", OTHER, str(kept)]
+    other = subprocess.Popen(
+        argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert other.stdin is not None and other.stdout is not None
+    assert int(other.stdout.readline().split()[1]) >= 3  # it read the file (empty), compiled
+    assert start(kept, PYTHONDONTWRITEBYTECODE="")["compiled"] != 0  # this one saved first
+    other.stdin.write("\n")
+    other.stdin.close()
+    assert other.wait(30) == 0  # ...then it saved, after it
+    other.stdout.close()
+    assert start(kept, PYTHONDONTWRITEBYTECODE="")["compiled"] == 0
+    again = subprocess.run(argv, env=env, input="\n", capture_output=True, text=True, check=True)
+    assert again.stdout.split() == ["made", "0"]
