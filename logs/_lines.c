@@ -65,6 +65,24 @@ static inline int unsafe_byte(unsigned char c)
    ~110-byte lines on the 2-core box (tests/perf/codec_cost.py; issue 53). */
 #include <emmintrin.h>
 
+/* The scan's tail, byte by byte, from i (line_start: where the current line began). */
+static inline Py_ssize_t scan_rest(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
+                                   Py_ssize_t max_line, Py_ssize_t lines, Py_ssize_t line_start)
+{
+    for (; i < n; i++) {
+        unsigned char c = p[i];
+        if (c == '\n') {
+            if (i - line_start > max_line)
+                return -1;
+            line_start = i + 1;
+            lines++;
+        } else if (unsafe_byte(c)) {
+            return -1;
+        }
+    }
+    return n - line_start > max_line ? -1 : lines;
+}
+
 static Py_ssize_t scan_lines_sse2(const unsigned char *p, Py_ssize_t n, Py_ssize_t max_line)
 {
     const __m128i space = _mm_set1_epi8(0x20), newline = _mm_set1_epi8('\n');
@@ -89,18 +107,7 @@ static Py_ssize_t scan_lines_sse2(const unsigned char *p, Py_ssize_t n, Py_ssize
             mask &= mask - 1;
         }
     }
-    for (; i < n; i++) {
-        unsigned char c = p[i];
-        if (c == '\n') {
-            if (i - line_start > max_line)
-                return -1;
-            line_start = i + 1;
-            lines++;
-        } else if (unsafe_byte(c)) {
-            return -1;
-        }
-    }
-    return n - line_start > max_line ? -1 : lines;
+    return scan_rest(p, i, n, max_line, lines, line_start);
 }
 
 /* The next '\n' in [p, end), or NULL: a line is ~100 bytes, where a call of memchr costs more
@@ -123,24 +130,6 @@ static inline const char *next_newline(const char *p, const char *end)
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define WIDE_SCANS 1
-
-/* The scan's tail, byte by byte, from i (line_start: where the current line began). */
-static inline Py_ssize_t scan_rest(const unsigned char *p, Py_ssize_t i, Py_ssize_t n,
-                                   Py_ssize_t max_line, Py_ssize_t lines, Py_ssize_t line_start)
-{
-    for (; i < n; i++) {
-        unsigned char c = p[i];
-        if (c == '\n') {
-            if (i - line_start > max_line)
-                return -1;
-            line_start = i + 1;
-            lines++;
-        } else if (unsafe_byte(c)) {
-            return -1;
-        }
-    }
-    return n - line_start > max_line ? -1 : lines;
-}
 
 /* 64 bytes a step where the CPU has AVX2 or AVX-512BW (chosen once, at import): the block's
    newlines as one 64-bit mask, taken whole, not a newline at a time.  Only its first newline
