@@ -230,3 +230,25 @@ def test_two_starts_saving_at_once_both_keep_their_code(tmp_path: Path) -> None:
     assert start(kept, PYTHONDONTWRITEBYTECODE="")["compiled"] == 0
     again = subprocess.run(argv, env=env, input="\n", capture_output=True, text=True, check=True)
     assert again.stdout.split() == ["made", "0"]
+
+
+def test_install_reads_nothing_until_a_class_is_made(tmp_path: Path) -> None:
+    """The package installs the cache before ``__main__`` sets the command's Ctrl-C handler:
+    nothing is read there (the file at the first class made, under that handler)."""
+    kept = tmp_path / "cache.bin"
+    start(kept, PYTHONDONTWRITEBYTECODE="")  # a file to read
+    script = (
+        "import dataclasses, sys\n"
+        "from pathlib import Path\n"
+        "from dflashd.supervisor.host import codecache\n"
+        "cache = codecache.install(Path(sys.argv[1]))\n"
+        "before = cache.loaded\n"
+        "@dataclasses.dataclass\n"
+        "class Made:\n"
+        "    a: int\n"
+        "print(before, cache.loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(kept)], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]

@@ -59,7 +59,7 @@ class CodeCache:
         self.blob = memoryview(b"")
         self.used: list[Entry] = []  # entries of the file met by this process
         self.new: dict[str, CodeType] = {}  # compiled by this process
-        self.load()
+        self.loaded = False  # read at the first class made, not at install (see install)
 
     @property
     def compiled(self) -> int:
@@ -67,6 +67,7 @@ class CodeCache:
         return len(self.new)
 
     def load(self) -> None:
+        self.loaded = True
         try:
             with open(self.path, "rb") as fh:
                 st = os.fstat(fh.fileno())
@@ -114,6 +115,8 @@ class CodeCache:
     ) -> None:
         """``exec`` as dataclasses calls it, a source text compiled once across starts."""
         if isinstance(source, str):
+            if not self.loaded:
+                self.load()
             code = self.new.get(source) or self._kept(source.encode())
             if code is None:
                 code = self.new[source] = compile(source, "<string>", "exec")
@@ -135,6 +138,7 @@ class CodeCache:
 
     def _write(self) -> None:
         disk = CodeCache(self.path)  # the file as it is now
+        disk.load()
         encoded = ((text.encode(), code) for text, code in self.new.items())
         ours = [(text, code) for text, code in encoded if not disk._entries(text)]
         if not ours:
@@ -184,20 +188,18 @@ class CodeCache:
         self.index, self.blob, self.used, self.new = {}, memoryview(b""), [], {}
 
 
-def _compiles_by_name() -> bool:
-    """The dataclasses module calls ``exec`` by its name (its functions', or its helper
-    classes' methods': 3.13 builds methods in a class of its own)."""
-    values = list(vars(dataclasses).values())
-    values += [attr for value in values if isinstance(value, type) for attr in vars(value).values()]
-    return any("exec" in getattr(getattr(v, "__code__", None), "co_names", ()) for v in values)
-
-
 def install(path: Path | None = None) -> CodeCache | None:
-    """Route the ``dataclasses`` module's ``exec`` through a cache (saved at exit); None where
-    that module does not compile through ``exec`` by name, or ``DFLASHD_NO_CODE_CACHE=1``
-    (then nothing is changed)."""
-    if os.environ.get("DFLASHD_NO_CODE_CACHE") == "1" or not _compiles_by_name():
-        return None  # a dataclasses that compiles otherwise: leave it be
+    """Route the ``dataclasses`` module's ``exec`` through a cache (saved at exit); None with
+    ``DFLASHD_NO_CODE_CACHE=1`` (then nothing is changed).  A ``dataclasses`` that does not
+    compile through ``exec`` by name never calls it: the cache then stays unused.
+
+    It reads nothing here: the package's ``__init__`` calls it, before ``__main__`` has set
+    the command's Ctrl-C handler, where a SIGINT is still ignored (inherited) or a traceback.
+    Reading the file there lengthened that window, and a test's two quick Ctrl-C sent 0.15 s
+    into ``dflashd start`` were lost in it now and then under load; the file is read at the
+    first class made, by then under the command's own handler."""
+    if os.environ.get("DFLASHD_NO_CODE_CACHE") == "1":
+        return None
     global _installed
     cache = CodeCache(path or _CACHE_DIR / f"dataclass-code.{sys.implementation.cache_tag}.bin")
     dataclasses.exec = cache.exec  # type: ignore[attr-defined]  # found before the builtin
