@@ -193,11 +193,9 @@ def install(path: Path | None = None) -> CodeCache | None:
     ``DFLASHD_NO_CODE_CACHE=1`` (then nothing is changed).  A ``dataclasses`` that does not
     compile through ``exec`` by name never calls it: the cache then stays unused.
 
-    It reads nothing here: the package's ``__init__`` calls it, before ``__main__`` has set
-    the command's Ctrl-C handler, where a SIGINT is still ignored (inherited) or a traceback.
-    Reading the file there lengthened that window, and a test's two quick Ctrl-C sent 0.15 s
-    into ``dflashd start`` were lost in it now and then under load; the file is read at the
-    first class made, by then under the command's own handler."""
+    It reads nothing here: the package's ``__init__`` calls it before ``__main__`` has set the
+    command's Ctrl-C handler, and a Ctrl-C there is Python's traceback; the file is read at the
+    first class made, under the command's handler, so no work of this cache falls before it."""
     if os.environ.get("DFLASHD_NO_CODE_CACHE") == "1":
         return None
     global _installed
