@@ -14,7 +14,16 @@ Three layers (docs/design.md, "The house"):
 :mod:`~dflashd.supervisor.client` is the command line; nothing in the daemon imports it.
 """
 
-from dflashd.supervisor.host import codecache as _codecache
+import sys as _sys
 
 __version__ = "0.5.0"
-_codecache.install()  # first, before the modules that make ~160 dataclasses
+
+# The daemon program (``python -P -m dflashd.supervisor.daemon --handover-fd N …``, what
+# ``start`` execs with its stop signals held) makes ~160 dataclasses as ``daemon.py`` loads:
+# the cache of their code (``host/codecache.py``) is installed here, before that.  The
+# ``dflashd`` command installs it in ``__main__``, after its Ctrl-C handler (this runs before
+# it, so nothing here may take time); a plain import (a library, the tests) leaves it off.
+if _sys.argv[:2] == ["-m", "--handover-fd"]:  # sys.argv while ``-m`` finds its module
+    from dflashd.supervisor.host import codecache as _codecache
+
+    _codecache.install()

@@ -233,8 +233,7 @@ def test_two_starts_saving_at_once_both_keep_their_code(tmp_path: Path) -> None:
 
 
 def test_install_reads_nothing_until_a_class_is_made(tmp_path: Path) -> None:
-    """The package installs the cache before ``__main__`` sets the command's Ctrl-C handler:
-    nothing is read there (the file at the first class made, under that handler)."""
+    """Installing costs nothing: the file is read at the first class made."""
     kept = tmp_path / "cache.bin"
     start(kept, PYTHONDONTWRITEBYTECODE="")  # a file to read
     script = (
@@ -252,3 +251,54 @@ def test_install_reads_nothing_until_a_class_is_made(tmp_path: Path) -> None:
         [sys.executable, "-c", script, str(kept)], capture_output=True, text=True, check=True
     )
     assert done.stdout.split() == ["False", "True"]
+
+
+WHO_INSTALLS = (
+    "import sys\n"
+    "sys.argv[:] = sys.argv[1:]\n"
+    "import dflashd.supervisor, dataclasses\n"
+    "print('exec' in vars(dataclasses))\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "installed"),
+    [(["-m", "--handover-fd", "4"], True), (["-m", "status"], False), (["pytest"], False)],
+)
+def test_the_package_installs_the_cache_for_the_daemon_program_only(
+    argv: list[str], installed: bool
+) -> None:
+    """The daemon program (``-m dflashd.supervisor.daemon --handover-fd N``: ``sys.argv`` while
+    ``-m`` imports its package) gets the cache before ``daemon.py`` loads; the command gets it
+    in ``__main__``, after its Ctrl-C handler, and a plain import never."""
+    from dflashd.supervisor.host.handover import HANDOVER_OPTION
+
+    assert HANDOVER_OPTION == "--handover-fd"  # as the package's __init__ spells it
+    env = {**os.environ, "DFLASHD_NO_CODE_CACHE": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", WHO_INSTALLS, *argv], env=env, capture_output=True, text=True
+    )
+    assert done.stdout.split() == [str(installed)], done.stderr
+
+
+def test_the_command_sets_its_ctrl_c_handler_before_the_cache_loads_anything() -> None:
+    """``dflashd``'s ``__main__``: the handler first, then the cache (whose import of
+    ``dataclasses`` took ~10-20 ms, in which a Ctrl-C was Python's traceback), then the rest."""
+    script = (
+        "import sys\n"
+        "import dflashd.supervisor.__main__ as m\n"
+        "import dflashd.supervisor.host\n"
+        "loaded = []\n"
+        "m._signal.signal = lambda *a, _s=m._signal.signal: (loaded.append(\n"
+        "    'dataclasses' in sys.modules), _s(*a))[1]\n"
+        "try:\n"
+        "    m.main()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(loaded[0], 'exec' in vars(sys.modules['dataclasses']))\n"
+    )
+    env = {**os.environ, "DFLASHD_NO_CODE_CACHE": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", script, "--version"], env=env, capture_output=True, text=True
+    )
+    assert done.stdout.split()[-2:] == ["False", "True"], (done.stdout, done.stderr)

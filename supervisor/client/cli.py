@@ -19,6 +19,7 @@ import orjson
 from dflashd.logs.safejson import dumps_any
 from dflashd.supervisor import __version__
 from dflashd.supervisor.client.common import (
+    catch_ctrl_c,
     config_option,
     fail,
     home_option,
@@ -76,7 +77,7 @@ def main(ctx: click.Context, home: Path | None) -> None:
         click.echo(ctx.get_help())
         ctx.exit(0)
     if ctx.invoked_subcommand != "start":  # Ctrl-C is KeyboardInterrupt again (tail -f, a wait)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        catch_ctrl_c(signal.default_int_handler)
 
 
 def ensure_standard_fds() -> None:
@@ -150,7 +151,7 @@ def start(
         command = command[1:]
     # detached, a Ctrl-C is one line and exit 130 from here on, whenever (start.py); the
     # foreground daemon takes its signals over itself once it serves
-    signal.signal(signal.SIGINT, signal.default_int_handler if foreground else start_interrupted)
+    catch_ctrl_c(signal.default_int_handler if foreground else start_interrupted)
     where = resolve_home(home)
     config = prepare(where, config_path, tuple(command))
     # the one-home warning is decided now (before this start rewrites the home's state) and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +25,13 @@ home_option = click.option(
     "job dflashd-slurm-JOB-nodeN]; "
     "accepted before or after the command.",
 )
+
+
+def catch_ctrl_c(handler: Callable[[int, Any], Any]) -> None:
+    """What a Ctrl-C does from here on, unless the command was started with SIGINT ignored (a
+    script's background job): then it stays ignored, as a shell expects of every program."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, handler)
 
 
 def config_option(help_text: str) -> Callable[[Any], Any]:

@@ -22,7 +22,7 @@ import click
 import orjson
 
 from dflashd.supervisor.client.cmdhint import command_hint
-from dflashd.supervisor.client.common import exposed_secret, fail
+from dflashd.supervisor.client.common import catch_ctrl_c, exposed_secret, fail
 from dflashd.supervisor.client.firststep import wait_for_first_step
 from dflashd.supervisor.client.render import use_color
 from dflashd.supervisor.host.config import Config, ConfigError, load_config
@@ -154,7 +154,7 @@ def start_detached(
     (:func:`start_interrupted`): the job keeps running in the daemon's own session, or
     nothing was started when it came before the launch.
     """
-    signal.signal(signal.SIGINT, start_interrupted)
+    catch_ctrl_c(start_interrupted)
     return _launch(home, config, config_path, command, wait, _LAUNCHED, warning, env)
 
 

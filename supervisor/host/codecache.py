@@ -193,12 +193,15 @@ def install(path: Path | None = None) -> CodeCache | None:
     ``DFLASHD_NO_CODE_CACHE=1`` (then nothing is changed).  A ``dataclasses`` that does not
     compile through ``exec`` by name never calls it: the cache then stays unused.
 
-    It reads nothing here: the package's ``__init__`` calls it before ``__main__`` has set the
-    command's Ctrl-C handler, and a Ctrl-C there is Python's traceback; the file is read at the
-    first class made, under the command's handler, so no work of this cache falls before it."""
+    Called by the programs only, before they load the modules that make their classes: the
+    ``dflashd`` command right after its Ctrl-C handler (``__main__``), the daemon program from
+    the package's ``__init__``.  It reads nothing here (the file at the first class made), and
+    a second call is the first's cache."""
     if os.environ.get("DFLASHD_NO_CODE_CACHE") == "1":
         return None
     global _installed
+    if _installed is not None and path is None:
+        return _installed
     cache = CodeCache(path or _CACHE_DIR / f"dataclass-code.{sys.implementation.cache_tag}.bin")
     dataclasses.exec = cache.exec  # type: ignore[attr-defined]  # found before the builtin
     atexit.register(cache.save)

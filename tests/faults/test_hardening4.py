@@ -6,7 +6,7 @@
 2. never run what the user did not ask: ``restart`` on a damaged record of the last start;
 3. readers and reports that never lie: ``tail`` while the finisher compresses under it, the
    report of a live run, goodput totals across a SIGKILLed daemon;
-4. every Ctrl-C of ``start`` is one line and exit 130.
+4. every Ctrl-C of ``start`` is one line and exit 130: tests/faults/test_ctrl_c.py.
 
 The setsid chain under ``stop`` is tests/faults/test_custody.py's, in every custody mode.
 """
@@ -21,18 +21,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import closing
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dflashd.logs import EventRecord, LineRecord, RotatingLogWriter, follow, read_records
+from dflashd.logs import EventRecord, LineRecord, RotatingLogWriter, read_records
 from dflashd.logs.compress import SQUEEZE, helper_env
 from dflashd.logs.framer import Frame
 from dflashd.logs.packed import zstd_home
 from dflashd.supervisor.host.home import lock_is_held
-from tests.conftest import Daemon, child, dflashd_argv, run_cli, write_config
+from tests.conftest import Daemon, child, dflashd_argv, run_cli
 
 Start = Callable[..., Daemon]
 STEPPING = child("steps_then.py", "0.1", "1000000", "sleep")  # a step every 0.1 s, for ever
@@ -338,63 +337,3 @@ def test_goodput_totals_never_go_back_across_a_sigkilled_daemon(
     assert float(again["productive_s"]) >= float(shown["productive_s"])  # type: ignore[arg-type]
     for cause, seconds in dict(shown["lost_s"]).items():  # type: ignore[call-overload]
         assert float(again["lost_s"][cause]) >= float(seconds)  # type: ignore[index]
-
-
-# -- 4. Ctrl-C --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def interrupted_starts(tmp_path: Path, home: Path) -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for proc in started:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    run_cli("stop", "--home", str(home))
-
-
-@pytest.mark.parametrize("after_s", [0.15, 0.4, 0.8, 1.5, "launched"])
-def test_two_quick_ctrl_c_end_start_with_one_line_and_130(
-    tmp_path: Path,
-    home: Path,
-    after_s: float | str,
-    interrupted_starts: list[subprocess.Popen[str]],
-) -> None:
-    config = write_config(tmp_path / "c.toml", {"gpus": "none", "start_wait_s": 120})
-    argv = dflashd_argv("start", "--home", str(home), "--config", str(config), "--")
-    argv += child("prints_then_waits.py")
-    for _attempt in range(3):
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        interrupted_starts.append(proc)
-        if after_s == "launched":
-            assert proc.stdout is not None
-            assert "launched" in proc.stdout.readline()
-        else:
-            assert isinstance(after_s, float)
-            time.sleep(after_s)  # the moment under test: a user's finger, not an event
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.02)  # the second press of a user's two quick ones
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        # on a loaded machine 0.15 s can land in the interpreter's own start-up, before any of
-        # dflashd runs (Python says "Could not import runpy module" and exits 1): not this test's
-        if "Could not import runpy module" not in err:
-            break
-    else:
-        pytest.skip("each Ctrl-C landed in the interpreter's start-up, before dflashd ran")
-    assert proc.returncode == 130, (out, err)
-    said = [line for line in err.splitlines() if line.strip()]
-    assert len(said) == 1 and said[0].startswith("dflashd: "), err
-    assert "Traceback" not in err and "Aborted" not in err
-    if "nothing" in said[0]:  # interrupted before the launch: no daemon holds the home
-        assert not lock_is_held(home / "dflashd.lock")
-    if "goes on" in said[0]:  # the daemon carries on: its launch first, so the stop ends it
-        deadline = time.monotonic() + 30
-        records = follow(
-            home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline
-        )
-        with closing(records):
-            launched = any(getattr(r, "event", None) == "launched" for r in records)
-        assert launched

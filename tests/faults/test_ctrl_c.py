@@ -1,0 +1,158 @@
+"""Ctrl-C of ``dflashd start``: one line and exit 130 at any moment from a terminal, and never
+anything when the command was started with SIGINT ignored.
+
+A terminal's foreground job starts with SIGINT at its default; a script's background job
+(``dflashd start … &``) with it ignored, and a program is expected to keep it so.  pytest-xdist's
+workers ignore SIGINT, and their children inherit that across exec: the tests that Ctrl-C a
+start give it a terminal's SIGINT (``ctrl_c_as_in_a_terminal``).  Before, a start run by the
+suite inherited the ignored SIGINT, the command set its handler only once its modules loaded,
+and on a loaded machine both of a test's quick Ctrl-C fell before that and were lost (the start
+then waited for a first step that never came).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from dflashd.logs import follow
+from dflashd.supervisor.host.home import lock_is_held
+from tests.conftest import child, dflashd_argv, run_cli, write_config
+from tests.helpers import ctrl_c_as_in_a_terminal
+
+# A traceback that names no file of dflashd: the Ctrl-C fell in the interpreter's own start-up
+# (its site, runpy), before any of dflashd ran; nothing a program can catch there.
+_DFLASHDS_OWN = re.compile(r'File "[^"]*/dflashd/(supervisor|logs)/')
+
+
+def _interpreters_own_start_up(returncode: int, err: str) -> bool:
+    """The Ctrl-C came before any of dflashd ran: killed by it before Python set its handler
+    (a silent death, as from a terminal), or Python's own traceback from its start-up."""
+    if returncode == -signal.SIGINT and not err:
+        return True
+    if "Could not import runpy module" in err:
+        return True
+    return "KeyboardInterrupt" in err and not _DFLASHDS_OWN.search(err)
+
+
+@pytest.fixture
+def interrupted_starts(tmp_path: Path, home: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    run_cli("stop", "--home", str(home))
+
+
+@pytest.mark.parametrize("after_s", [0.05, 0.15, 0.4, 0.8, 1.5, "launched"])
+def test_two_quick_ctrl_c_end_start_with_one_line_and_130(
+    tmp_path: Path,
+    home: Path,
+    after_s: float | str,
+    interrupted_starts: list[subprocess.Popen[str]],
+) -> None:
+    config = write_config(tmp_path / "c.toml", {"gpus": "none", "start_wait_s": 120})
+    argv = dflashd_argv("start", "--home", str(home), "--config", str(config), "--")
+    argv += child("prints_then_waits.py")
+    for _attempt in range(5):
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=ctrl_c_as_in_a_terminal,  # noqa: PLW1509 (one sigaction; see helpers)
+        )
+        interrupted_starts.append(proc)
+        if after_s == "launched":
+            assert proc.stdout is not None
+            assert "launched" in proc.stdout.readline()
+        else:
+            assert isinstance(after_s, float)
+            time.sleep(after_s)  # the moment under test: a user's finger, not an event
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)  # the second press of a user's two quick ones
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        if not _interpreters_own_start_up(proc.returncode, err):
+            break
+    else:
+        pytest.skip("each Ctrl-C landed in the interpreter's start-up, before dflashd ran")
+    assert proc.returncode == 130, (out, err)
+    said = [line for line in err.splitlines() if line.strip()]
+    assert len(said) == 1 and said[0].startswith("dflashd: "), err
+    assert "Traceback" not in err and "Aborted" not in err
+    if "nothing" in said[0]:  # interrupted before the launch: no daemon holds the home
+        assert not lock_is_held(home / "dflashd.lock")
+    if "goes on" in said[0]:  # the daemon carries on: its launch first, so the stop ends it
+        deadline = time.monotonic() + 30
+        records = follow(
+            home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline
+        )
+        with closing(records):
+            launched = any(getattr(r, "event", None) == "launched" for r in records)
+        assert launched
+
+
+def _ignore_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_start_begun_with_ctrl_c_ignored_ignores_it_at_every_moment(
+    tmp_path: Path, home: Path, interrupted_starts: list[subprocess.Popen[str]]
+) -> None:
+    """Ctrl-C from the first instant to the first step: none ends the command or says a word
+    (before, those that came before its modules loaded were lost and the later ones ended
+    it: which one did depended on the machine's load)."""
+    go = tmp_path / "go"
+    config = write_config(tmp_path / "c.toml", {"gpus": "none", "start_wait_s": 120})
+    job = f"import os, threading\nwhile not os.path.exists({str(go)!r}):\n"
+    job += "    threading.Event().wait(0.02)\nprint('step 1 loss 2.5', flush=True)\n"
+    job += "threading.Event().wait()\n"
+    argv = dflashd_argv("start", "--home", str(home), "--config", str(config), "--")
+    argv += [sys.executable, "-c", job]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (one sigaction; see helpers)
+    )
+    interrupted_starts.append(proc)
+    done = threading.Event()
+    sent = [0]
+
+    def press_ctrl_c_again_and_again() -> None:
+        while not done.is_set() and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            sent[0] += 1
+            done.wait(0.005)
+
+    presser = threading.Thread(target=press_ctrl_c_again_and_again, daemon=True)
+    presser.start()
+    try:
+        assert proc.stdout is not None
+        launched = proc.stdout.readline()  # every Ctrl-C until here: loading, spawn, launch
+        assert "run 1 launched" in launched, launched
+        pressed_before_launch = sent[0]
+        go.touch()  # the first step, while the presses go on through the wait
+        out, err = proc.communicate(timeout=60)
+    finally:
+        done.set()
+        presser.join(10)
+    assert pressed_before_launch >= 3, pressed_before_launch
+    assert proc.returncode == 0, (out, err)
+    assert "run 1 is training" in out, out
+    assert "interrupted" not in err and "stopped waiting" not in err, err
+    assert "Traceback" not in err, err
