@@ -170,8 +170,16 @@ def test_every_rank_of_every_node_waiting_on_each_other_is_ended_through_the_sto
             assert "recv" in ended.fields["waited_elsewhere"]["why"], ended.fields
         sent = (tmp_path / f"{node.name}-alerts.jsonl").read_text().split("\n")
         alerts = [json.loads(line) for line in sent if line.strip()]
-        assert len(alerts) == 1, alerts  # one page per node, naming the wait
-        assert "recv" in json.dumps(alerts[0]), alerts
+        # each page names the wait, never twice the same: the one `waiting` alert of a node
+        # whose peers had not all shared a finding when its wait passed remote_wait_s (a node
+        # that said nothing may not be under dflashd: by design), and its end's if that pages
+        # (a hung end does, a crash after the peer's end does not by default).  Unloaded, the
+        # node ended first pages its end and its peer `waiting`; under load a peer's first
+        # round comes late, and the node ended by the store pages both
+        verdicts = [a["verdict"] for a in alerts]
+        end = ended.fields["verdict"]
+        assert verdicts in (["waiting"], [end], ["waiting", end]), alerts
+        assert all("recv" in json.dumps(a) for a in alerts), alerts
     assert ended_by_store, "at least one node ended the stuck world from the store's reports"
 
 
