@@ -75,6 +75,7 @@ class Inbox:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Message | LoopPing] = queue.SimpleQueue()
         self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.stop_signals: frozenset[int] = _STOPS  # what the loop takes for a stop
 
     def ping(self) -> threading.Event:
         """From any thread: an event the loop sets when it next reads the inbox."""
@@ -121,20 +122,23 @@ class Inbox:
         signal to dflashd may be a moment behind the child's death; it is waited for, up to
         :data:`STOP_BEHIND_S`, so the run ends ``stopped``, not ``crashed`` and relaunched."""
         got = set(signals)
-        if (
-            signal.SIGCHLD in got
-            and not got & _STOPS
-            and child is not None
-            and _died_of_stop(child)
-        ):
+        stops = self.stop_signals
+        if signal.SIGCHLD in got and not got & stops and child is not None and _died_of_stop(child):
             deadline = time.monotonic() + STOP_BEHIND_S
-            while not got & _STOPS and (left := deadline - time.monotonic()) > 0:
+            while not got & stops and (left := deadline - time.monotonic()) > 0:
                 if select.select([self.read_fd], [], [], left)[0]:
                     got |= self.signals()
         return sorted(got, key=lambda signum: signum == signal.SIGCHLD)
 
     def catch_signals(self) -> None:
-        """Route the handled signals to the wake pipe; their handlers do nothing."""
+        """Route the handled signals to the wake pipe; their handlers do nothing.
+
+        A daemon begun with SIGINT ignored keeps it so, as shells expect of a script's
+        background job: SIGINT is then no stop (only ``start --foreground &`` can be: ``start``
+        gives the detached daemon SIGINT's default, so ``kill -INT`` stops it whoever ran
+        ``start``).  Its handler still does nothing, so the job never inherits the ignore."""
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            self.stop_signals = _STOPS - {signal.SIGINT}
         signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         for signum in HANDLED_SIGNALS:
             signal.signal(signum, _no_op_handler)

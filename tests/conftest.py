@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -176,6 +177,16 @@ def dealt_longest_first(items: list[pytest.Item], workers: int) -> list[pytest.I
         ordered += [item for _, item in zip(range(size - len(mine)), rest, strict=False)]
     ordered += list(rest)
     return ordered
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process the suite starts begins with a terminal's SIGINT, however the suite was
+    run.  Run as a script's background job (``.ci/run &``, ``setsid bash -c … &``) it would
+    inherit SIGINT ignored, and pass that on across exec; dflashd keeps an inherited ignore (as
+    shells expect), so the suite's Ctrl-C tests would test another thing there than here.
+    Those that want the ignore set it for their own start (tests/faults/test_ctrl_c.py)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

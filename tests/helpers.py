@@ -6,7 +6,6 @@ run on machines without pytest.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -16,15 +15,6 @@ from pathlib import Path
 import pytest
 
 CHILDREN = Path(__file__).parent / "children"
-
-
-def ctrl_c_as_in_a_terminal() -> None:
-    """``preexec_fn`` for a command a test Ctrl-Cs: SIGINT as a terminal's foreground job has
-    it.  pytest-xdist's workers ignore SIGINT, and an ignored signal is inherited across exec,
-    so their children would start with Ctrl-C ignored, which dflashd (as shells expect) keeps.
-    It makes one ``sigaction`` call between fork and exec: no lock, no allocation, no import,
-    so none of what makes ``preexec_fn`` unsafe beside threads."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def child(name: str, *args: str) -> list[str]:

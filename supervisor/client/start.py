@@ -210,13 +210,19 @@ def _launch(
         fail(f"cannot open {home.daemon_log}: {exc.strerror}", EXIT_USAGE)
     # Ctrl-C held back across the spawn: afterwards it is known whether a daemon was started
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # the detached daemon's SIGINT is its stop, even when this command was begun ignoring it
+    ignoring = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     try:
+        if ignoring:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # held back: none can come now
         with closing(os.fdopen(log_fd, "ab")) as daemon_log:
             spawn_daemon(handover, log_fd=daemon_log.fileno(), env=env)
         launched["spawned"] = True
     except OSError as exc:
         fail(f"cannot start the daemon program ({sys.executable}): {exc.strerror}", EXIT_USAGE)
     finally:
+        if ignoring:  # ignored again, which drops a press held back meanwhile
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.close(write_fd)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     return _after_launch(home, config, read_fd, after_seq, wait, launched, warning)

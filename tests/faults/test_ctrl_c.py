@@ -2,16 +2,20 @@
 anything when the command was started with SIGINT ignored.
 
 A terminal's foreground job starts with SIGINT at its default; a script's background job
-(``dflashd start … &``) with it ignored, and a program is expected to keep it so.  pytest-xdist's
-workers ignore SIGINT, and their children inherit that across exec: the tests that Ctrl-C a
-start give it a terminal's SIGINT (``ctrl_c_as_in_a_terminal``).  Before, a start run by the
-suite inherited the ignored SIGINT, the command set its handler only once its modules loaded,
-and on a loaded machine both of a test's quick Ctrl-C fell before that and were lost (the start
-then waited for a first step that never came).
+(``dflashd start … &``) with it ignored, and a program is expected to keep it so.  A suite run
+in the background (``setsid bash -c … &``, as the busy-loop and fresh-clone runs were) ignored
+SIGINT, and every process it started inherited that: its starts set their handler only once
+their modules loaded, and on a loaded machine both of a test's quick Ctrl-C fell before that
+and were lost (the start then waited for a first step that never came).  The suite now gives
+every process a terminal's SIGINT (conftest's ``pytest_configure``); the ignore is set here,
+for the starts that test it.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import queue
 import re
 import signal
 import subprocess
@@ -24,10 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from dflashd.logs import follow
+from dflashd.logs import EventRecord, follow, read_records
 from dflashd.supervisor.host.home import lock_is_held
-from tests.conftest import child, dflashd_argv, run_cli, write_config
-from tests.helpers import ctrl_c_as_in_a_terminal
+from tests.conftest import child, daemon_argv, dflashd_argv, run_cli, write_config
 
 # A traceback that names no file of dflashd: the Ctrl-C fell in the interpreter's own start-up
 # (its site, runpy), before any of dflashd ran; nothing a program can catch there.
@@ -66,13 +69,7 @@ def test_two_quick_ctrl_c_end_start_with_one_line_and_130(
     argv = dflashd_argv("start", "--home", str(home), "--config", str(config), "--")
     argv += child("prints_then_waits.py")
     for _attempt in range(5):
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=ctrl_c_as_in_a_terminal,  # noqa: PLW1509 (one sigaction; see helpers)
-        )
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         interrupted_starts.append(proc)
         if after_s == "launched":
             assert proc.stdout is not None
@@ -127,7 +124,7 @@ def test_a_start_begun_with_ctrl_c_ignored_ignores_it_at_every_moment(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (one sigaction; see helpers)
+        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (one sigaction between fork and exec)
     )
     interrupted_starts.append(proc)
     done = threading.Event()
@@ -156,3 +153,88 @@ def test_a_start_begun_with_ctrl_c_ignored_ignores_it_at_every_moment(
     assert "run 1 is training" in out, out
     assert "interrupted" not in err and "stopped waiting" not in err, err
     assert "Traceback" not in err, err
+
+
+def _events_until(home: Path, event: str, timeout: float = 60) -> list[EventRecord]:
+    """Follow the home's log until a supervisor record ``event``: the records so far."""
+    deadline = time.monotonic() + timeout
+    seen: list[EventRecord] = []
+    records = follow(home / "logs", poll_s=0.02, should_stop=lambda: time.monotonic() > deadline)
+    with closing(records):
+        for record in records:
+            if isinstance(record, EventRecord):
+                seen.append(record)
+                if record.event == event:
+                    return seen
+    raise AssertionError(f"no {event} within {timeout}s: {seen[-5:]}")
+
+
+def test_the_detached_daemon_of_a_start_begun_ignoring_ctrl_c_still_stops_on_sigint(
+    tmp_path: Path, home: Path, interrupted_starts: list[subprocess.Popen[str]]
+) -> None:
+    """The start keeps its inherited ignore; the daemon it leaves behind does not inherit it:
+    ``kill -INT`` stops a detached daemon (its documented stop) whoever ran ``start``."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    argv = dflashd_argv("start", "--no-wait", "--home", str(home), "--config", str(config))
+    argv += ["--", *child("prints_then_waits.py")]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (one sigaction between fork and exec)
+    )
+    interrupted_starts.append(proc)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "run 1 launched" in out, (out, err)
+    _events_until(home, "launched")
+    daemon_pid = int(json.loads(run_cli("status", "--json", "--home", str(home)).stdout)["pid"])
+    os.kill(daemon_pid, signal.SIGINT)
+    ended = _events_until(home, "daemon_exit")
+    verdicts = [r.fields["verdict"] for r in ended if r.event == "exit"]
+    assert verdicts == ["stopped"], ended[-5:]
+
+
+def test_a_foreground_daemon_begun_ignoring_ctrl_c_is_not_stopped_by_it(
+    tmp_path: Path, home: Path
+) -> None:
+    """``dflashd start --foreground … &`` in a script: a Ctrl-C for the script's foreground is
+    noted and ignored, the job runs on, and SIGTERM (or ``dflashd stop``) still stops it."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    proc = subprocess.Popen(
+        daemon_argv(home, config, child("prints_then_waits.py")),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (one sigaction between fork and exec)
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        _events_until(home, "launched")
+        proc.send_signal(signal.SIGINT)
+        said = ""
+        while "signal_ignored" not in said:  # the loop has taken the SIGINT
+            said = lines.get(timeout=30)
+        assert "SIGINT" in said, said
+        status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
+        assert status["state"] == "running" and status["child_pid"], status
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(10)  # the pipe's end: the daemon and its job are gone
+        assert proc.stderr is not None
+        proc.stderr.close()
+    exits = [r for r in read_records(home / "logs") if isinstance(r, EventRecord)]
+    verdicts = [r.fields["verdict"] for r in exits if r.event == "exit"]
+    assert verdicts == ["stopped"]
