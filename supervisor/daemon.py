@@ -300,11 +300,11 @@ class Daemon:
         for signum in self.inbox.stop_first(self.inbox.signals(), child):
             if signum == signal.SIGCHLD:
                 self.reap()
-            elif signum in self.inbox.stop_signals:  # SIGTERM, SIGINT unless begun ignored
+            elif signum in self.inbox.stop_signals:  # TERM; INT, QUIT unless begun ignored
                 self.request_stop(self.config.restart.stop_timeout_s)
             elif signum in (signal.SIGHUP, signal.SIGUSR1):
                 self.reopen(signal.Signals(signum).name)
-            else:  # SIGUSR2, timers, SIGIO, SIGPWR, an ignored SIGINT: noted, never fatal
+            else:  # SIGUSR2, timers, SIGIO, SIGPWR, a SIGINT begun ignored: noted, never fatal
                 log.info("signal_ignored", signal=signal.Signals(signum).name)
 
     def reopen(self, why: str) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dflashd.supervisor.host.handover import TERMINAL_STOPS
 from dflashd.supervisor.model.hang import HangSampled
 from dflashd.supervisor.model.inputs import LinesSeen
 from dflashd.supervisor.model.stacks import StacksTaken
@@ -31,6 +32,7 @@ HANDLED_SIGNALS: Final = (
     signal.SIGCHLD,
     signal.SIGTERM,
     signal.SIGINT,
+    signal.SIGQUIT,
     signal.SIGHUP,
     signal.SIGUSR1,
     signal.SIGUSR2,
@@ -133,12 +135,13 @@ class Inbox:
     def catch_signals(self) -> None:
         """Route the handled signals to the wake pipe; their handlers do nothing.
 
-        A daemon begun with SIGINT ignored keeps it so, as shells expect of a script's
-        background job: SIGINT is then no stop (only ``start --foreground &`` can be: ``start``
-        gives the detached daemon SIGINT's default, so ``kill -INT`` stops it whoever ran
-        ``start``).  Its handler still does nothing, so the job never inherits the ignore."""
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            self.stop_signals = _STOPS - {signal.SIGINT}
+        SIGTERM stops the daemon, and so do a terminal's Ctrl-C and Ctrl-\\ (SIGINT, SIGQUIT:
+        supervisord reads them so too), unless the daemon began with them ignored: a script's
+        background job does, and keeps them so as shells expect.  Only ``start --foreground &``
+        can (``start`` gives the detached daemon their defaults, so ``kill -INT`` stops it
+        whoever ran ``start``).  Their handlers still do nothing: the job inherits no ignore."""
+        ignored = {s for s in TERMINAL_STOPS if signal.getsignal(s) is signal.SIG_IGN}
+        self.stop_signals = _STOPS - ignored
         signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         for signum in HANDLED_SIGNALS:
             signal.signal(signum, _no_op_handler)
@@ -157,7 +160,7 @@ class Inbox:
 
 
 STOP_BEHIND_S: Final = 0.5  # how long a child's death by a stop signal waits for dflashd's own
-_STOPS: Final = frozenset({signal.SIGTERM, signal.SIGINT})
+_STOPS: Final = frozenset({signal.SIGTERM, *TERMINAL_STOPS})
 
 
 def _died_of_stop(pid: int) -> bool:

@@ -26,7 +26,13 @@ from dflashd.supervisor.client.common import catch_ctrl_c, exposed_secret, fail
 from dflashd.supervisor.client.firststep import wait_for_first_step
 from dflashd.supervisor.client.render import use_color
 from dflashd.supervisor.host.config import Config, ConfigError, load_config
-from dflashd.supervisor.host.handover import Handover, become_daemon, report_ready, spawn_daemon
+from dflashd.supervisor.host.handover import (
+    TERMINAL_STOPS,
+    Handover,
+    become_daemon,
+    report_ready,
+    spawn_daemon,
+)
 from dflashd.supervisor.host.home import (
     Home,
     HomeError,
@@ -209,22 +215,22 @@ def _launch(
     except OSError as exc:
         fail(f"cannot open {home.daemon_log}: {exc.strerror}", EXIT_USAGE)
     # Ctrl-C held back across the spawn: afterwards it is known whether a daemon was started
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    # the detached daemon's SIGINT is its stop, even when this command was begun ignoring it
-    ignoring = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(TERMINAL_STOPS))
+    # the detached daemon's SIGINT and SIGQUIT are stops, even where this command ignores them
+    ignoring = [s for s in TERMINAL_STOPS if signal.getsignal(s) is signal.SIG_IGN]
     try:
-        if ignoring:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # held back: none can come now
+        for signum in ignoring:  # held back: none can come now
+            signal.signal(signum, signal.SIG_DFL)
         with closing(os.fdopen(log_fd, "ab")) as daemon_log:
             spawn_daemon(handover, log_fd=daemon_log.fileno(), env=env)
         launched["spawned"] = True
     except OSError as exc:
         fail(f"cannot start the daemon program ({sys.executable}): {exc.strerror}", EXIT_USAGE)
     finally:
-        if ignoring:  # ignored again, which drops a press held back meanwhile
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in ignoring:  # ignored again, which drops a press held back meanwhile
+            signal.signal(signum, signal.SIG_IGN)
         os.close(write_fd)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(TERMINAL_STOPS))
     return _after_launch(home, config, read_fd, after_seq, wait, launched, warning)
 
 

@@ -29,7 +29,10 @@ from dflashd.supervisor.host.home import Home
 
 DAEMON_MODULE: Final = "dflashd.supervisor.daemon"
 HANDOVER_OPTION: Final = "--handover-fd"
-HELD_WHILE_LOADING: Final = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+# A terminal's two stops (Ctrl-C, Ctrl-\): a script's background job begins with them ignored,
+# and a program is expected to keep that (inbox.py for the daemon, start.py for the client).
+TERMINAL_STOPS: Final = (signal.SIGINT, signal.SIGQUIT)
+HELD_WHILE_LOADING: Final = frozenset({*TERMINAL_STOPS, signal.SIGTERM, signal.SIGHUP})
 
 
 # what the daemon calls with its first launch's report: the ready pipe, or one line (foreground.py)
@@ -102,7 +105,7 @@ def become_daemon(handover: Handover) -> NoReturn:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
-        # a stop (Ctrl-C, a unit's SIGTERM, a closed terminal) while the program loads waits,
+        # a stop (Ctrl-C or Ctrl-\, a unit's SIGTERM, a closed terminal) while the program loads waits,
         # held back, until its loop takes its signals over (inbox.py): a clean stop, not a
         # traceback or a death with nothing recorded
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD_WHILE_LOADING)

@@ -103,7 +103,9 @@ def test_two_quick_ctrl_c_end_start_with_one_line_and_130(
 
 
 def _ignore_ctrl_c() -> None:
+    """As a script's background job begins: a terminal's Ctrl-C and Ctrl-\\ ignored."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 
 def test_a_start_begun_with_ctrl_c_ignored_ignores_it_at_every_moment(
@@ -198,8 +200,9 @@ def test_the_detached_daemon_of_a_start_begun_ignoring_ctrl_c_still_stops_on_sig
 def test_a_foreground_daemon_begun_ignoring_ctrl_c_is_not_stopped_by_it(
     tmp_path: Path, home: Path
 ) -> None:
-    """``dflashd start --foreground … &`` in a script: a Ctrl-C for the script's foreground is
-    noted and ignored, the job runs on, and SIGTERM (or ``dflashd stop``) still stops it."""
+    """``dflashd start --foreground … &`` in a script: a Ctrl-C or Ctrl-\\ for the script's
+    foreground is noted and ignored, the job runs on, and SIGTERM (or ``dflashd stop``) still
+    stops it."""
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
     proc = subprocess.Popen(
         daemon_argv(home, config, child("prints_then_waits.py")),
@@ -219,11 +222,12 @@ def test_a_foreground_daemon_begun_ignoring_ctrl_c_is_not_stopped_by_it(
     reader.start()
     try:
         _events_until(home, "launched")
-        proc.send_signal(signal.SIGINT)
-        said = ""
-        while "signal_ignored" not in said:  # the loop has taken the SIGINT
-            said = lines.get(timeout=30)
-        assert "SIGINT" in said, said
+        for signum in (signal.SIGINT, signal.SIGQUIT):
+            proc.send_signal(signum)
+            said = ""
+            while "signal_ignored" not in said:  # the loop has taken it
+                said = lines.get(timeout=30)
+            assert signal.Signals(signum).name in said, said
         status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
         assert status["state"] == "running" and status["child_pid"], status
         proc.send_signal(signal.SIGTERM)
@@ -238,3 +242,31 @@ def test_a_foreground_daemon_begun_ignoring_ctrl_c_is_not_stopped_by_it(
     exits = [r for r in read_records(home / "logs") if isinstance(r, EventRecord)]
     verdicts = [r.fields["verdict"] for r in exits if r.event == "exit"]
     assert verdicts == ["stopped"]
+
+
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGQUIT], ids=["ctrl-c", "ctrl-backslash"]
+)
+def test_a_foreground_daemon_stops_cleanly_on_a_terminals_ctrl_c_or_ctrl_backslash(
+    tmp_path: Path, home: Path, signum: int
+) -> None:
+    """Ctrl-\\ (SIGQUIT) at the terminal of ``start --foreground`` is a stop, as Ctrl-C is and
+    as supervisord reads it: before, its default killed the daemon on the spot, with no exit
+    record and no word in the log, and the job died with it."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    proc = subprocess.Popen(
+        daemon_argv(home, config, child("prints_then_waits.py")),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _events_until(home, "launched")
+        proc.send_signal(signum)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    events = [r for r in read_records(home / "logs") if isinstance(r, EventRecord)]
+    assert [r.fields["verdict"] for r in events if r.event == "exit"] == ["stopped"]
+    assert events[-1].event == "daemon_exit", events[-1]
