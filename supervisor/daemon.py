@@ -304,7 +304,7 @@ class Daemon:
                 self.request_stop(self.config.restart.stop_timeout_s)
             elif signum in (signal.SIGHUP, signal.SIGUSR1):
                 self.reopen(signal.Signals(signum).name)
-            else:  # SIGUSR2, timers, SIGIO, SIGPWR, a SIGINT begun ignored: noted, never fatal
+            else:  # USR2, timers, IO, PWR, an INT or QUIT begun ignored: noted, never fatal
                 log.info("signal_ignored", signal=signal.Signals(signum).name)
 
     def reopen(self, why: str) -> None:

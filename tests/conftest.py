@@ -180,13 +180,15 @@ def dealt_longest_first(items: list[pytest.Item], workers: int) -> list[pytest.I
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Every process the suite starts begins with a terminal's SIGINT, however the suite was
-    run.  Run as a script's background job (``.ci/run &``, ``setsid bash -c … &``) it would
-    inherit SIGINT ignored, and pass that on across exec; dflashd keeps an inherited ignore (as
-    shells expect), so the suite's Ctrl-C tests would test another thing there than here.
-    Those that want the ignore set it for their own start (tests/faults/test_ctrl_c.py)."""
+    """Every process the suite starts begins with a terminal's SIGINT and SIGQUIT, however the
+    suite was run.  Run as a script's background job (``.ci/run &``, ``setsid bash -c … &``) it
+    would inherit both ignored, and pass that on across exec; dflashd keeps an inherited ignore
+    (as shells expect), so the suite's Ctrl-C and Ctrl-\\ tests would test another thing there
+    than here.  Those that want the ignore set it for their own start (tests/faults/test_ctrl_c.py)."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -105,9 +105,9 @@ def become_daemon(handover: Handover) -> NoReturn:
         for stream in (sys.stdout, sys.stderr):
             if stream is not None:
                 stream.flush()
-        # a stop (Ctrl-C or Ctrl-\, a unit's SIGTERM, a closed terminal) while the program loads waits,
-        # held back, until its loop takes its signals over (inbox.py): a clean stop, not a
-        # traceback or a death with nothing recorded
+        # a stop (Ctrl-C or Ctrl-\, a unit's SIGTERM, a closed terminal) while the program
+        # loads waits, held back, until its loop takes its signals over (inbox.py): a clean
+        # stop, not a traceback or a death with nothing recorded
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD_WHILE_LOADING)
         os.execv(sys.executable, _argv(fd, handover))
     finally:  # only when the exec failed
