@@ -1,14 +1,15 @@
-"""Ctrl-C of ``dflashd start``: one line and exit 130 at any moment from a terminal, and never
-anything when the command was started with SIGINT ignored.
+"""Ctrl-C and Ctrl-\\ of dflashd: ``start``'s Ctrl-C is one line and exit 130 at any moment
+from a terminal; a daemon stops cleanly on either; and a command begun with them ignored keeps
+them ignored.
 
-A terminal's foreground job starts with SIGINT at its default; a script's background job
-(``dflashd start … &``) with it ignored, and a program is expected to keep it so.  A suite run
-in the background (``setsid bash -c … &``, as the busy-loop and fresh-clone runs were) ignored
-SIGINT, and every process it started inherited that: its starts set their handler only once
-their modules loaded, and on a loaded machine both of a test's quick Ctrl-C fell before that
-and were lost (the start then waited for a first step that never came).  The suite now gives
-every process a terminal's SIGINT (conftest's ``pytest_configure``); the ignore is set here,
-for the starts that test it.
+A terminal's foreground job starts with SIGINT and SIGQUIT at their defaults; a script's
+background job (``dflashd start … &``) with both ignored, and a program is expected to keep them
+so.  A suite run in the background (``setsid bash -c … &``, as the busy-loop runs were; CI's
+``timeout`` wrapper hands its child the defaults) ignored both, and every process it started
+inherited that: its starts set their handler only once their modules loaded, and on a loaded
+machine both of a test's quick Ctrl-C fell before that and were lost (the start then waited
+for a first step that never came).  The suite now gives every process a terminal's signals
+(conftest's ``pytest_configure``); the ignore is set here, for the starts that test it.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def test_a_start_begun_with_ctrl_c_ignored_ignores_it_at_every_moment(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (one sigaction between fork and exec)
+        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (two sigactions between fork and exec)
     )
     interrupted_starts.append(proc)
     done = threading.Event()
@@ -184,7 +185,7 @@ def test_the_detached_daemon_of_a_start_begun_ignoring_ctrl_c_still_stops_on_sig
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (one sigaction between fork and exec)
+        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (two sigactions between fork and exec)
     )
     interrupted_starts.append(proc)
     out, err = proc.communicate(timeout=60)
@@ -209,7 +210,7 @@ def test_a_foreground_daemon_begun_ignoring_ctrl_c_is_not_stopped_by_it(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (one sigaction between fork and exec)
+        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (two sigactions between fork and exec)
     )
     lines: queue.Queue[str] = queue.Queue()
 
