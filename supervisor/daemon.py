@@ -237,6 +237,7 @@ class Daemon:
             self.reporter.start_metrics(self.inbox.ping)  # before launch: a busy address refuses
         except MetricsUnavailable as exc:
             raise StartupError(str(exc)) from None
+        self.core.execute(self.run, (Publish(),))  # state.json before the launch: never "nothing"
         self.core.step(None, Started(gpus_off, bool(self._systemd.watchdog_interval_s)))
         if self.gpu.poller is not None:
             self.gpu.poller.start()  # after the launch: the first poll already sees the child

@@ -287,3 +287,30 @@ def test_a_hung_alert_command_is_waited_for_then_ended(start_daemon: Start, tmp_
     assert found is None or found.state == "Z"
     outcomes = [e for e in daemon.events("alert") if e.fields.get("sink") == "command"]
     assert outcomes and "ended" in str(outcomes[-1].fields.get("detail"))
+
+
+def test_a_daemon_killed_as_it_launches_leaves_its_state_never_nothing(
+    home: Path, tmp_path: Path
+) -> None:
+    """SIGKILL the moment the first launch is said: status shows the daemon's last state and
+    says it is gone without an end (its state.json is written before the launch), where it
+    used to say "nothing recorded" while the log held the run's spawn."""
+    config = write_config(tmp_path / "c.toml", {"gpus": "none"})
+    proc = subprocess.Popen(
+        daemon_argv(home, config, child("prints_then_waits.py")),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    assert "launched" in proc.stderr.readline()  # the first line it says is the launch
+    proc.kill()
+    proc.wait(30)
+    proc.stderr.close()
+    shown = run_cli("status", "--json", "--home", str(home))
+    assert shown.returncode == 3, shown
+    status = json.loads(shown.stdout)
+    assert status["state"] in ("starting", "running"), status
+    assert "gone without recording an end" in status.get("state_note", ""), status
+    said = [r for r in read_records(home / "logs") if isinstance(r, EventRecord)]
+    assert any(r.event == "spawn" for r in said)  # written before the fork, whatever follows
