@@ -237,7 +237,8 @@ class Daemon:
             self.reporter.start_metrics(self.inbox.ping)  # before launch: a busy address refuses
         except MetricsUnavailable as exc:
             raise StartupError(str(exc)) from None
-        self.core.execute(self.run, (Publish(),))  # state.json before the launch: never "nothing"
+        self.runs.launcher.left_run = int(previous.get("run") or 0)  # counted past, then...
+        self.core.execute(self.run, (Publish(),))  # ...state.json before the launch (never none)
         self.core.step(None, Started(gpus_off, bool(self._systemd.watchdog_interval_s)))
         if self.gpu.poller is not None:
             self.gpu.poller.start()  # after the launch: the first poll already sees the child

@@ -94,13 +94,14 @@ class Launcher:
         self.home, self.config, self.clock, self.ops = home, config, clock, ops
         self.reporter, self.gpu, self._on_lines = reporter, gpu, on_lines
         self.standby: Standby | None = None  # the next run's interpreter, waiting (warm_standby)
+        self.left_run = 0  # the run the last daemon's state.json named, read before it is rewritten
         # a pattern is configured: first_step_timeout_s applies
         self.sees_steps = bool(config.first_step_pattern or config.step_pattern)
 
     def next_run_no(self, current: Run | None) -> int:
         """One more than any run this home has seen: the log, runs.sqlite, state.json, memory."""
         previous = read_state(self.home.state_file) or {}
-        known = [self.reporter.last_run_seen(), current.run_no if current else 0]
+        known = [self.reporter.last_run_seen(), current.run_no if current else 0, self.left_run]
         known.append(int(previous.get("run") or 0))
         return max(known) + 1
 
