@@ -109,6 +109,17 @@ def _ignore_ctrl_c() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 
+def _begun_ignoring_ctrl_c(argv: list[str], stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``argv`` started as a script's background job is: Ctrl-C and Ctrl-\\ ignored."""
+    return subprocess.Popen(
+        argv,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (two sigactions between fork and exec)
+    )
+
+
 def test_a_start_begun_with_ctrl_c_ignored_ignores_it_at_every_moment(
     tmp_path: Path, home: Path, interrupted_starts: list[subprocess.Popen[str]]
 ) -> None:
@@ -122,13 +133,7 @@ def test_a_start_begun_with_ctrl_c_ignored_ignores_it_at_every_moment(
     job += "threading.Event().wait()\n"
     argv = dflashd_argv("start", "--home", str(home), "--config", str(config), "--")
     argv += [sys.executable, "-c", job]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (two sigactions between fork and exec)
-    )
+    proc = _begun_ignoring_ctrl_c(argv)
     interrupted_starts.append(proc)
     done = threading.Event()
     sent = [0]
@@ -180,13 +185,7 @@ def test_the_detached_daemon_of_a_start_begun_ignoring_ctrl_c_still_stops_on_sig
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
     argv = dflashd_argv("start", "--no-wait", "--home", str(home), "--config", str(config))
     argv += ["--", *child("prints_then_waits.py")]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (two sigactions between fork and exec)
-    )
+    proc = _begun_ignoring_ctrl_c(argv)
     interrupted_starts.append(proc)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "run 1 launched" in out, (out, err)
@@ -205,12 +204,8 @@ def test_a_foreground_daemon_begun_ignoring_ctrl_c_is_not_stopped_by_it(
     foreground is noted and ignored, the job runs on, and SIGTERM (or ``dflashd stop``) still
     stops it."""
     config = write_config(tmp_path / "c.toml", {"gpus": "none"})
-    proc = subprocess.Popen(
-        daemon_argv(home, config, child("prints_then_waits.py")),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_ignore_ctrl_c,  # noqa: PLW1509 (two sigactions between fork and exec)
+    proc = _begun_ignoring_ctrl_c(
+        daemon_argv(home, config, child("prints_then_waits.py")), stdout=subprocess.DEVNULL
     )
     lines: queue.Queue[str] = queue.Queue()
 
