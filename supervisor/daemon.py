@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any
 
 from dflashd.supervisor.carryover import carried_over
 from dflashd.supervisor.core import DaemonCore
@@ -56,6 +56,7 @@ from dflashd.supervisor.model.lifecycle import LoopState
 from dflashd.supervisor.model.progress import Limits, NotifyMessage
 from dflashd.supervisor.model.stacks import StacksTaken
 from dflashd.supervisor.model.step import DaemonState, Rules
+from dflashd.supervisor.model.verdicts import signal_name
 from dflashd.supervisor.publisher import Publisher
 from dflashd.supervisor.runs import LoopCallbacks, RunParts, Runs
 from dflashd.supervisor.snapshot import goodput_totals, status_view
@@ -72,7 +73,6 @@ from dflashd.supervisor.watch.observe import RunObserver
 from dflashd.supervisor.watch.run import Run
 from dflashd.supervisor.watch.stackdumps import StackDumps
 
-_WAKE: Final = b"\x00"
 log = get_logger("dflashd")
 
 
@@ -305,9 +305,9 @@ class Daemon:
             elif signum in self.inbox.stop_signals:  # TERM; INT, QUIT unless begun ignored
                 self.request_stop(self.config.restart.stop_timeout_s)
             elif signum in (signal.SIGHUP, signal.SIGUSR1):
-                self.reopen(signal.Signals(signum).name)
-            else:  # USR2, timers, IO, PWR, an INT or QUIT begun ignored: noted, never fatal
-                log.info("signal_ignored", signal=signal.Signals(signum).name)
+                self.reopen(signal_name(signum))
+            else:  # USR2, timers, IO, PWR, XCPU, real-time, an INT or QUIT begun ignored: noted
+                log.info("signal_ignored", signal=signal_name(signum))
 
     def reopen(self, why: str) -> None:
         """SIGHUP/SIGUSR1: re-open what an admin may have moved, and dump the status.

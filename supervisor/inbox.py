@@ -41,6 +41,9 @@ HANDLED_SIGNALS: Final = (
     signal.SIGPROF,
     signal.SIGIO,
     signal.SIGPWR,
+    signal.SIGXCPU,  # a soft RLIMIT_CPU reached: a long-lived daemon must not die of it
+    *((signal.SIGSTKFLT,) if hasattr(signal, "SIGSTKFLT") else ()),  # Linux's unused one
+    *range(signal.SIGRTMIN, signal.SIGRTMAX + 1),  # real-time: no program sends us one on purpose
 )
 # Not SIGTTIN/SIGTTOU: a caught SIGTTOU makes a background write to a terminal with tostop
 # retry forever; their default (stop) is what a shell's job control expects.

@@ -35,7 +35,7 @@ from dflashd.supervisor.model.ledger import Ledger
 from dflashd.supervisor.model.policy import RestartConfig
 from dflashd.supervisor.model.runstate import RunFacts
 from dflashd.supervisor.model.step import DaemonState, Rules, step
-from dflashd.supervisor.model.verdicts import EndedBy, Observations
+from dflashd.supervisor.model.verdicts import EndedBy, Observations, signal_name
 from tests.tables import launch_heard
 
 POLICY = RestartConfig(
@@ -606,3 +606,13 @@ def test_a_stop_asked_before_the_end_is_never_followed_by_a_relaunch(last: End) 
     verdict, _, follows, _, cleared = what_follows(play([last], stop_before_last=True))
     assert follows == "done: stopped" and not cleared
     assert verdict == ("stopped" if last.obs.ended_by is EndedBy.STOP else verdict)
+
+
+def test_signals_are_named_as_kill_l_names_them() -> None:
+    """A death (or a stray signal to the daemon) by a real-time signal reads ``SIGRTMIN+3``,
+    as ``kill -l`` names it, never a number that only the kernel's headers explain."""
+    assert signal_name(signal.SIGSEGV) == "SIGSEGV"
+    assert signal_name(signal.SIGRTMIN) == "SIGRTMIN"
+    assert signal_name(signal.SIGRTMIN + 3) == "SIGRTMIN+3"
+    assert signal_name(signal.SIGRTMAX) == "SIGRTMAX"
+    assert signal_name(99) == "SIG99"

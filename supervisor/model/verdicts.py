@@ -156,10 +156,13 @@ UNFIXABLE_REASONS: Final = frozenset({"import_error", "syntax_error", "compile_c
 
 
 def signal_name(signum: int) -> str:
-    """``SIGSEGV`` for 11; ``SIG<n>`` for numbers Python has no name for."""
+    """``SIGSEGV`` for 11; ``SIGRTMIN+3`` for a real-time signal between the two ends (as
+    ``kill -l`` names it); ``SIG<n>`` for numbers Python has no name for."""
     try:
         return signal.Signals(signum).name
     except ValueError:
+        if signal.SIGRTMIN < signum < signal.SIGRTMAX:
+            return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
         return f"SIG{signum}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -88,11 +89,14 @@ def test_idle_metrics_connections_never_use_up_the_daemons_descriptors(
 
 
 def test_stray_signals_never_end_the_daemon(start_daemon: Start, home: Path) -> None:
-    """SIGUSR1, SIGUSR2, SIGHUP, SIGALRM and SIGPWR: the daemon and its job go on; USR1 and
-    HUP dump the status into the daemon's own log."""
+    """SIGUSR1, SIGUSR2, SIGHUP, SIGALRM, SIGPWR, SIGXCPU (a soft CPU limit), SIGSTKFLT and
+    real-time signals (each of which ends a process by default): the daemon and its job go
+    on; USR1 and HUP dump the status into the daemon's own log, the others are noted by name."""
     daemon = start_daemon(child("prints_then_waits.py"))
     launched = daemon.wait_event("launched")
-    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGALRM, signal.SIGPWR):
+    strays = (signal.SIGUSR2, signal.SIGALRM, signal.SIGPWR, signal.SIGXCPU, signal.SIGSTKFLT)
+    real_time = (signal.SIGRTMIN, signal.SIGRTMIN + 3, signal.SIGRTMAX)
+    for signum in (signal.SIGUSR1, signal.SIGHUP, *strays, *real_time):
         os.kill(daemon.proc.pid, signum)
     status = json.loads(run_cli("status", "--json", "--home", str(home)).stdout)
     assert status["state"] == "running" and status["run"] == 1
@@ -101,7 +105,10 @@ def test_stray_signals_never_end_the_daemon(start_daemon: Start, home: Path) -> 
     assert daemon.wait(30) == 0
     assert daemon.proc.stderr is not None
     err = daemon.proc.stderr.read()
-    assert err.count("status_dump") == 2 and "signal_ignored" in err
+    assert err.count("status_dump") == 2
+    ignored = set(re.findall(r"signal_ignored signal=(\S+)", err))
+    strays_named = {"SIGUSR2", "SIGALRM", "SIGPWR", "SIGXCPU", "SIGSTKFLT"}
+    assert ignored == strays_named | {"SIGRTMIN", "SIGRTMIN+3", "SIGRTMAX"}
     assert [e.fields["verdict"] for e in daemon.events("exit")] == ["stopped"]
 
 
