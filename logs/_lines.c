@@ -22,8 +22,9 @@
  *   read_lines(fd, held, max_read, max_line) -> (text, rest, nread, count)
  *       The drain's read of a pipe and the scan above in one call (below, where it is defined).
  *
- *   echo_lines(fd, data, count, head) -> (written, total, err)
- *       The echo's prefix above and the write of its lines in one call (below).
+ *   EchoWriter(fd, max_bytes, max_items, note_head, note_tail)
+ *       The echo's writer thread, which prefixes (above) and writes frames without the GIL
+ *       (below, where it is defined).
  *
  *   append_records(fd, dir_fd, name, dev, ino, frames, tail) -> (written, total, err)
  *       The writer's check of its live file's name, the encode above of several frames and
@@ -43,6 +44,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <time.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -774,41 +780,322 @@ static PyObject *lines_append_records(PyObject *self, PyObject *args)
     return Py_BuildValue("(nni)", written, total, err);
 }
 
-/* echo_lines(fd, data, count, head) -> (written, total, err)
+/* EchoWriter(fd, max_bytes, max_items, note_head, note_tail): the echo of the job's output
+   (``start --foreground``) on a thread of its own that never takes the GIL.
 
-   The echo thread's print of a scanned frame: prefix's lines, then their write(2) to ``fd``
-   (again after a short write), in one stretch without the GIL (it was two calls, each giving
-   the GIL away and taking it back behind the drain and the writer: issue 53).  err: 0 when
-   all ``total`` bytes were written, else the errno of the write that failed (after
-   ``written`` bytes). */
-static PyObject *lines_echo_lines(PyObject *self, PyObject *args)
-{
+   It was a Python thread: each frame a wake-up through a queue, the GIL taken back after the
+   wait and again after the C call that prefixed and wrote the frame, behind the drain and the
+   log writer.  In a 2-core block flood that hand-off, not the echo's bytes, cost the job ~20 %
+   of its rate (issue 53).  Now a drain's ``offer`` (holding the GIL) queues the frame's bytes
+   object itself, kept alive by a reference, and the thread (all signals blocked) prefixes and
+   writes it without Python; the references of what was written are dropped by the next
+   ``offer`` or by ``close``, which hold the GIL.
+
+   offer(data, count, head, lines) -> bool: count >= 1: data holds count lines joined by '\n'
+   (a scanned frame's text), each written head + line + '\n' (head b"": the bare lines);
+   count == 0: data is written as it is (an echo formatted in Python), ``lines`` of it.  False:
+   dropped and counted (``dropped``), as the Python echo does: when the queue holds
+   ``max_bytes`` or ``max_items`` already (a terminal slower than the job), or once the stream
+   is gone.  Before the next frame written after a drop, note_head + the count + note_tail.
+   close(timeout_s) -> bool: what is queued is written, then the thread ends; False when it
+   did not end in time (a write blocked on a stalled terminal: it keeps what it uses). */
+
+typedef struct EchoItem {
+    struct EchoItem *next;
+    PyObject *owner; /* the bytes written: a reference, dropped under the GIL once written */
+    Py_ssize_t count, lines, head_n;
+    char head[];
+} EchoItem;
+
+typedef struct {
+    PyObject_HEAD
     int fd;
-    const char *data, *head;
-    Py_ssize_t n, count, head_n;
-    if (!PyArg_ParseTuple(args, "iy#ny#:echo_lines", &fd, &data, &n, &count, &head, &head_n))
-        return NULL;
-    if (count < 1 || head_n + 1 > (PY_SSIZE_T_MAX - n - ENCODE_SLACK) / count) {
-        PyErr_SetString(PyExc_ValueError, "echo_lines: bad sizes");
-        return NULL;
+    Py_ssize_t max_bytes, max_items;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;  /* something queued, or closing */
+    pthread_cond_t ended; /* the thread finished (CLOCK_MONOTONIC) */
+    EchoItem *first, *last, *done; /* queued, oldest first; written, to release */
+    Py_ssize_t queued_bytes, queued_items;
+    long long dropped, said;
+    int closing, failed, finished, started;
+    pthread_t thread;
+    PyObject *note_head, *note_tail;
+} EchoWriter;
+
+/* write(2) all of it; a non-blocking stream (O_NONBLOCK set on a shared terminal) is waited
+   for.  0, or the errno that ended it. */
+static int write_blocking(int fd, const char *buf, Py_ssize_t n)
+{
+    Py_ssize_t written = 0;
+    while (written < n) {
+        int err = write_fully(fd, buf, n, &written);
+        if (err != EAGAIN && err != EWOULDBLOCK)
+            return err;
+        struct pollfd want = {fd, POLLOUT, 0};
+        if (poll(&want, 1, -1) < 0 && errno != EINTR)
+            return errno;
     }
-    char *out = PyMem_RawMalloc((size_t)(n + 1 + count * head_n + ENCODE_SLACK));
-    if (out == NULL)
-        return PyErr_NoMemory();
-    Py_ssize_t total, written = 0;
-    int err = 0;
-    Py_BEGIN_ALLOW_THREADS
-    total = prefix_lines(out, data, n, count, head, head_n);
-    if (total > 0)
-        err = write_fully(fd, out, total, &written);
-    Py_END_ALLOW_THREADS
-    PyMem_RawFree(out);
-    if (total < 0) {
-        PyErr_SetString(PyExc_ValueError, "echo_lines: data does not hold count lines");
-        return NULL;
-    }
-    return Py_BuildValue("(nni)", written, total, err);
+    return 0;
 }
+
+static int echo_item_write(EchoWriter *e, EchoItem *item, char **buf, size_t *cap)
+{
+    const char *data = PyBytes_AS_STRING(item->owner);
+    Py_ssize_t n = PyBytes_GET_SIZE(item->owner);
+    if (item->count == 0)
+        return write_blocking(e->fd, data, n);
+    size_t need = (size_t)(n + 1 + item->count * item->head_n + ENCODE_SLACK);
+    if (need > *cap) {
+        char *grown = realloc(*buf, need);
+        if (grown == NULL)
+            return 0; /* this frame is not echoed; the log has it */
+        *buf = grown;
+        *cap = need;
+    }
+    Py_ssize_t total = prefix_lines(*buf, data, n, item->count, item->head, item->head_n);
+    return total > 0 ? write_blocking(e->fd, *buf, total) : 0;
+}
+
+static void *echo_main(void *arg)
+{
+    EchoWriter *e = arg;
+    char *buf = NULL, note[256];
+    size_t cap = 0;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (e->first == NULL && !e->closing)
+            pthread_cond_wait(&e->wake, &e->mu);
+        EchoItem *item = e->first;
+        if (item == NULL)
+            break; /* closing, and everything queued is written */
+        e->first = item->next;
+        if (e->first == NULL)
+            e->last = NULL;
+        e->queued_bytes -= PyBytes_GET_SIZE(item->owner);
+        e->queued_items--;
+        long long lost = e->dropped - e->said;
+        e->said = e->dropped;
+        int failed = e->failed;
+        pthread_mutex_unlock(&e->mu);
+        if (!failed && lost > 0) {
+            int k = snprintf(note, sizeof note, "%s%lld%s", PyBytes_AS_STRING(e->note_head), lost,
+                             PyBytes_AS_STRING(e->note_tail));
+            failed = write_blocking(e->fd, note, k < (int)sizeof note ? k : (int)sizeof note - 1);
+        }
+        if (!failed)
+            failed = echo_item_write(e, item, &buf, &cap);
+        pthread_mutex_lock(&e->mu);
+        e->failed = e->failed || failed != 0;
+        item->next = e->done;
+        e->done = item;
+    }
+    e->finished = 1;
+    pthread_cond_broadcast(&e->ended);
+    pthread_mutex_unlock(&e->mu);
+    free(buf);
+    return NULL;
+}
+
+static void echo_release(EchoItem *item)
+{
+    while (item != NULL) {
+        EchoItem *next = item->next;
+        Py_DECREF(item->owner);
+        PyMem_RawFree(item);
+        item = next;
+    }
+}
+
+/* The written frames' references, dropped (the GIL held). */
+static void echo_release_done(EchoWriter *e)
+{
+    pthread_mutex_lock(&e->mu);
+    EchoItem *done = e->done;
+    e->done = NULL;
+    pthread_mutex_unlock(&e->mu);
+    echo_release(done);
+}
+
+static int echo_init(EchoWriter *e, PyObject *args, PyObject *kwds)
+{
+    if (e->started) {
+        PyErr_SetString(PyExc_RuntimeError, "EchoWriter: already started");
+        return -1;
+    }
+    PyObject *head, *tail;
+    if (!PyArg_ParseTuple(args, "innSS:EchoWriter", &e->fd, &e->max_bytes, &e->max_items, &head,
+                          &tail))
+        return -1;
+    if (PyBytes_GET_SIZE(head) + PyBytes_GET_SIZE(tail) > 200) {
+        PyErr_SetString(PyExc_ValueError, "EchoWriter: the note is too long");
+        return -1;
+    }
+    Py_INCREF(head);
+    Py_INCREF(tail);
+    e->note_head = head;
+    e->note_tail = tail;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->ended, &attr);
+    pthread_condattr_destroy(&attr);
+    sigset_t all, kept;
+    sigfillset(&all); /* the thread takes no signal: the daemon's handlers run on Python's */
+    pthread_sigmask(SIG_BLOCK, &all, &kept);
+    int err = pthread_create(&e->thread, NULL, echo_main, e);
+    pthread_sigmask(SIG_SETMASK, &kept, NULL);
+    if (err != 0) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    e->started = 1;
+    return 0;
+}
+
+static PyObject *echo_offer(EchoWriter *e, PyObject *args)
+{
+    PyObject *owner;
+    const char *head;
+    Py_ssize_t count, head_n, lines;
+    if (!PyArg_ParseTuple(args, "Sny#n:offer", &owner, &count, &head, &head_n, &lines))
+        return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(owner);
+    if (count < 0 || lines < 0 ||
+        (count > 0 && head_n + 1 > (PY_SSIZE_T_MAX - n - ENCODE_SLACK) / count)) {
+        PyErr_SetString(PyExc_ValueError, "offer: bad sizes");
+        return NULL;
+    }
+    echo_release_done(e);
+    EchoItem *item = PyMem_RawMalloc(sizeof(EchoItem) + (size_t)head_n);
+    if (item == NULL)
+        return PyErr_NoMemory();
+    pthread_mutex_lock(&e->mu);
+    int full = e->queued_items >= e->max_items || (e->queued_bytes && e->queued_bytes + n > e->max_bytes);
+    if (!e->started || e->finished || e->closing || e->failed || full) {
+        e->dropped += lines;
+        pthread_mutex_unlock(&e->mu);
+        PyMem_RawFree(item);
+        Py_RETURN_FALSE;
+    }
+    Py_INCREF(owner);
+    item->owner = owner;
+    item->count = count;
+    item->lines = lines;
+    item->head_n = head_n;
+    memcpy(item->head, head, (size_t)head_n);
+    item->next = NULL;
+    if (e->last != NULL)
+        e->last->next = item;
+    else
+        e->first = item;
+    e->last = item;
+    e->queued_bytes += n;
+    e->queued_items++;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *echo_close(EchoWriter *e, PyObject *args)
+{
+    double timeout_s;
+    if (!PyArg_ParseTuple(args, "d:close", &timeout_s))
+        return NULL;
+    if (!e->started)
+        Py_RETURN_TRUE;
+    int finished;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    double whole = timeout_s > 0 ? (double)(long long)timeout_s : 0;
+    deadline.tv_sec += (time_t)whole;
+    deadline.tv_nsec += timeout_s > 0 ? (long)((timeout_s - whole) * 1e9) : 0;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->closing = 1;
+    pthread_cond_signal(&e->wake);
+    while (!e->finished && pthread_cond_timedwait(&e->ended, &e->mu, &deadline) != ETIMEDOUT)
+        ;
+    finished = e->finished;
+    pthread_mutex_unlock(&e->mu);
+    if (finished)
+        pthread_join(e->thread, NULL);
+    Py_END_ALLOW_THREADS
+    if (finished) {
+        e->started = 0;
+        echo_release_done(e);
+    }
+    return PyBool_FromLong(finished);
+}
+
+static void echo_dealloc(EchoWriter *e)
+{
+    if (e->started) {
+        pthread_mutex_lock(&e->mu);
+        e->closing = 1;
+        pthread_cond_signal(&e->wake);
+        int finished = e->finished;
+        pthread_mutex_unlock(&e->mu);
+        if (!finished)
+            return; /* its thread still writes (a stalled terminal): it keeps what it uses */
+        pthread_join(e->thread, NULL);
+        e->started = 0;
+    }
+    if (e->note_head != NULL) { /* initialised */
+        echo_release(e->done);
+        echo_release(e->first);
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->wake);
+        pthread_cond_destroy(&e->ended);
+        Py_CLEAR(e->note_head);
+        Py_CLEAR(e->note_tail);
+    }
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static PyObject *echo_counter(EchoWriter *e, void *which)
+{
+    long long value = 0;
+    if (e->note_head != NULL) {
+        pthread_mutex_lock(&e->mu);
+        value = which == NULL ? e->dropped : (long long)e->queued_bytes;
+        pthread_mutex_unlock(&e->mu);
+    }
+    return PyLong_FromLongLong(value);
+}
+
+static PyMethodDef echo_methods[] = {
+    {"offer", (PyCFunction)echo_offer, METH_VARARGS,
+     "offer(data, count, head, lines) -> False when dropped (counted)."},
+    {"close", (PyCFunction)echo_close, METH_VARARGS,
+     "close(timeout_s) -> True once what was queued is written and the thread ended."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef echo_getset[] = {
+    {"dropped", (getter)echo_counter, NULL, "Lines dropped (offered while full, or gone).", NULL},
+    {"queued_bytes", (getter)echo_counter, NULL, "Bytes queued, not yet written.", "q"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject EchoWriterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dflashd.logs._lines.EchoWriter",
+    .tp_basicsize = sizeof(EchoWriter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The echo's writer thread, without the GIL.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)echo_init,
+    .tp_dealloc = (destructor)echo_dealloc,
+    .tp_methods = echo_methods,
+    .tp_getset = echo_getset,
+};
 
 static PyMethodDef lines_methods[] = {
     {"scan", lines_scan, METH_VARARGS,
@@ -821,8 +1108,6 @@ static PyMethodDef lines_methods[] = {
      "read_lines(fd, held, max_read, max_line) -> (text, rest, nread, count): read and scan."},
     {"append_records", lines_append_records, METH_VARARGS,
      "append_records(fd, dir_fd, name, dev, ino, frames, tail) -> (written, total, err)."},
-    {"echo_lines", lines_echo_lines, METH_VARARGS,
-     "echo_lines(fd, data, count, head) -> (written, total, err): prefix's lines, written."},
     {"mentions", lines_mentions, METH_VARARGS,
      "mentions(data, words) -> True when one of the words occurs in data."},
     {NULL, NULL, 0, NULL},
@@ -841,8 +1126,15 @@ PyMODINIT_FUNC PyInit__lines(void)
 #else
     const char *scan_simd = "none";
 #endif
+    if (PyType_Ready(&EchoWriterType) < 0)
+        return NULL;
     PyObject *module = PyModule_Create(&lines_module);
-    if (module != NULL && PyModule_AddStringConstant(module, "simd", scan_simd) < 0) {
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&EchoWriterType);
+    if (PyModule_AddStringConstant(module, "simd", scan_simd) < 0 ||
+        PyModule_AddObject(module, "EchoWriter", (PyObject *)&EchoWriterType) < 0) {
+        Py_DECREF(&EchoWriterType);
         Py_DECREF(module);
         return NULL;
     }

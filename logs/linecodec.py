@@ -6,7 +6,7 @@
     mentions(data, words)                      -> bool
     read_lines(fd, held, max_read, max_line)   -> (text, rest, nread, count)   (C only)
     append_records(fd, dir_fd, name, dev, ino, frames, tail) -> (written, total, err)  (C only)
-    echo_lines(fd, data, count, head)          -> (written, total, err)        (C only)
+    EchoWriter(fd, max_bytes, max_items, note_head, note_tail)  the echo's thread   (C only)
 
 ``data`` is complete lines joined by ``\\n`` (no trailing one).  ``CODEC.scan`` counts them when
 every byte is printable ASCII that a JSON string holds verbatim (0x20 to 0x7f except ``"``
@@ -23,8 +23,9 @@ where C was not built it is None and the drain reads with ``os.read`` and frames
 ``CODEC.append_records`` is the writer's append of scanned frames (the live file's name
 checked, the records encoded and written) in one such call; where C was not built it is None
 and the writer checks, encodes and writes in three (:meth:`~dflashd.logs.livefile.LiveFile.append`).
-``CODEC.echo_lines`` is the echo's ``prefix`` and its write in one call; None where C was not
-built (the echo then prefixes and writes in two).
+``CODEC.echo_writer`` is the echo's writer thread, which prefixes and writes the frames it is
+offered without ever taking the GIL; None where C was not built (the echo is then a Python
+thread: :class:`~dflashd.supervisor.speak.echo.Echo`).
 
 Each exists twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,
 run without the GIL on large inputs) and here in Python (the reference, and the fallback).
@@ -39,7 +40,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Final
+from typing import Final, Protocol
 
 import orjson
 
@@ -107,10 +108,23 @@ ReadLines = Callable[[int, bytes, int, int], tuple[bytes, bytes | None, int, int
 FrameRecords = tuple[
     bytes, int, bytes, int, bytes
 ]  # text, count, head, seq0, mid: as encode takes them
-EchoLines = Callable[[int, bytes, int, bytes], tuple[int, int, int]]
 AppendRecords = Callable[
     [int, int, bytes, int, int, tuple[FrameRecords, ...], bytes], tuple[int, int, int]
 ]
+
+
+class EchoWriter(Protocol):
+    """``_lines.EchoWriter``: the echo's writer thread (``_lines.c`` says what each does)."""
+
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def queued_bytes(self) -> int: ...
+    def offer(self, data: bytes, count: int, head: bytes, lines: int, /) -> bool: ...
+    def close(self, timeout_s: float, /) -> bool: ...
+
+
+EchoWriterMaker = Callable[[int, int, int, bytes, bytes], EchoWriter]
 
 
 def mentions_python(data: bytes, words: tuple[bytes, ...]) -> bool:
@@ -130,7 +144,7 @@ class Codec:
     split: Split | None = None  # Python: the scan that keeps the lines (the framer uses it)
     read_lines: ReadLines | None = None  # C: the drain's read and scan in one call
     append_records: AppendRecords | None = None  # C: the writer's check, encode and write in one
-    echo_lines: EchoLines | None = None  # C: the echo's prefix and write in one
+    echo_writer: EchoWriterMaker | None = None  # C: the echo's thread, without the GIL
 
 
 def _built() -> ModuleType | None:
@@ -154,7 +168,7 @@ def _codec(built: ModuleType | None) -> Codec:
         built.mentions,
         read_lines=built.read_lines,
         append_records=built.append_records,
-        echo_lines=built.echo_lines,
+        echo_writer=built.EchoWriter,
     )
 
 
@@ -169,7 +183,7 @@ def use(implementation: str) -> Codec:
     CODEC.encode, CODEC.split = chosen.encode, chosen.split
     CODEC.prefix, CODEC.mentions = chosen.prefix, chosen.mentions
     CODEC.read_lines, CODEC.append_records = chosen.read_lines, chosen.append_records
-    CODEC.echo_lines = chosen.echo_lines
+    CODEC.echo_writer = chosen.echo_writer
     return previous
 
 

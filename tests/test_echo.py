@@ -1,14 +1,27 @@
 """The echo of the job's output (``start --foreground``): formatted in one pass, and bounded in
 memory when the terminal is slower than the job (frames dropped and counted, never queued
-without end)."""
+without end).  Each test runs with the C writer thread and with the Python one."""
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 
+import pytest
+
+from dflashd.logs import linecodec
 from dflashd.logs.framer import LineFramer
 from dflashd.supervisor.speak.echo import MAX_QUEUED_BYTES, Echo
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "c":
+        pytest.importorskip("dflashd.logs._lines", reason="the C loops were not built here")
+    previous = linecodec.use(request.param)
+    yield request.param
+    linecodec.use(previous.implementation)
 
 
 def test_lines_are_prefixed_with_the_run_and_stream() -> None:

@@ -1,12 +1,11 @@
-"""The flood's writes in one C call each (issue 53): the writer's check of its live file's name,
-the encode of a batch's records and their write (``CODEC.append_records``), and the echo's
-prefix and write (``CODEC.echo_lines``), each without the GIL.  They must write exactly what
-the three (two) calls they replace wrote, and leave every failure to the general path: a name
-that moved, a full disk, a closed stream.  Real files, a real tmpfs, real pipes."""
+"""The flood's writes in one C call (issue 53): the writer's check of its live file's name, the
+encode of a batch's records and their write (``CODEC.append_records``), without the GIL.  It
+must write exactly what the three calls it replaces wrote, and leave every failure to the
+general path: a name that moved, a full disk.  Real files, a real tmpfs.  (The echo's writer
+thread: tests/test_echo_writer.py.)"""
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,6 @@ from dflashd.logs.framer import Frame, LineFramer
 from dflashd.logs.logdir import LogDir
 from dflashd.logs.records import RECORD_END, EventRecord, LineRecord, decode, record_pieces
 from dflashd.logs.writer import RotatingLogWriter
-from dflashd.supervisor.speak.echo import Echo
 from tests.faults.conftest import mounted_tmpfs
 
 _lines = pytest.importorskip("dflashd.logs._lines", reason="the C loops were not built here")
@@ -163,31 +161,3 @@ def test_append_records_checks_the_name_and_encodes_as_encode(tmp_path: Path) ->
     assert (tmp_path / "moved").read_bytes() == expected
     os.close(fd)
     directory.close()
-
-
-def test_echo_lines_prints_what_prefix_makes_and_says_when_the_stream_is_gone() -> None:
-    data = b"\n".join(step_lines(0, 200))
-    read_fd, write_fd = os.pipe()
-    try:
-        total = len(linecodec.prefix_python(data, 200, b"r1 out | "))
-        assert _lines.echo_lines(write_fd, data, 200, b"r1 out | ") == (total, total, 0)
-        assert os.read(read_fd, 1 << 20) == linecodec.prefix_python(data, 200, b"r1 out | ")
-        os.close(read_fd)
-        assert _lines.echo_lines(write_fd, data, 200, b"r1 out | ")[2] == errno.EPIPE
-    finally:
-        os.close(write_fd)
-        with __import__("contextlib").suppress(OSError):
-            os.close(read_fd)
-
-
-def test_the_echo_prints_a_flood_frame_in_one_call(tmp_path: Path) -> None:
-    out = tmp_path / "echo.txt"
-    with open(out, "wb") as stream:
-        echo = Echo(stream)
-        echo.offer(1, "stdout", scanned([b"step 1 loss 2.0", b"step 2 loss 1.9"]))
-        echo.offer(1, "stderr", scanned([b"warning: slow"]))
-        echo.close()
-    assert (
-        out.read_text()
-        == "r1 out | step 1 loss 2.0\nr1 out | step 2 loss 1.9\nr1 err | warning: slow\n"
-    )
