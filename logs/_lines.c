@@ -963,6 +963,10 @@ static PyObject *echo_offer(EchoWriter *e, PyObject *args)
     if (!PyArg_ParseTuple(args, "Sny#n:offer", &owner, &count, &head, &head_n, &lines))
         return NULL;
     Py_ssize_t n = PyBytes_GET_SIZE(owner);
+    if (e->note_head == NULL) {
+        PyErr_SetString(PyExc_ValueError, "offer: the EchoWriter was not initialised");
+        return NULL;
+    }
     if (count < 0 || lines < 0 ||
         (count > 0 && head_n + 1 > (PY_SSIZE_T_MAX - n - ENCODE_SLACK) / count)) {
         PyErr_SetString(PyExc_ValueError, "offer: bad sizes");

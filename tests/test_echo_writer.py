@@ -118,3 +118,10 @@ def test_the_echo_prints_flood_frames_and_formatted_ones_alike(
     assert out.read_bytes() == (
         b"r1 out | step 1 loss 2.0\nr1 out | step 2 loss 1.9\nr2 err | \\x1b[1mbold\\x1b[0m\n"
     )
+
+
+def test_an_uninitialised_writer_refuses_offers_and_closes_at_once() -> None:
+    bare = _lines.EchoWriter.__new__(_lines.EchoWriter)
+    with pytest.raises(ValueError):
+        bare.offer(b"x", 1, b"", 1)
+    assert bare.close(0.1) and bare.dropped == 0

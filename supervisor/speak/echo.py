@@ -112,7 +112,11 @@ class Echo:
                 head = b"" if self._raw else self._head(run_no, src)
                 writer.offer(frame.text, len(frame), head, len(frame))
             else:  # bars, control characters, partial lines: formatted here, written as is
-                writer.offer(self._format(run_no, src, frame), 0, b"", len(frame))
+                try:
+                    formatted = self._format(run_no, src, frame)
+                except Exception:  # never the drain's end: this frame is not echoed (logged)
+                    formatted = b""
+                writer.offer(formatted, 0, b"", len(frame))
             return
         with self._bytes_lock:
             queued = self._python_queued_bytes
