@@ -785,8 +785,9 @@ static PyObject *lines_append_records(PyObject *self, PyObject *args)
 
    It was a Python thread: each frame a wake-up through a queue, the GIL taken back after the
    wait and again after the C call that prefixed and wrote the frame, behind the drain and the
-   log writer.  In a 2-core block flood that hand-off, not the echo's bytes, cost the job ~20 %
-   of its rate (issue 53).  Now a drain's ``offer`` (holding the GIL) queues the frame's bytes
+   log writer.  In a 2-core block flood the job wrote 932 MiB/s with that thread's hand-offs
+   kept and its C call skipped, 1,152 with no echo at all, 798 with both: most of the echo's
+   cost was the hand-off, not its bytes (issue 53, docs/measurements.md).  Now a drain's ``offer`` (holding the GIL) queues the frame's bytes
    object itself, kept alive by a reference, and the thread (all signals blocked) prefixes and
    writes it without Python; the references of what was written are dropped by the next
    ``offer`` or by ``close``, which hold the GIL.
