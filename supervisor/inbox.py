@@ -43,7 +43,8 @@ HANDLED_SIGNALS: Final = (
     signal.SIGPWR,
     signal.SIGXCPU,  # a soft RLIMIT_CPU reached: a long-lived daemon must not die of it
     *((signal.SIGSTKFLT,) if hasattr(signal, "SIGSTKFLT") else ()),  # Linux's unused one
-    *range(signal.SIGRTMIN, signal.SIGRTMAX + 1),  # real-time: no program sends us one on purpose
+    # the real-time signals: no program sends the daemon one on purpose
+    *(range(signal.SIGRTMIN, signal.SIGRTMAX + 1) if hasattr(signal, "SIGRTMIN") else ()),
 )
 # Not SIGTTIN/SIGTTOU: a caught SIGTTOU makes a background write to a terminal with tostop
 # retry forever; their default (stop) is what a shell's job control expects.
