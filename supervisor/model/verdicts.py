@@ -161,8 +161,9 @@ def signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
     except ValueError:
-        if signal.SIGRTMIN < signum < signal.SIGRTMAX:
-            return f"SIGRTMIN+{signum - signal.SIGRTMIN}"
+        low, high = getattr(signal, "SIGRTMIN", 0), getattr(signal, "SIGRTMAX", 0)
+        if low < signum < high:
+            return f"SIGRTMIN+{signum - low}"
         return f"SIG{signum}"
 
 
