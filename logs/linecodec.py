@@ -25,7 +25,7 @@ checked, the records encoded and written) in one such call; where C was not buil
 and the writer checks, encodes and writes in three (:meth:`~dflashd.logs.livefile.LiveFile.append`).
 ``CODEC.echo_writer`` is the echo's writer thread, which prefixes and writes the frames it is
 offered without ever taking the GIL; None where C was not built (the echo is then a Python
-thread: :class:`~dflashd.supervisor.speak.echo.Echo`).
+thread: :class:`~dflashd.supervisor.speak.echo.EchoThread`).
 
 Each exists twice: in C (``logs/_lines.c``, built by ``pip install`` where a compiler is,
 run without the GIL on large inputs) and here in Python (the reference, and the fallback).
@@ -114,7 +114,8 @@ AppendRecords = Callable[
 
 
 class EchoWriter(Protocol):
-    """``_lines.EchoWriter``: the echo's writer thread (``_lines.c`` says what each does)."""
+    """The echo's writer thread: ``_lines.EchoWriter`` (C, ``_lines.c`` says what each does)
+    and its Python twin (:class:`~dflashd.supervisor.speak.echo.EchoThread`)."""
 
     @property
     def dropped(self) -> int: ...

@@ -22,7 +22,7 @@ import threading
 from typing import BinaryIO, Final
 
 from dflashd.logs.framer import Frame
-from dflashd.logs.linecodec import CODEC, EchoWriter
+from dflashd.logs.linecodec import CODEC, EchoWriter, EchoWriterMaker
 
 MAX_QUEUED_FRAMES: Final = 256
 # ...and bytes: a flood's frames are 256 KiB each, and a terminal slower than the job held up
@@ -69,68 +69,105 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+class EchoThread:
+    """The echo's writer where the C loops were not built: ``_lines.EchoWriter``'s twin
+    (logs/_lines.c says what each method does), a Python thread.  The same bounds, drops and
+    note; it prefixes a scanned frame's lines in its own thread (``CODEC.prefix``)."""
+
+    def __init__(
+        self, fd: int, max_bytes: int, max_items: int, note_head: bytes, note_tail: bytes
+    ) -> None:
+        self._fd, self._max_bytes, self._note = fd, max_bytes, (note_head, note_tail)
+        self._queue: queue.Queue[tuple[bytes, int, bytes] | None] = queue.Queue(max_items)
+        self.dropped = 0
+        self.queued_bytes = 0  # offered, not yet taken by the thread
+        self._said = 0
+        self._closing = False
+        self._gone = False  # the stream cannot be written (a closed terminal)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="dflashd-echo", daemon=True)
+        self._thread.start()
+
+    def offer(self, data: bytes, count: int, head: bytes, lines: int, /) -> bool:
+        """From a drain thread: queue ``data``, or count its ``lines`` dropped; never waits."""
+        with self._lock:
+            full = self.queued_bytes and self.queued_bytes + len(data) > self._max_bytes
+            if self._closing or self._gone or full:
+                self.dropped += lines
+                return False
+            self.queued_bytes += len(data)
+        try:
+            self._queue.put_nowait((data, count, head))
+        except queue.Full:
+            with self._lock:
+                self.queued_bytes -= len(data)
+                self.dropped += lines
+            return False
+        return True
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            data, count, head = item
+            with self._lock:
+                self.queued_bytes -= len(data)
+                lost, self._said = self.dropped - self._said, self.dropped
+            if self._gone:
+                continue
+            try:
+                if lost:
+                    _write_all(self._fd, self._note[0] + str(lost).encode() + self._note[1])
+                _write_all(self._fd, CODEC.prefix(data, count, head) if count else data)
+            except OSError:  # stdout gone (a closed terminal): the log has everything
+                self._gone = True
+
+    def close(self, timeout_s: float, /) -> bool:
+        """What is queued is written (bounded by ``timeout_s``), then the thread ends."""
+        with self._lock:
+            self._closing = True
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            return False
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+
 class Echo:
-    """A writer thread between the drains and a stream; drops rather than blocks."""
+    """Formats the job's frames for a stream and hands them to its writer thread (C's
+    ``EchoWriter`` where built, else :class:`EchoThread`); drops rather than blocks."""
 
     def __init__(
         self, stream: BinaryIO, *, raw: bool = False, color: bool = False, redraw: bool = False
     ) -> None:
-        self._stream = stream
         self._raw = raw
         self._redraw = redraw or raw  # keep the job's \r (a terminal; --raw always)
         self._color = color
         self._heads: dict[tuple[int, str], bytes] = {}
-        self._writer: EchoWriter | None = None
-        if CODEC.echo_writer is not None:
-            fd = stream.fileno()
-            self._writer = CODEC.echo_writer(
-                fd, MAX_QUEUED_BYTES, MAX_QUEUED_FRAMES, NOTE_HEAD, NOTE_TAIL
-            )
-            return
-        self._queue: queue.Queue[tuple[int, str, Frame] | None] = queue.Queue(MAX_QUEUED_FRAMES)
-        self._dropped_lines = 0
-        self._reported_drops = 0
-        self._python_queued_bytes = 0  # frames' bytes in the queue (drains add, the writer takes)
-        self._bytes_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="dflashd-echo", daemon=True)
-        self._thread.start()
+        writer: EchoWriterMaker = CODEC.echo_writer or EchoThread
+        self._writer: EchoWriter = writer(
+            stream.fileno(), MAX_QUEUED_BYTES, MAX_QUEUED_FRAMES, NOTE_HEAD, NOTE_TAIL
+        )
 
     @property
     def dropped_lines(self) -> int:
         """Lines offered and not echoed (the terminal was slower than the job, or gone)."""
-        return self._writer.dropped if self._writer is not None else self._dropped_lines
+        return self._writer.dropped
 
     @property
     def _queued_bytes(self) -> int:
-        writer = self._writer
-        return writer.queued_bytes if writer is not None else self._python_queued_bytes
+        return self._writer.queued_bytes
 
     def offer(self, run_no: int, src: str, frame: Frame) -> None:
         """From a drain thread: queue the frame, or count it dropped; never waits."""
-        writer = self._writer
-        if writer is not None:
-            if frame.text is not None:  # a scanned frame: prefixed by the thread
-                head = b"" if self._raw else self._head(run_no, src)
-                writer.offer(frame.text, len(frame), head, len(frame))
-            else:  # bars, control characters, partial lines: formatted here, written as is
-                try:
-                    formatted = self._format(run_no, src, frame)
-                except Exception:  # never the drain's end: this frame is not echoed (logged)
-                    formatted = b""
-                writer.offer(formatted, 0, b"", len(frame))
+        if frame.text is not None:  # a scanned frame: prefixed by the writer's thread
+            head = b"" if self._raw else self._head(run_no, src)
+            self._writer.offer(frame.text, len(frame), head, len(frame))
             return
-        with self._bytes_lock:
-            queued = self._python_queued_bytes
-            if queued + frame.nbytes > MAX_QUEUED_BYTES and queued:
-                self._dropped_lines += len(frame)
-                return
-            self._python_queued_bytes += frame.nbytes
-        try:
-            self._queue.put_nowait((run_no, src, frame))
-        except queue.Full:
-            with self._bytes_lock:
-                self._python_queued_bytes -= frame.nbytes
-                self._dropped_lines += len(frame)
+        try:  # bars, control characters, partial lines: formatted here, written as they are
+            formatted = self._format(run_no, src, frame)
+        except Exception:  # never the drain's end: this frame is not echoed (the log has it)
+            formatted = b""
+        self._writer.offer(formatted, 0, b"", len(frame))
 
     def _head(self, run_no: int, src: str) -> bytes:
         head = self._heads.get((run_no, src))
@@ -146,12 +183,7 @@ class Echo:
         return f"\x1b[2mr{run_no}\x1b[0m \x1b[{colour}m{tag}\x1b[0m | "
 
     def _format(self, run_no: int, src: str, frame: Frame) -> bytes:
-        if frame.text is not None:
-            # The framer's fast path: printable ASCII with no control characters, as bytes.
-            if self._raw:
-                return frame.text + b"\n"
-            # one pass, without the GIL on a flood's frames (logs/_lines.c)
-            return CODEC.prefix(frame.text, len(frame), self._prefix(run_no, src).encode())
+        """A frame the framer did not scan (control characters, ``\r``, partial lines)."""
         ends = self._ends(frame)
         pairs = zip(frame.lines, ends, strict=True)
         if self._raw:
@@ -167,30 +199,6 @@ class Echo:
             return ["\n"] * len(frame.lines)
         return ["\n" if partial or eol is None else eol for partial, eol in frame.flags]
 
-    def _run(self) -> None:
-        fd = self._stream.fileno()
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            with self._bytes_lock:
-                self._python_queued_bytes -= item[2].nbytes
-            try:
-                if self._dropped_lines != self._reported_drops:
-                    lost = self._dropped_lines - self._reported_drops
-                    self._reported_drops = self._dropped_lines
-                    _write_all(fd, NOTE_HEAD + str(lost).encode() + NOTE_TAIL)
-                _write_all(fd, self._format(*item))
-            except OSError:
-                return  # stdout gone (a closed terminal): stop echoing, the log has everything
-
     def close(self, timeout_s: float = 2.0) -> None:
         """Print what is queued (bounded), then stop."""
-        if self._writer is not None:
-            self._writer.close(timeout_s)
-            return
-        try:
-            self._queue.put(None, timeout=timeout_s)
-        except queue.Full:
-            return
-        self._thread.join(timeout_s)
+        self._writer.close(timeout_s)
