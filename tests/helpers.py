@@ -6,6 +6,7 @@ run on machines without pytest.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -20,6 +21,15 @@ CHILDREN = Path(__file__).parent / "children"
 def child(name: str, *args: str) -> list[str]:
     """argv for one of the test children."""
     return [sys.executable, str(CHILDREN / name), *args]
+
+
+def read_to_end(fd: int) -> bytes:
+    """Everything a pipe's writers send until they all close it; then ``fd`` is closed."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 def dflashd_argv(*args: str) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 from dflashd.logs import linecodec
 from dflashd.logs.framer import LineFramer
 from dflashd.supervisor.speak.echo import MAX_QUEUED_BYTES, Echo
+from tests.helpers import read_to_end
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])
@@ -50,18 +51,10 @@ def test_a_stalled_terminal_holds_at_most_its_bound_and_the_drops_are_said() -> 
     assert max(queued) <= MAX_QUEUED_BYTES
     assert echo.dropped_lines >= (64 - MAX_QUEUED_BYTES // frame.nbytes - 1) * len(frame)
     said = bytearray()
-    reader = threading.Thread(target=lambda: said.extend(_read_all(read_fd)))
+    reader = threading.Thread(target=lambda: said.extend(read_to_end(read_fd)))
     reader.start()
     echo.close(timeout_s=30)  # what was queued is written, the drops said before it
     stream.close()
     reader.join(30)
     assert b"lines not echoed (the terminal was slower than the job; all are in the log)" in said
     assert said.endswith(b"r1 out | " + line)
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)

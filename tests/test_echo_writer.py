@@ -22,6 +22,7 @@ from dflashd.supervisor.speak.echo import (
     NOTE_TAIL,
     Echo,
 )
+from tests.helpers import read_to_end
 
 _lines = pytest.importorskip("dflashd.logs._lines", reason="the C loops were not built here")
 
@@ -37,20 +38,12 @@ def writer_on(fd: int) -> linecodec.EchoWriter:
     return _lines.EchoWriter(fd, MAX_QUEUED_BYTES, MAX_QUEUED_FRAMES, NOTE_HEAD, NOTE_TAIL)
 
 
-def read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
-        chunks.append(chunk)
-    os.close(fd)
-    return b"".join(chunks)
-
-
 def test_it_writes_what_prefix_makes_raw_lines_and_formatted_bytes_in_order() -> None:
     lines = [b"step %d loss %.3f " % (i, i / 7) + b"x" * (i % 90) for i in range(500)]
     data = b"\n".join(lines)
     read_fd, write_fd = os.pipe()
     got = bytearray()
-    reader = threading.Thread(target=lambda: got.extend(read_all(read_fd)))
+    reader = threading.Thread(target=lambda: got.extend(read_to_end(read_fd)))
     reader.start()
     writer = writer_on(write_fd)
     assert writer.offer(data, 500, b"r1 out | ", 500)
@@ -90,7 +83,7 @@ def test_a_stalled_terminal_keeps_the_bound_says_the_drops_and_close_keeps_its_t
     assert writer.dropped >= (64 - MAX_QUEUED_BYTES // len(frame.text) - 1) * len(frame)
     assert not writer.close(0.2)  # still writing into the full pipe: close does not wait on it
     said = bytearray()
-    reader = threading.Thread(target=lambda: said.extend(read_all(read_fd)))
+    reader = threading.Thread(target=lambda: said.extend(read_to_end(read_fd)))
     reader.start()
     assert writer.close(30)  # now read: what was queued is written, and the thread ends
     os.close(write_fd)
