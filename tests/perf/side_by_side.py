@@ -58,6 +58,7 @@ class Result:
     cpu_s_per_gib: float  # the launcher's own CPU
     peak_rss_mib: float = 0.0  # the launcher's own high-water mark (VmHWM)
     mismatch: str = ""  # what the launcher's copy of the bytes lacks ("": every byte there)
+    echoed: float | None = None  # dflashd: the share of the job's lines its echo wrote
 
 
 def result(
@@ -199,7 +200,16 @@ def dflashd(mode: str, mib: float, work: Path, variant: str) -> Result:
             stderr=subprocess.DEVNULL,
         )
         used, ended, rss = watch(proc, report, None)
-    return result(mib, report, ended, used, rss, dflashd_copy(home / "logs"))
+    done = result(mib, report, ended, used, rss, dflashd_copy(home / "logs"))
+    return replace(done, echoed=None if flags else echoed_share(work / "echo.txt", report))
+
+
+def echoed_share(echo: Path, report: Path) -> float:
+    """The share of the job's lines the echo wrote (off the clock): it drops whole frames
+    rather than hold the job up when its stream is slower than the job (counted, said)."""
+    text = echo.read_bytes()
+    job_lines = text.count(b" out | ") + text.count(b" err | ")
+    return job_lines / max(1, json.loads(report.read_text())["lines"])
 
 
 def supervisord(mode: str, mib: float, work: Path, venv: Path) -> Result:
@@ -339,6 +349,8 @@ def measure_mode(
         e2e = statistics.median(r.e2e_mib_s for r in values)
         cpu = statistics.median(r.cpu_s_per_gib for r in values)
         rss = max(r.peak_rss_mib for r in values)
+        shares = [r.echoed for r in values if r.echoed is not None]
+        echoed = f"   echoed {100 * statistics.median(shares):5.1f} %" if shares else ""
         ratios[f"{mode}:{name}"] = mib_s / base
         versus = ""
         if peer and name.startswith("dflashd"):
@@ -355,7 +367,7 @@ def measure_mode(
         print(
             f"{name:14s} {mib_s:8.1f} MiB/s {mib_s / base:5.2f}x{versus:19s}  end to end"
             f" {e2e:8.1f} MiB/s {e2e / e2e_base:5.2f}x   CPU {cpu:5.1f} s/GiB"
-            f"   peak RSS {rss:5.1f} MiB{kept}"
+            f"   peak RSS {rss:5.1f} MiB{kept}{echoed}"
         )
     return ratios
 

@@ -7,7 +7,11 @@ another commit (``git archive REV | tar -x -C OLD_TREE``); its C loops are built
 where they are missing.
 
     python tests/perf/tree_ab.py OLD_TREE [--modes block] [--mib 32] [--rounds 10]
-        [--variant dflashd-plain]
+        [--variant dflashd-plain] [--no-peer]
+
+With ``--no-peer`` the ratios are to the old tree's median (supervisord is not run).  The
+round-by-round ratio of the two trees is printed too: a paired figure, steadier than the ratio
+of two medians on a box whose speed moves between rounds.
 """
 
 from __future__ import annotations
@@ -48,8 +52,11 @@ def main() -> int:
         "--venv", type=Path, default=Path(tempfile.gettempdir()) / "dflashd-bench-venv"
     )
     parser.add_argument("--wheels", type=Path, help="install supervisor from this folder, offline")
+    parser.add_argument(
+        "--no-peer", action="store_true", help="the two trees only (paired ratios, no supervisord)"
+    )
     args = parser.parse_args()
-    if not sbs.ensure_supervisord(args.venv, args.wheels):
+    if not args.no_peer and not sbs.ensure_supervisord(args.venv, args.wheels):
         raise SystemExit("supervisord could not be installed: no peer to compare with")
     with tempfile.TemporaryDirectory(prefix="dflashd-ab-") as tmp:
         work = Path(tmp)
@@ -60,27 +67,46 @@ def main() -> int:
         kept = os.environ.get("PYTHONPATH")
         for mode in args.modes.split(","):
             got: dict[str, list[sbs.Result]] = {"old": [], "new": [], "supervisord": []}
-            for _ in range(args.rounds):
-                for name, site in sites.items():
+            for round_no in range(args.rounds):
+                # each tree first in every other round; every run starts with the last one's
+                # dirty pages written back (off the clock): a flood's writeback under the next
+                # run was the largest of this box's swings between runs
+                for name in ("old", "new") if round_no % 2 == 0 else ("new", "old"):
                     # the tree first; what was on the path stays behind it (the GPU host's wheels)
+                    site = sites[name]
                     os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [kept])])
+                    os.sync()
                     got[name].append(sbs.dflashd(mode, args.mib, work, args.variant))
-                os.environ.pop("PYTHONPATH")  # supervisord's own package, not ours
-                got["supervisord"].append(sbs.supervisord(mode, args.mib, work, args.venv))
+                os.environ.pop("PYTHONPATH", None)  # supervisord's own package, not ours
+                if not args.no_peer:
+                    os.sync()
+                    got["supervisord"].append(sbs.supervisord(mode, args.mib, work, args.venv))
                 if kept is not None:
                     os.environ["PYTHONPATH"] = kept
-            peer = statistics.median(r.mib_s for r in got["supervisord"])
+            if args.no_peer:
+                got.pop("supervisord")
+            peers = got.get("supervisord") or got["old"]
+            peer = statistics.median(r.mib_s for r in peers)
+            paired = [n.mib_s / o.mib_s for n, o in zip(got["new"], got["old"], strict=True)]
+            against = "old" if args.no_peer else "supervisord"
             print(f"## {mode}, {args.mib:g} MiB, {args.rounds} rounds, {args.variant}")
             for name, results in got.items():
                 rates = [r.mib_s for r in results]
+                shares = [r.echoed for r in results if r.echoed is not None]
+                echoed = f"   echoed {100 * statistics.median(shares):5.1f} %" if shares else ""
                 print(
                     f"{name:12s} {statistics.median(rates):8.1f} MiB/s  "
-                    f"{statistics.median(rates) / peer:5.2f}x supervisord   "
+                    f"{statistics.median(rates) / peer:5.2f}x {against}   "
                     f"CPU {statistics.median(r.cpu_s_per_gib for r in results):5.1f} s/GiB   "
                     f"peak RSS {max(r.peak_rss_mib for r in results):5.1f} MiB   "
                     f"each {[round(x) for x in rates]}"
                     + ("   bytes MISMATCH" if any(r.mismatch for r in results) else "   bytes ok")
+                    + echoed
                 )
+            print(
+                f"new / old, round by round: median {statistics.median(paired):.3f}, "
+                f"{sum(p > 1 for p in paired)} of {len(paired)} rounds faster"
+            )
     for mismatch in sbs.MISMATCHES:
         print(f"BYTES LOST {mismatch}")
     return 1 if sbs.MISMATCHES else 0
