@@ -25,7 +25,11 @@ from typing import Final, Protocol
 from dflashd.logs.framer import DEFAULT_MAX_LINE_BYTES, Frame, LineFramer
 from dflashd.logs.linecodec import CODEC
 
-READ_BYTES: Final = 256 * 1024
+# A flood's frames: a frame's Python on the drain's thread and the writer's costs the same
+# whatever its size, so half the pipe a read (was 256 KiB: that Python was 17 % of a 2-core
+# box's CPU in a block flood, 12 % at 512 KiB; a read of the whole pipe raised the flood's peak
+# RSS from 36 to 48 MiB for less; issue 53, docs/measurements.md).
+READ_BYTES: Final = 512 * 1024
 # After a read this small, or one that left less than this (but something) in the pipe, the
 # next waits this long: a job printing line by line wakes a drain that reads at once for every
 # line (each write(2) then pays the reader's wake-up, and every line is a frame of its own); a
