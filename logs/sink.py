@@ -36,7 +36,8 @@ from dflashd.logs.writer import RotatingLogWriter, WriterStats
 # disk that takes longer is the stall below, not the queue.
 DEFAULT_MAX_QUEUE_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_STALL_S: Final = 2.0
-_COALESCE_BYTES: Final = 256 * 1024  # a line flood's small frames still go ~100 to a writev
+# A write's frames: a flood's read's worth (logs/drain.py), or ~100 of a line flood's small ones.
+_COALESCE_BYTES: Final = 512 * 1024
 RETRY_S: Final = 0.5
 MAX_RETRIED: Final = 10_000
 # After this much output, once the queue is empty (or, after a burst, has stayed empty this
@@ -90,7 +91,13 @@ class LogSink:
         self._clock = clock  # wall time of frames (records' ``ts``); the daemon's injected clock
         self._max_queue_bytes = max_queue_bytes
         self._stall_s = stall_s
-        self._cond = threading.Condition()
+        # One lock, three waits, each woken only by what it waits for: the writer for work,
+        # a drain for room in the queue, a caller of wait_written for its ticket (one condition
+        # for all woke a drain held by the bound at each frame the other stream submitted).
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # the writer: work to do
+        self._room = threading.Condition(lock)
+        self._progress = threading.Condition(lock)
         self._queue: deque[_FrameItem | _EventItem] = deque()
         self._queued_bytes = 0
         self._submitted = 0
@@ -124,11 +131,11 @@ class LogSink:
                     self._unreported_drop_records += len(frame)
                     self._unreported_drop_bytes += frame.nbytes
                     return
-                self._cond.wait(timeout=self._stall_s / 4)
+                self._room.wait(timeout=self._stall_s / 4)
             self._queue.append(item)
             self._queued_bytes += frame.nbytes
             self._submitted += 1
-            self._cond.notify_all()
+            self._cond.notify()
 
     def submit_event(self, run: int, event: str, fields: dict[str, Any] | None = None) -> int:
         """Queue one supervisor record (never dropped for space); returns a ticket for :meth:`wait_written`."""
@@ -136,7 +143,7 @@ class LogSink:
             self._queue.append(_EventItem(run, event, dict(fields or {})))
             self._submitted += 1
             ticket = self._submitted
-            self._cond.notify_all()
+            self._cond.notify()
             return ticket
 
     def ticket(self) -> int:
@@ -152,7 +159,7 @@ class LogSink:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._cond.wait(timeout=remaining)
+                self._progress.wait(timeout=remaining)
             return True
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -186,7 +193,8 @@ class LogSink:
             with self._cond:
                 self._write_started = None
                 self._done += count
-                self._cond.notify_all()
+                self._progress.notify_all()
+                self._room.notify_all()
                 give_up = self._closing and not self._queue and bool(self._retry)
                 idle = not self._queue
             if idle:  # between a trickle's lines, or woken once a burst has stopped
@@ -203,7 +211,7 @@ class LogSink:
             return
         with self._cond:
             self._queued_bytes -= nbytes
-            self._cond.notify_all()
+            self._room.notify_all()
         self._untrimmed += nbytes
 
     def _trim_in_s(self) -> float | None:
@@ -307,6 +315,8 @@ class LogSink:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            self._room.notify_all()
+            self._progress.notify_all()
         self._thread.join(timeout_s)
         for item in self._retry:  # the disk never took them: counted, in the stats
             self._lost_one(item, None)
