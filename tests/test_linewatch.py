@@ -7,6 +7,7 @@ from dflashd.logs.framer import Frame, LineFramer
 from dflashd.supervisor.model.inputs import LinesSeen
 from dflashd.supervisor.model.progress import LineProgress
 from dflashd.supervisor.watch.linewatch import (
+    LOOK_BACK_BYTES,
     MATCH_BYTES,
     MATCH_EVERY_S,
     STEP_POST_S,
@@ -80,21 +81,58 @@ def test_a_flood_after_the_first_step_is_matched_sparingly_and_posts_the_latest_
 
 def test_a_flood_never_holds_more_than_its_bound_of_frames_waiting() -> None:
     """Frames wait unmatched for at most MATCH_EVERY_S, or until MATCH_BYTES of them wait:
-    a fast flood's 20 ms of 256 KiB frames are never all held (the daemon's memory, issue 53)."""
+    a fast flood's 20 ms of frames are never all held (the daemon's memory, issue 53).  Past
+    the bound, when the newest frame holds a step, the frames a match would never read (older
+    than it and its look back) are forgotten without a match: none is searched for a NaN."""
     watcher, matcher, clock, posted = make()
     watcher("stdout", frame("step 1 loss 9.5\n"))
     matcher.calls = 0
-    line = "step 2 loss 2.0 " + "x" * 100 + "\n"
-    big = frame(line * (256 * 1024 // len(line)))
     held = []
-    for _ in range(4 * MATCH_BYTES // big.nbytes):  # at one instant: no time-based match is due
-        watcher("stdout", big)
+    for n in range(2, 2 + 4 * MATCH_BYTES // (256 * 1024)):  # at one instant: no match is due
+        line = f"step {n} loss 2.0 " + "x" * 100 + "\n"
+        watcher("stdout", frame(line * (256 * 1024 // len(line))))
         held.append(sum(f.nbytes for f in watcher._unmatched))
     assert max(held) < MATCH_BYTES
-    assert matcher.calls >= 3
+    # the newest frame and those next to it up to the look back: three of these
+    assert min(held[MATCH_BYTES // (256 * 1024) :]) <= LOOK_BACK_BYTES + 2 * 256 * 1024
+    assert matcher.calls == 0
     clock.now += STEP_POST_S
     watcher.flush()
-    assert posted[-1].progress is not None and posted[-1].progress.step == 2
+    assert posted[-1].progress is not None and posted[-1].progress.step == n
+    assert matcher.calls <= 3  # the newest frame, the one next to it: what a post reads
+
+
+def test_a_flood_with_no_step_in_its_newest_frame_is_matched_not_forgotten() -> None:
+    """A step, then more than the bound of other output: the waiting frames are matched, so
+    the step they hold is not lost with them."""
+    watcher, matcher, clock, posted = make()
+    watcher("stdout", frame("step 1 loss 9.5\n"))
+    watcher("stdout", frame("step 7 loss 1.25\n"))
+    chatter = frame(("debug: tensor shapes " + "y" * 100 + "\n") * 2200)
+    for _ in range(MATCH_BYTES // chatter.nbytes + 1):
+        watcher("stdout", chatter)
+    assert matcher.calls >= 2
+    clock.now += STEP_POST_S
+    watcher.flush()
+    last = posted[-1].progress
+    assert last is not None and (last.step, last.loss) == (7, 1.25)
+
+
+def test_a_loss_next_to_a_floods_newest_step_is_kept_when_the_rest_is_forgotten() -> None:
+    """Hugging Face's loss line at the end of one big frame, its step in the next (the newest):
+    forgetting the unread frames keeps the one next to the step's, so the post has the loss."""
+    watcher, _matcher, clock, posted = make()
+    watcher("stdout", frame("step 1 loss 9.5\n"))
+    filler = frame(("debug: " + "z" * 120 + "\n") * 4000)  # ~500 KiB: as a 512 KiB read
+    for _ in range(MATCH_BYTES // filler.nbytes + 1):
+        watcher("stdout", filler)
+    watcher("stdout", frame(("debug: " + "z" * 120 + "\n") * 4000 + "{'loss': '0.375'}\n"))
+    bar = "100%|##########| 10/10 [00:04<00:00,  4.47it/s]\n"
+    watcher("stdout", frame(("debug: " + "z" * 120 + "\n") * 4000 + bar))
+    clock.now += STEP_POST_S
+    watcher.flush()
+    last = posted[-1].progress
+    assert last is not None and (last.step, last.loss) == (10, 0.375)
 
 
 def test_the_exit_flush_carries_the_last_step_even_unmatched() -> None:
@@ -156,3 +194,33 @@ def test_a_nan_in_an_older_waiting_frame_is_never_skipped() -> None:
     progress = posted[-1].progress
     assert progress is not None and progress.step == 13
     assert [step for step, _ in progress.losses_from_nan] == [12, 13]  # from the first NaN on
+
+
+def test_a_floods_newest_loss_line_without_a_step_never_forgets_the_step_before_it() -> None:
+    """The newest frame past the bound holds a loss but no step (Hugging Face's loss line):
+    the waiting frames are matched, not forgotten, so the step before it is kept."""
+    watcher, _matcher, clock, posted = make()
+    watcher("stdout", frame("step 1 loss 9.5\n"))
+    watcher("stdout", frame("step 7 loss 1.25\n"))
+    chatter = frame(("debug: tensor shapes " + "y" * 100 + "\n") * 2200)
+    for _ in range(MATCH_BYTES // chatter.nbytes):
+        watcher("stdout", chatter)
+    watcher("stdout", frame(("debug: " + "y" * 100 + "\n") * 2200 + "{'loss': '0.5'}\n"))
+    clock.now += STEP_POST_S
+    watcher.flush()
+    last = posted[-1].progress
+    assert last is not None and last.step == 7
+
+
+def test_a_user_pattern_flood_forgets_only_behind_a_frame_its_pattern_finds_a_step_in() -> None:
+    matcher = LineMatcher("", r"iter (\d+)", False)
+    clock, posted = Clock(), []
+    watcher = LineWatcher(1, matcher, clock, posted.append)
+    watcher("stdout", frame("iter 1\n"))
+    watcher("stdout", frame("iter 5\n"))
+    chatter = frame(("no progress here " + "q" * 100 + "\n") * 5000)  # fewer than MATCH_BACK
+    for _ in range(MATCH_BYTES // chatter.nbytes + 1):
+        watcher("stdout", chatter)
+    clock.now += STEP_POST_S
+    watcher.flush()
+    assert [seen.progress.step for seen in posted if seen.progress is not None][-1] == 5

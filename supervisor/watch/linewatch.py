@@ -48,6 +48,20 @@ class LineMatcher:
         """True when the user gave a pattern (then built-in formats are not consulted)."""
         return self._first_re is not None or self._step_re is not None
 
+    def has_step(self, frame: Frame) -> bool:
+        """The frame holds a step, asked cheaply: the built-in formats' search of its last
+        lines, none of :meth:`match`'s searches for a NaN (the user's patterns: their match)."""
+        if self.configured:
+            progress = self._match_patterns(frame.lines)
+            return progress is not None and progress.step is not None
+        if self._formats is None:
+            return False
+        if frame.text is not None:
+            found = self._formats.last_step_text(frame.text)
+        else:
+            found = self._formats.last_step(frame.lines)
+        return found is not None and found.step is not None
+
     def match(self, frame: Frame) -> LineProgress | None:
         """The last step seen in a frame of lines (and whether one is a first step), or None."""
         if self.configured:
@@ -166,11 +180,13 @@ LIVENESS_POST_S: Final = 1.0  # bare output as liveness: at most one message a s
 STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most four times a second
 MATCH_EVERY_S: Final = 0.02  # after the first step, frames are matched at most 50 times a second
 MATCH_BACK: Final = 8  # waiting frames matched, newest first, before a post
-# ...and at once when this many bytes wait: what a flood holds unmatched is bounded whatever
-# its rate (20 ms at 700 MiB/s were 14 MiB).  A bound of 1 MiB once cost the drain thread a
-# seventh of its block rate: a match of a flood's 256 KiB frame took 0.64 ms, three quarters
-# of it CPython's substring search for a NaN.  In C (``CODEC.mentions``) it takes 0.15 ms, and
-# 2 MiB (was 8) lowers a flood's peak memory with the sink's queue (logs/sink.py: the trade).
+# ...and what a flood holds unmatched is bounded whatever its rate (20 ms at 700 MiB/s were
+# 14 MiB): past this many bytes, the frames no match would read are forgotten (the newest may
+# hold a step: ``LineWatcher._forget_unread``), else they are matched at once.  Matched at once
+# every time, a bound of 1 MiB once cost the drain thread a seventh of its block rate (a match
+# of a flood's 256 KiB frame took 0.64 ms, most of it CPython's search for a NaN; 0.15 ms in
+# C), and 2 MiB still read more bytes than the flood's own; 2 MiB (was 8) lowers a flood's
+# peak memory with the sink's queue (logs/sink.py: the trade).
 MATCH_BYTES: Final = 2 * 1024 * 1024
 # Past the newest step, older frames are searched for its loss or epoch over this many bytes
 # at most: a bar's redraws are a few hundred, while a flood's frames are 64 KiB each and each
@@ -227,12 +243,10 @@ class LineWatcher:
             self._agent.extend(agent)
             self._unmatched.append(frame)
             self._unmatched_bytes += frame.nbytes
-            if (
-                not self._stepped
-                or now - self._last_match >= MATCH_EVERY_S
-                or self._unmatched_bytes >= MATCH_BYTES
-            ):
+            if not self._stepped or now - self._last_match >= MATCH_EVERY_S:
                 self._match_unmatched(now)
+            elif self._unmatched_bytes >= MATCH_BYTES:
+                self._forget_unread(now)
             # The first step, and what the agent says (rare), go at once.
             first = (self._pending is not None and not self._stepped) or bool(agent)
             waiting = self._pending is not None or self._unmatched
@@ -241,6 +255,24 @@ class LineWatcher:
             self._match_unmatched(now)
             message = self._take(now)
         self._post(message)
+
+    def _forget_unread(self, now: float) -> None:
+        """A flood's waiting frames past :data:`MATCH_BYTES`: when the newest may hold a step,
+        the frames older than it and its look back are forgotten unmatched, since a match
+        stops there and never reads them (the next one's newest step is at least as new);
+        else they are matched now.  A round matched the newest frames, searching each for a
+        NaN, every 2 MiB of a flood: more bytes than the flood's own (issue 53)."""
+        if not self._matcher.has_step(self._unmatched[-1]):
+            self._match_unmatched(now)
+            return
+        kept, looked = 1, 0
+        for frame in reversed(self._unmatched[:-1]):
+            if looked >= LOOK_BACK_BYTES:
+                break
+            looked += frame.nbytes
+            kept += 1
+        del self._unmatched[:-kept]
+        self._unmatched_bytes = sum(frame.nbytes for frame in self._unmatched)
 
     def _match_unmatched(self, now: float) -> None:
         """Match the waiting frames newest first, up to the first that holds a step; past it,
@@ -257,9 +289,9 @@ class LineWatcher:
         # happened to be matched
         for index, frame in enumerate(reversed(self._unmatched)):
             if step:
-                looked += frame.nbytes
-                if looked > LOOK_BACK_BYTES:
+                if looked >= LOOK_BACK_BYTES:
                     break  # a loss or epoch printed apart from its step sits near it
+                looked += frame.nbytes  # the frame next to the step's is read, whatever its size
             if (
                 step
                 and (loss or not _mentions(frame, "loss"))
