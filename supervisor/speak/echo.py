@@ -25,7 +25,7 @@ from dflashd.logs.framer import Frame
 from dflashd.logs.linecodec import CODEC, EchoWriter, EchoWriterMaker
 
 MAX_QUEUED_FRAMES: Final = 256
-# ...and bytes: a flood's frames are 256 KiB each, and a terminal slower than the job held up
+# ...and bytes: a flood's frames are up to 512 KiB each, and a terminal slower than the job held up
 # to 64 MiB of them (issue 53: the daemon's memory stays bounded whatever the job prints)
 MAX_QUEUED_BYTES: Final = 2 * 1024 * 1024
 NOTE_HEAD: Final = b"dflashd: "  # then the count, then:
