@@ -65,3 +65,41 @@ def test_a_floods_buffers_are_reused_instead_of_faulted_in_afresh(tmp_path: Path
 def test_keeping_is_set_once_per_process() -> None:
     first = heap.keep_freed_buffers()
     assert heap.keep_freed_buffers() is first
+
+
+ARENAS = r"""
+import ctypes, os, sys, threading
+from dflashd.logs import heap
+if sys.argv[1] == "kept":
+    heap.keep_freed_buffers()
+barrier = threading.Barrier(6)
+
+def churn() -> None:  # what a flood's threads do: large buffers made in one, freed in another
+    barrier.wait()
+    for _ in range(300):
+        data = os.urandom(1) * (512 * 1024)
+        del data
+
+threads = [threading.Thread(target=churn) for _ in range(6)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+ctypes.CDLL(None).malloc_stats()  # per arena, on stderr
+"""
+
+
+def _arenas(mode: str) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, check=True
+    )
+    return sum(line.startswith("Arena ") for line in done.stderr.splitlines())
+
+
+def test_the_daemons_threads_share_its_few_arenas() -> None:
+    """Six threads making and freeing 512 KiB buffers at once: with the bound set (as the
+    sink sets it) glibc makes at most ``ARENAS`` arenas, each keeping freed buffers that any
+    thread reuses, where the allocator as it comes makes one per thread it finds contending."""
+    if not heap.keep_freed_buffers():
+        pytest.skip("no glibc mallopt here")
+    assert _arenas("kept") <= heap.ARENAS
