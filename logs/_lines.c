@@ -668,6 +668,20 @@ static PyObject *lines_read_lines(PyObject *self, PyObject *args)
     return Py_BuildValue("(NNnn)", data, rest, got, count);
 }
 
+/* pending(fd) -> the bytes waiting in a pipe (FIONREAD; 0 where it cannot be asked).  Holding
+   the GIL: the drain asks it after every read it hands on (its gather), and fcntl.ioctl gave the
+   GIL away for a call of a microsecond, the drain then waiting tens of them to take it back
+   behind the writer and the loop in a flood (issue 53). */
+static PyObject *lines_pending(PyObject *self, PyObject *args)
+{
+    int fd, avail = 0;
+    if (!PyArg_ParseTuple(args, "i:pending", &fd))
+        return NULL;
+    if (ioctl(fd, FIONREAD, &avail) != 0 || avail < 0)
+        avail = 0;
+    return PyLong_FromLong(avail);
+}
+
 /* write(2) of buf's n bytes to fd, again after a short write or EINTR (without the GIL): 0 when
    all were written, else the errno of the write that failed; *written: how many were. */
 static int write_fully(int fd, const char *buf, Py_ssize_t n, Py_ssize_t *written)
@@ -1103,6 +1117,8 @@ static PyTypeObject EchoWriterType = {
 };
 
 static PyMethodDef lines_methods[] = {
+    {"pending", lines_pending, METH_VARARGS,
+     "pending(fd) -> the bytes waiting in the pipe (FIONREAD), asked holding the GIL."},
     {"scan", lines_scan, METH_VARARGS,
      "scan(data, max_line) -> the number of JSON-safe lines in data, or -1."},
     {"encode", lines_encode, METH_VARARGS,

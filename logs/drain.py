@@ -65,7 +65,10 @@ def pipe_size(fd: int) -> int:
 
 
 def pending_bytes(fd: int) -> int:
-    """Bytes sitting unread in a pipe (FIONREAD)."""
+    """Bytes sitting unread in a pipe (FIONREAD; in C, holding the GIL: ``CODEC.pending``)."""
+    pending = CODEC.pending
+    if pending is not None:
+        return pending(fd)
     buf = bytearray(4)
     try:
         fcntl.ioctl(fd, termios.FIONREAD, buf)

@@ -5,6 +5,7 @@
     prefix(data, count, head)                  -> bytes
     mentions(data, words)                      -> bool
     read_lines(fd, held, max_read, max_line)   -> (text, rest, nread, count)   (C only)
+    pending(fd)                                -> bytes waiting in a pipe     (C only)
     append_records(fd, dir_fd, name, dev, ino, frames, tail) -> (written, total, err)  (C only)
     EchoWriter(fd, max_bytes, max_items, note_head, note_tail)  the echo's thread   (C only)
 
@@ -105,6 +106,7 @@ Split = Callable[[bytes, int], list[bytes] | None]
 Prefix = Callable[[bytes, int, bytes], bytes]
 Mentions = Callable[[bytes, tuple[bytes, ...]], bool]
 ReadLines = Callable[[int, bytes, int, int], tuple[bytes, bytes | None, int, int]]
+Pending = Callable[[int], int]
 FrameRecords = tuple[
     bytes, int, bytes, int, bytes
 ]  # text, count, head, seq0, mid: as encode takes them
@@ -144,6 +146,7 @@ class Codec:
     mentions: Mentions
     split: Split | None = None  # Python: the scan that keeps the lines (the framer uses it)
     read_lines: ReadLines | None = None  # C: the drain's read and scan in one call
+    pending: Pending | None = None  # C: a pipe's fill, asked without giving the GIL away
     append_records: AppendRecords | None = None  # C: the writer's check, encode and write in one
     echo_writer: EchoWriterMaker | None = None  # C: the echo's thread, without the GIL
 
@@ -168,6 +171,7 @@ def _codec(built: ModuleType | None) -> Codec:
         built.prefix,
         built.mentions,
         read_lines=built.read_lines,
+        pending=built.pending,
         append_records=built.append_records,
         echo_writer=built.EchoWriter,
     )
@@ -184,6 +188,7 @@ def use(implementation: str) -> Codec:
     CODEC.encode, CODEC.split = chosen.encode, chosen.split
     CODEC.prefix, CODEC.mentions = chosen.prefix, chosen.mentions
     CODEC.read_lines, CODEC.append_records = chosen.read_lines, chosen.append_records
+    CODEC.pending = chosen.pending
     CODEC.echo_writer = chosen.echo_writer
     return previous
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dflashd.logs import linecodec
-from dflashd.logs.drain import grow_pipe
+from dflashd.logs.drain import grow_pipe, pending_bytes
 from dflashd.logs.framer import Frame, LineFramer
 from dflashd.logs.limits import MIN_LINE_BYTES
 from dflashd.logs.records import LineRecord, decode, encode_frame, reassemble
@@ -338,3 +338,25 @@ def test_read_lines_reads_a_flood_in_pieces_and_says_when_the_pipe_is_empty() ->
     finally:
         os.close(r)
         os.close(w)
+
+
+@needs_c
+def test_pending_says_what_waits_in_a_pipe_as_the_python_ioctl_does() -> None:
+    """``pending`` (the drain's gather asks it after every read it hands on, holding the GIL)
+    counts the bytes a pipe holds, as the drain's ``fcntl.ioctl`` does, and 0 for a closed fd."""
+    assert _lines is not None
+    r, w = os.pipe()
+    try:
+        os.write(w, b"x" * 60_000)  # within the default 64 KiB pipe
+        assert _lines.pending(r) == 60_000
+        os.read(r, 40_000)
+        previous = linecodec.use("python")
+        try:
+            assert pending_bytes(r) == 20_000
+        finally:
+            linecodec.use(previous.implementation)
+        assert _lines.pending(r) == 20_000
+    finally:
+        os.close(r)
+        os.close(w)
+    assert _lines.pending(r) == 0  # closed: nothing to say, no exception in the drain's loop
