@@ -16,9 +16,9 @@ It also bounds the allocator's arenas at ``ARENAS``.  glibc gives a thread that 
 while another holds an arena an arena of its own (up to eight per CPU): a flood's buffers are
 allocated by the drain threads and freed by the log writer's and the echo's, and each arena
 kept its own freed buffers.  Two arenas share them (the main thread's and one for the rest),
-so a buffer freed by one thread is the next one another allocates.  Measured against
-``3dfd9ad`` on the 2-core box (256 MiB block floods, paired over 16 rounds): 1.106 x with
-compression on (peak RSS 42.7 -> 41.2 MiB), 1.018 x without (39.7 -> 39.8); docs/measurements.md.
+so a buffer freed by one thread is the next one another allocates.  On the 2-core box (256 MiB
+block floods, paired over 16 rounds) the rate moved 1.106 x, 1.018 x and 0.970 x in three
+A/Bs, and the peak RSS within a MiB: no gain beyond that box's noise (docs/measurements.md).
 Set before the log threads start (at the sink's start), the bound holds for every arena made
 after it; the job's own allocator is not touched (an option of this process, no environment).
 
