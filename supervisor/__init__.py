@@ -14,9 +14,39 @@ Three layers (docs/design.md, "The house"):
 :mod:`~dflashd.supervisor.client` is the command line; nothing in the daemon imports it.
 """
 
+import os as _os
 import sys as _sys
 
 __version__ = "0.5.0"
+EXIT_INTERRUPTED = 130  # as dflashd.supervisor.model.exitcodes, not imported yet here
+
+
+def interrupted_while_loading(signum: int, frame: object) -> None:
+    """SIGINT before the ``dflashd`` command has taken over (its modules still loading):
+    nothing was done yet; one line and exit 130, never a traceback (``__main__`` says why)."""
+    signals = _sys.modules.get("_signal") or _sys.modules["signal"]  # loaded: no import here
+    signals.signal(signals.SIGINT, signals.SIG_IGN)
+    _os.write(2, b"\ndflashd: interrupted before it started: nothing was done\n")
+    _os._exit(EXIT_INTERRUPTED)
+
+
+def hold_ctrl_c_while_loading() -> None:
+    """Set :func:`interrupted_while_loading` for SIGINT, unless the command was started with
+    SIGINT ignored (a script's background job keeps it ignored)."""
+    # the C module CPython loaded at start to install its own SIGINT handler: set through it
+    # with no import (``signal`` first builds its enums: milliseconds on a cold cache, in which
+    # a Ctrl-C was a traceback from enum.py)
+    signals = _sys.modules.get("_signal") or __import__("signal")
+    if signals.getsignal(signals.SIGINT) != signals.SIG_IGN:
+        signals.signal(signals.SIGINT, interrupted_while_loading)
+
+
+# ``python -m dflashd.supervisor …`` runs this first, while ``-m`` finds its module (sys.argv
+# is ``["-m", …]`` then): the command's Ctrl-C is held from here, its first line, not from
+# ``__main__`` (a Ctrl-C in between was a traceback from runpy: seen once in CI).  The daemon
+# program (``--handover-fd``) is exec'd with its stop signals held and sets its own.
+if _sys.argv[:1] == ["-m"] and _sys.argv[1:2] != ["--handover-fd"]:
+    hold_ctrl_c_while_loading()
 
 # The daemon program (``python -P -m dflashd.supervisor.daemon --handover-fd N …``, what
 # ``start`` execs with its stop signals held) makes ~160 dataclasses as ``daemon.py`` loads:

@@ -48,6 +48,42 @@ def _interpreters_own_start_up(returncode: int, err: str) -> bool:
     return "KeyboardInterrupt" in err and not _DFLASHDS_OWN.search(err)
 
 
+_HANDLER_AT_IMPORT = """
+import signal, sys
+if sys.argv[1] == "ignored":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+sys.argv[:] = sys.argv[2:]  # as sys.argv is while ``python -m`` finds its module
+import dflashd.supervisor
+handler = signal.getsignal(signal.SIGINT)
+print(getattr(handler, "__name__", None) or handler.name)
+"""
+
+
+@pytest.mark.parametrize(
+    ("started", "argv", "handler"),
+    [
+        ("plain", ["-m"], "interrupted_while_loading"),  # python -m dflashd.supervisor …
+        ("ignored", ["-m"], "SIG_IGN"),  # a script's background job: kept ignored
+        ("plain", ["-m", "--handover-fd"], "default_int_handler"),  # the daemon sets its own
+        ("plain", ["/usr/lib/python3/pytest"], "default_int_handler"),  # a plain import
+    ],
+)
+def test_the_commands_ctrl_c_is_held_from_the_packages_first_line(
+    started: str, argv: list[str], handler: str
+) -> None:
+    """Under ``python -m``, the package's ``__init__`` (the first of dflashd that runs) sets
+    the command's handler: a Ctrl-C while runpy loads the package and ``__main__`` is one line
+    and 130, not runpy's traceback (seen once in CI, at 50 ms).  Deterministic: the handler
+    each way of being loaded leaves, read right after the import."""
+    done = subprocess.run(
+        [sys.executable, "-c", _HANDLER_AT_IMPORT, started, *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == handler
+
+
 @pytest.fixture
 def interrupted_starts(tmp_path: Path, home: Path) -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
