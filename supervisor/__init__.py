@@ -41,11 +41,22 @@ def hold_ctrl_c_while_loading() -> None:
         signals.signal(signals.SIGINT, interrupted_while_loading)
 
 
-# ``python -m dflashd.supervisor …`` runs this first, while ``-m`` finds its module (sys.argv
-# is ``["-m", …]`` then): the command's Ctrl-C is held from here, its first line, not from
-# ``__main__`` (a Ctrl-C in between was a traceback from runpy: seen once in CI).  The daemon
-# program (``--handover-fd``) is exec'd with its stop signals held and sets its own.
-if _sys.argv[:1] == ["-m"] and _sys.argv[1:2] != ["--handover-fd"]:
+def _the_command_is_loading(argv: list[str]) -> bool:
+    """This process is the ``dflashd`` command, still loading: ``python -m dflashd.supervisor``
+    (runs this first, while ``-m`` finds its module: sys.argv is ``["-m", …]`` then), the
+    ``dflashd`` script, or ``python -m dflashd`` (its ``__main__.py``).  Not the daemon program
+    (``--handover-fd``: exec'd with its stop signals held, it sets its own), not an import."""
+    first = argv[0] if argv else ""
+    if first == "-m":
+        return argv[1:2] != ["--handover-fd"]
+    return _os.path.basename(first) == "dflashd" or first.endswith(
+        _os.path.join("dflashd", "__main__.py")
+    )
+
+
+# The command's Ctrl-C is held from here, the first of dflashd that runs, not first from
+# ``__main__`` (a Ctrl-C in between was a traceback from runpy: seen once in CI).
+if _the_command_is_loading(_sys.argv):
     hold_ctrl_c_while_loading()
 
 # The daemon program (``python -P -m dflashd.supervisor.daemon --handover-fd N …``, what

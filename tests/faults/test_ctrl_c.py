@@ -65,6 +65,8 @@ print(getattr(handler, "__name__", None) or handler.name)
         ("plain", ["-m"], "interrupted_while_loading"),  # python -m dflashd.supervisor …
         ("ignored", ["-m"], "SIG_IGN"),  # a script's background job: kept ignored
         ("plain", ["-m", "--handover-fd"], "default_int_handler"),  # the daemon sets its own
+        ("plain", ["/usr/local/bin/dflashd", "start"], "interrupted_while_loading"),  # script
+        ("plain", ["/site/dflashd/__main__.py"], "interrupted_while_loading"),  # python -m dflashd
         ("plain", ["/usr/lib/python3/pytest"], "default_int_handler"),  # a plain import
     ],
 )
