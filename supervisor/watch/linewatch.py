@@ -181,8 +181,8 @@ STEP_POST_S: Final = 0.25  # steps: the first at once, then the latest at most f
 MATCH_EVERY_S: Final = 0.02  # after the first step, frames are matched at most 50 times a second
 MATCH_BACK: Final = 8  # waiting frames matched, newest first, before a post
 # ...and what a flood holds unmatched is bounded whatever its rate (20 ms at 700 MiB/s were
-# 14 MiB): past this many bytes, the frames no match would read are forgotten (the newest may
-# hold a step: ``LineWatcher._forget_unread``), else they are matched at once.  Matched at once
+# 14 MiB): past this many bytes, the frames no match would read are forgotten (when the newest
+# holds a step: ``LineWatcher._forget_unread``), else they are matched at once.  Matched at once
 # every time, a bound of 1 MiB once cost the drain thread a seventh of its block rate (a match
 # of a flood's 256 KiB frame took 0.64 ms, most of it CPython's search for a NaN; 0.15 ms in
 # C), and 2 MiB still read more bytes than the flood's own; 2 MiB (was 8) lowers a flood's
@@ -257,8 +257,8 @@ class LineWatcher:
         self._post(message)
 
     def _forget_unread(self, now: float) -> None:
-        """A flood's waiting frames past :data:`MATCH_BYTES`: when the newest may hold a step,
-        the frames older than it and its look back are forgotten unmatched, since a match
+        """A flood's waiting frames past :data:`MATCH_BYTES`: when the newest holds a step, the
+        frames older than it and its look back are forgotten unmatched, since a match
         stops there and never reads them (the next one's newest step is at least as new);
         else they are matched now.  A round matched the newest frames, searching each for a
         NaN, every 2 MiB of a flood: more bytes than the flood's own (issue 53)."""
