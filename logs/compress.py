@@ -3,8 +3,9 @@ or the daemon's path).
 
 The writer hands over each file it rotates as an open file (so a later rotation that renames
 it changes nothing: the helper reads the inode it was given, through the inherited
-descriptor).  One thread here starts the helper (logs/squeeze.py; it sets it to nice 19, idle I/O class)
-for each burst of files and waits for it (a wait holds no GIL); the helper writes a temporary
+descriptor).  One thread here starts the helper (logs/squeeze.py; it sets it to the idle CPU
+policy, nice 19, idle I/O class) for each burst of files and waits for it (a wait holds no
+GIL); the helper writes a temporary
 name outside the numbered set, then the thread asks the writer, under the writer's lock, to
 put it in place: the file's current name (found by inode) gets a ``.zst`` (or ``.gz``) twin
 and the plain file goes.  A file that rotated out of the set meanwhile is simply dropped.
@@ -122,7 +123,8 @@ class Compressor:
 
     def _hand_over(self, basename: str, backups: int) -> None:
         """The finisher, holding this process's compression lock (its thread may hold it
-        already: the same open file), started at nice 19 and the idle I/O class."""
+        already: the same open file), started at the idle CPU policy, nice 19 and the idle I/O
+        class."""
         self._handed_over = True  # the thread keeps the lock taken from here
         with contextlib.suppress(OSError):
             # Held by another daemon's finisher: this one still starts, and waits for the lock
@@ -277,11 +279,22 @@ _SYS_IOPRIO_SET: Final = {"x86_64": 251, "aarch64": 30}.get(os.uname().machine)
 
 
 def lowest_priority(pid: int) -> None:
-    """Nice 19 and the idle I/O class for ``pid`` (our unreaped helper: its pid is ours)."""
+    """The idle CPU policy, nice 19 and the idle I/O class for ``pid`` (our unreaped helper:
+    its pid is ours).
+
+    ``SCHED_IDLE``, not nice 19 alone: Linux counts a CPU that runs only idle-policy tasks as
+    idle when it places a waking thread, and a nice-19 task as busy.  Beside a nice-19 helper
+    the daemon's drains, woken every millisecond of a line flood, were placed on the job's own
+    CPU and took turns with it: a 2-core box's job printed lines 26 % slower beside a nice-19
+    busy loop, 3 % beside an idle-policy one (issue 53, docs/measurements.md).  An idle-policy
+    task still runs on a busy box, with a fifth of nice 19's share; where the policy is refused
+    (a container's seccomp), nice 19 stays."""
     try:
         os.setpriority(os.PRIO_PROCESS, pid, 19)
     except OSError:
         return  # already gone
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     if _SYS_IOPRIO_SET is not None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall(_SYS_IOPRIO_SET, _IOPRIO_WHO_PROCESS, pid, _IOPRIO_CLASS_IDLE << 13)
