@@ -107,16 +107,20 @@ class CgroupBase:
             return
 
     def _enable_controllers(self, parent: Path) -> None:
-        """Memory (for OOM kills) and cpu where the parent offers them; fine when refused."""
+        """The memory controller (for OOM kills) where the parent offers it; fine when refused.
+
+        Not the cpu controller: ``cpu.stat``'s usage (the run's CPU time) is there without it,
+        and with it the run became one scheduling entity of one task's weight, so a job of
+        many threads got one nice-0 thread's share beside the host's other work, and each of
+        its context switches went through the group's accounting (issue 53)."""
         for where in (parent, self.path):
             try:
                 offered = (where / "cgroup.controllers").read_text().split()
             except OSError:
                 return
-            for name in ("memory", "cpu"):
-                if name in offered:
-                    with contextlib.suppress(OSError):
-                        (where / "cgroup.subtree_control").write_text(f"+{name}")
+            if "memory" in offered:
+                with contextlib.suppress(OSError):
+                    (where / "cgroup.subtree_control").write_text("+memory")
 
     def run_dir(self, run_no: int) -> Path:
         """Where run ``run_no`` lives."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dflashd.supervisor.host.cgroups import CgroupBase
 from dflashd.supervisor.host.custody import open_base
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.procfs import ProcStat, read_stat
@@ -241,6 +242,21 @@ def test_each_run_is_its_own_cgroup_and_is_removed_after(
     assert run_cli("stop", "--home", str(home)).returncode == 0
     daemon.wait(30)
     assert not run_dir.exists() and not base.path.exists()
+
+
+def test_the_runs_get_the_memory_controller_and_never_the_cpu_one(tmp_path: Path) -> None:
+    """Where the cgroups offer them (laid out as cgroupfs lays them out: this box's cgroup v2
+    offers neither): memory, for OOM kills; not cpu, which made a job of many threads one
+    task's share of the host and whose usage ``cpu.stat`` gives without it (issue 53)."""
+    own = tmp_path / "own"
+    base_dir = own / "dflashd-0123456789abcdef"
+    base_dir.mkdir(parents=True)
+    for where in (own, base_dir):
+        (where / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
+        (where / "cgroup.subtree_control").write_text("")
+    CgroupBase(base_dir, "/own/dflashd-0123456789abcdef")._enable_controllers(own)
+    assert (own / "cgroup.subtree_control").read_text() == "+memory"
+    assert (base_dir / "cgroup.subtree_control").read_text() == "+memory"
 
 
 def test_one_room_sends_every_signal() -> None:
