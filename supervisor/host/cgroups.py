@@ -110,9 +110,10 @@ class CgroupBase:
         """The memory controller (for OOM kills) where the parent offers it; fine when refused.
 
         Not the cpu controller: ``cpu.stat``'s usage (the run's CPU time) is there without it,
-        and with it the run became one scheduling entity of one task's weight, so a job of
-        many threads got one nice-0 thread's share beside the host's other work, and each of
-        its context switches went through the group's accounting (issue 53)."""
+        and with it a run is one scheduling entity of one task's weight beside the processes of
+        the daemon's cgroup (a root cgroup: every process of a host without systemd), so a job
+        of many threads got one thread's share beside them, and each of its context switches
+        went through the group's accounting (issue 53)."""
         for where in (parent, self.path):
             try:
                 offered = (where / "cgroup.controllers").read_text().split()
