@@ -16,8 +16,8 @@ It starts as little as it can, since a busy run starts one per rotation: no site
 dflashd, and zstandard's C backend loaded from its file (``DFLASHD_ZSTD_HOME``, the folder
 holding the package; the package's own import brings ``platform`` and ``typing`` and doubled
 the start).  The daemon sets its priority (the idle CPU policy, nice 19, the idle I/O class)
-from outside, so no ``ctypes`` either.  It gives up when its parent is gone (checked before each file): a daemon
-never waits for it at exit.  What is left plain when the daemon ends goes to ``finish``: a
+from outside, so no ``ctypes`` either.  It gives up when its parent is gone (checked before
+each file): a daemon never waits for it at exit.  What is left plain when the daemon ends goes to ``finish``: a
 helper of its own session that waits for the daemon to be gone, then compresses the rest
 (each file whole or not at all, under the locks a later daemon's writer also takes).
 """

@@ -79,7 +79,6 @@ def test_the_helper_gives_up_when_its_daemon_is_gone(tmp_path: Path) -> None:
 def test_lowest_priority_is_the_idle_policy_nice_19_and_the_idle_io_class() -> None:
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER
         lowest_priority(sleeper.pid)
         # the idle policy: a CPU running only the helper counts as idle where a waking drain
         # is placed, so the drains do not take turns with the job on its CPU (issue 53)

@@ -247,7 +247,8 @@ def test_each_run_is_its_own_cgroup_and_is_removed_after(
 def test_the_runs_get_the_memory_controller_and_never_the_cpu_one(tmp_path: Path) -> None:
     """Where the cgroups offer them (laid out as cgroupfs lays them out: this box's cgroup v2
     offers neither): memory, for OOM kills; not cpu, which made a job of many threads one
-    task's share of the host and whose usage ``cpu.stat`` gives without it (issue 53)."""
+    task's share beside the daemon's cgroup's processes, and whose usage ``cpu.stat`` gives
+    without it (issue 53)."""
     own = tmp_path / "own"
     base_dir = own / "dflashd-0123456789abcdef"
     base_dir.mkdir(parents=True)

@@ -15,9 +15,9 @@ if ! compgen -G "logs/_lines.cpython-3*.so" >/dev/null; then
     python3 setup.py -q build_ext --inplace --build-temp "$(mktemp -d)" >/dev/null 2>&1 || true
 fi
 python3 -c 'from dflashd.logs.linecodec import CODEC; print("log codec:", CODEC.implementation)'
-# Bytecode written once, as an install writes it: the wheels above go in with --no-compile and a
-# checkout has none, and where PYTHONDONTWRITEBYTECODE is set every start would compile them
-# afresh (a daemon's start measured 0.57 s of CPU on the H100 host so, 0.2 s on the 2-core box).
+# Bytecode written once, as an install writes it: the wheels above go in with --no-compile, a
+# checkout has none, and the GPU host sets PYTHONDONTWRITEBYTECODE, so every start (the daemon's,
+# each benchmark run's) would otherwise compile its modules afresh.
 python3 -m compileall -q -j 0 "$SITE" supervisor logs trainer >/dev/null 2>&1 || true
 
 export PATH="$SITE/bin:$PATH"  # py-spy (a wheel in .whl/) installs its binary there
