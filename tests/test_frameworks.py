@@ -291,6 +291,35 @@ def test_an_evaluation_bar_beside_printed_steps_is_alive_not_steps() -> None:
     assert p.step == 100 and p.step_source == "plain" and p.last_alive_mono == 1.0
 
 
+def test_a_nan_posted_under_an_evaluation_bar_still_starts_the_divergence() -> None:
+    """The job's loss turns NaN at step 250 and it evaluates there: the post that carries the
+    NaN line has the evaluation bar as its newest line (its batches, its total).  The NaN is
+    still judged, with its own step: the divergence is dated to step 250, not a step late
+    (seen once in CI under load, issue 53)."""
+    from dflashd.supervisor.model.progress import Progress
+
+    nan = float("nan")
+    p = Progress(started_mono=0.0)
+    for now, step in enumerate(range(201, 227)):
+        p, _ = p.on_step(float(now), step=step, first=True, source="plain", loss=1.0)
+    p, _ = p.on_step(30.0, step=50, first=True, source="tqdm", bar_total=50)  # an evaluation
+    p, change = p.on_step(
+        31.0,
+        step=50,
+        first=True,
+        source="tqdm",
+        bar_total=50,
+        loss=nan,
+        losses_from_nan=((250, nan),),
+    )  # step 250's NaN line, then the evaluation's bar, posted together
+    assert p.step == 226 and not change.diverged  # the bar is no step; one NaN is no streak
+    for now, step in ((32.0, 251), (33.0, 252)):
+        p, change = p.on_step(
+            now, step=step, first=True, source="plain", loss=nan, losses_from_nan=((step, nan),)
+        )
+    assert change.diverged and p.losses.diverged_at == 250, p.losses
+
+
 def test_lightnings_rich_metrics_wrapped_after_the_bar_give_the_loss() -> None:
     """Issue 54: Rich wraps the metrics onto the next line, ``v_num`` first: the training
     loss there is read, a ``val_loss`` never."""

@@ -196,21 +196,27 @@ class Progress:
         liveness only (their numbers may count something else, a bar's batches say).
         """
         p = self
+        evaluating = False
         if bar_total is not None and step is not None and source != NOTIFY:
             behind = p.step is not None and step <= p.step
-            if behind and (bar_total < p.bar_total or p.step_source != source):
-                # a bar below training's (Hugging Face's evaluation loop draws one with no
-                # description and its own, smaller total; a job that prints its steps may
-                # draw one to evaluate): its batches are not the run's steps; it is alive
-                return p.on_alive(now), NOTHING
-            p = replace(p, bar_total=max(p.bar_total, bar_total))
+            # a bar below training's (Hugging Face's evaluation loop draws one with no
+            # description and its own, smaller total; a job that prints its steps may draw one
+            # to evaluate): its batches are not the run's steps; it is alive
+            evaluating = behind and (bar_total < p.bar_total or p.step_source != source)
+            if not evaluating:
+                p = replace(p, bar_total=max(p.bar_total, bar_total))
         diverged = False
         # from the first NaN among the lines posted together on, each loss in order: the
-        # divergence began at the first, and a finite one between ends a NaN streak
+        # divergence began at the first, and a finite one between ends a NaN streak.  Judged
+        # under an evaluation bar too: the training lines printed before it, posted with it,
+        # carry their own steps (a post whose newest line was the bar lost its NaNs, and the
+        # divergence was dated a step late, issue 53's CI)
         for bad_step, bad in losses_from_nan:
-            at = bad_step if bad_step is not None else step
+            at = bad_step if bad_step is not None else (p.step if evaluating else step)
             losses, now_diverged = watched(p.losses, bad, at if at is not None else p.step)
             p, diverged = replace(p, losses=losses), diverged or now_diverged
+        if evaluating:
+            return p.on_alive(now), Change(diverged=True) if diverged else NOTHING
         if loss is not None:  # then the newest (a finite one ends a loss scaler's NaN streak)
             at = step if step is not None else p.step
             losses, now_diverged = watched(p.losses, loss, at)
