@@ -23,7 +23,7 @@ from dflashd.logs.framer import Frame
 from dflashd.logs.linecodec import CODEC
 from dflashd.supervisor.model.agent import AgentLine
 from dflashd.supervisor.model.bounds import bounded_int
-from dflashd.supervisor.model.formats import FormatMatcher
+from dflashd.supervisor.model.formats import FormatMatcher, StepLine
 from dflashd.supervisor.model.inputs import LinesSeen
 from dflashd.supervisor.model.progress import LineProgress
 
@@ -54,24 +54,22 @@ class LineMatcher:
         if self.configured:
             progress = self._match_patterns(frame.lines)
             return progress is not None and progress.step is not None
-        if self._formats is None:
-            return False
-        if frame.text is not None:
-            found = self._formats.last_step_text(frame.text)
-        else:
-            found = self._formats.last_step(frame.lines)
+        found = self._last_step(frame)
         return found is not None and found.step is not None
+
+    def _last_step(self, frame: Frame) -> StepLine | None:
+        """The built-in formats' last step line in a frame (None: none, or no formats)."""
+        if self._formats is None:
+            return None
+        if frame.text is not None:  # ASCII fast path: search the bytes, decode nothing
+            return self._formats.last_step_text(frame.text)
+        return self._formats.last_step(frame.lines)
 
     def match(self, frame: Frame) -> LineProgress | None:
         """The last step seen in a frame of lines (and whether one is a first step), or None."""
         if self.configured:
             return self._match_patterns(frame.lines)
-        if self._formats is None:
-            return None
-        if frame.text is not None:  # ASCII fast path: search the bytes, decode nothing
-            found = self._formats.last_step_text(frame.text)
-        else:
-            found = self._formats.last_step(frame.lines)
+        found = self._last_step(frame)
         if found is None:
             return None
         return LineProgress(
