@@ -69,18 +69,17 @@ def main() -> int:
             got: dict[str, list[sbs.Result]] = {"old": [], "new": [], "supervisord": []}
             for round_no in range(args.rounds):
                 # each tree first in every other round; every run starts with the last one's
-                # dirty pages written back (off the clock): a flood's writeback under the next
-                # run was the largest of this box's swings between runs
+                # dirty pages written back (side_by_side.run_one)
                 for name in ("old", "new") if round_no % 2 == 0 else ("new", "old"):
                     # the tree first; what was on the path stays behind it (the GPU host's wheels)
                     site = sites[name]
                     os.environ["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [kept])])
-                    os.sync()
-                    got[name].append(sbs.dflashd(mode, args.mib, work, args.variant))
+                    got[name].append(sbs.run_one(args.variant, mode, args.mib, work, args.venv))
                 os.environ.pop("PYTHONPATH", None)  # supervisord's own package, not ours
                 if not args.no_peer:
-                    os.sync()
-                    got["supervisord"].append(sbs.supervisord(mode, args.mib, work, args.venv))
+                    got["supervisord"].append(
+                        sbs.run_one("supervisord", mode, args.mib, work, args.venv)
+                    )
                 if kept is not None:
                     os.environ["PYTHONPATH"] = kept
             if args.no_peer:
