@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from dflashd.logs import EventRecord, LineRecord, follow, read_records
+from dflashd.supervisor.host.groups import HostProcesses
 from dflashd.supervisor.host.home import Home
 from dflashd.supervisor.host.procfs import read_stat
 from dflashd.supervisor.host.recovery import boot_id
@@ -111,6 +112,20 @@ def test_1_a_proven_leftover_is_ended(start_daemon: Start, home: Path) -> None:
         if leftover.poll() is None:
             leftover.kill()
             leftover.wait()
+
+
+def test_1_the_recorded_create_time_is_psutils() -> None:
+    """The create time a launch records (state.json's, the next daemon's proof) is read from
+    ``/proc`` without psutil's import, and is psutil's own figure for the same process."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        recorded = HostProcesses("").create_time(other.pid)
+        assert recorded is not None
+        assert abs(recorded - psutil.Process(other.pid).create_time()) < 1e-6
+    finally:
+        other.kill()
+        other.wait()
+    assert HostProcesses("").create_time(other.pid) is None  # reaped: gone, not a guess
 
 
 @pytest.mark.parametrize("ticks_off", [0, 1])
