@@ -169,6 +169,45 @@ def test_a_settled_start_has_saved_its_code_and_compiles_as_dataclasses_does(
     )  # Before's methods (six in 3.11), saved at settle; not After's
 
 
+BECOMES_DAEMON = r"""
+import dataclasses, sys
+from pathlib import Path
+from dflashd.supervisor.host import codecache, handover
+from dflashd.supervisor.host.config import Config
+from dflashd.supervisor.host.home import Home
+codecache.install(Path(sys.argv[1]))
+
+@dataclasses.dataclass(frozen=True)
+class OnlyTheCommandMakes:
+    word: str
+
+home = Home(Path(sys.argv[2]))
+home.create()
+# the program it execs: an interpreter that says it ran (the daemon's own start is not tested here)
+handover._argv = lambda fd, given: [sys.executable, "-c", "print('execd')"]
+handover.become_daemon(handover.Handover(home, Config(command=("true",)), None))
+"""
+
+
+def test_the_command_that_becomes_the_daemon_keeps_its_code_before_the_exec(
+    tmp_path: Path,
+) -> None:
+    """``start --foreground`` execs the daemon program, which runs no exit handler of the
+    command: what the command compiled is saved before the exec (a unit's start never runs
+    another command that would save it)."""
+    kept = tmp_path / "cache.bin"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": ""}
+    done = subprocess.run(
+        [sys.executable, "-c", BECOMES_DAEMON, str(kept), str(tmp_path / "home")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout.strip() == "execd", done.stderr[-2000:]
+    _form, _tag, index, _blob = read_cache(kept)
+    assert sum(map(len, index.values())) >= 5  # OnlyTheCommandMakes's methods among them
+
+
 @pytest.mark.parametrize(
     "torn",
     [b"", b"\x00garbage", b"\xe3" * 7, b"\xff" * 8 + b"x", (9).to_bytes(8, "little") + b"\x00" * 9],

@@ -24,6 +24,7 @@ from typing import Any, Final, NoReturn
 
 import orjson
 
+from dflashd.supervisor.host import codecache
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.home import Home
 
@@ -109,6 +110,9 @@ def become_daemon(handover: Handover) -> NoReturn:
         # loads waits, held back, until its loop takes its signals over (inbox.py): a clean
         # stop, not a traceback or a death with nothing recorded
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD_WHILE_LOADING)
+        # what this command compiled of its dataclasses is kept now: an exec runs no exit
+        # handler, and a start in a unit never runs another command that would save it
+        codecache.settle()
         os.execv(sys.executable, _argv(fd, handover))
     finally:  # only when the exec failed
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_WHILE_LOADING)
