@@ -153,6 +153,45 @@ def test_a_typo_is_never_steered_to_a_command_that_ends_the_job(tmp_path: Path) 
         assert "'stop'" not in done.stderr and "'restart'" not in done.stderr, done
 
 
+LOADED = r"""
+import sys
+from dflashd.supervisor.client.cli import main
+try:
+    main(sys.argv[1:], prog_name="dflashd")
+except SystemExit:
+    pass
+print("LOADED", *sorted(m for m in sys.modules if m.startswith("dflashd.supervisor.client.")))
+"""
+
+
+@pytest.mark.parametrize(
+    ("words", "loads"),
+    [
+        (["status", "--home", "HOME"], set()),
+        (["tail", "--help"], {"logcmds"}),
+        (["lgos"], {"logcmds", "stackscmd"}),  # no command: all of them, for the suggestion
+        (["--help"], {"logcmds", "stackscmd"}),
+    ],
+)
+def test_the_commands_of_other_modules_load_only_when_named(
+    tmp_path: Path, words: list[str], loads: set[str]
+) -> None:
+    """``start`` and ``status`` never load ``tail``'s or ``stacks``' modules (a start's CPU);
+    a command named, ``--help`` and a word that is no command load them, so help lists every
+    command and a typo still gets its nearest."""
+    argv = [str(tmp_path / "h") if w == "HOME" else w for w in words]
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED, *argv], capture_output=True, text=True, cwd=tmp_path
+    )
+    loaded = {m.rsplit(".", 1)[1] for m in done.stdout.rsplit("LOADED", 1)[1].split()}
+    assert loaded & {"logcmds", "stackscmd"} == loads, done
+    if words == ["lgos"]:
+        assert "'logs'" in done.stderr, done
+    if words == ["--help"]:
+        listed = done.stdout.split("Commands:")[1]
+        assert all(f"  {name} " in listed for name in ("logs", "tail", "report", "stacks")), done
+
+
 def test_lightnings_rich_bar_wrapped_in_a_pipe_still_gives_the_loss(
     start_daemon: Any,
 ) -> None:

@@ -27,9 +27,6 @@ from dflashd.supervisor.client.common import (
     timeout_option,
 )
 from dflashd.supervisor.client.habits import Commands, another_jobs_home
-from dflashd.supervisor.client.logcmds import report, tail
-from dflashd.supervisor.client.replay import replay
-from dflashd.supervisor.client.stackscmd import stacks
 from dflashd.supervisor.client.start import (
     prepare,
     run_foreground,
@@ -103,10 +100,12 @@ main.help = (main.help or "").replace(
     "DESIGN_PATH", str(_DESIGN) if _DESIGN.is_file() else "docs/design.md in the source tree"
 )
 
-main.add_command(tail)
-main.add_command(report)
-main.add_command(tail, name="logs")  # journalctl's and pm2's word for it
-main.add_command(stacks)
+main.lazy_commands = {  # loaded when named: a start loads none of them
+    "tail": "dflashd.supervisor.client.logcmds:tail",
+    "logs": "dflashd.supervisor.client.logcmds:tail",  # journalctl's and pm2's word for it
+    "report": "dflashd.supervisor.client.logcmds:report",
+    "stacks": "dflashd.supervisor.client.stackscmd:stacks",
+}
 
 
 # The command begins at "--" or at the first word that is not an option: an unknown option
@@ -371,6 +370,8 @@ def restart(
     if not has_run(where) and not lock_is_held(where.lock):  # a typo'd --home: start nothing
         fail(f"{where.root}: no job has run in this home, nothing to restart (dflashd start)", 2)
     command = tuple(command[1:] if command and command[0] == "--" else command)
+    from dflashd.supervisor.client.replay import replay
+
     again = replay(where, command, config_path, env_from_shell=env_from_shell)
     config = prepare(where, again.config_path, again.command)  # checked before anything stops
     again.check(config)

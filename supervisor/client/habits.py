@@ -9,6 +9,7 @@ from typing import Final
 
 import click
 
+from dflashd.supervisor.client.lazycommands import LazyCommands
 from dflashd.supervisor.host.home import Home
 
 # What users of other tools type, and what it is here: never a guess at a command that ends the
@@ -27,8 +28,9 @@ HABITS: Final = {
 ENDING: Final = frozenset({"stop", "restart"})  # commands a typo must never be steered to
 
 
-class Commands(click.Group):
-    """The group, with a hint for other tools' habits and no guessed ``stop`` or ``restart``."""
+class Commands(LazyCommands):
+    """The group, with a hint for other tools' habits and no guessed ``stop`` or ``restart``;
+    the commands of other modules are loaded when named (``lazycommands.py``)."""
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
