@@ -24,7 +24,7 @@ from typing import Any, Final, NoReturn
 
 import orjson
 
-from dflashd.supervisor.host import codecache
+from dflashd.supervisor.host.codecache import settle
 from dflashd.supervisor.host.config import Config
 from dflashd.supervisor.host.home import Home
 
@@ -112,7 +112,7 @@ def become_daemon(handover: Handover) -> NoReturn:
         signal.pthread_sigmask(signal.SIG_BLOCK, HELD_WHILE_LOADING)
         # what this command compiled of its dataclasses is kept now: an exec runs no exit
         # handler, and a start in a unit never runs another command that would save it
-        codecache.settle()
+        settle()
         os.execv(sys.executable, _argv(fd, handover))
     finally:  # only when the exec failed
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_WHILE_LOADING)
