@@ -98,6 +98,10 @@ def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_or_save_is_never_end
                 lambda r: isinstance(r, EventRecord) and r.event == "first_step", timeout=300
             )
         started = time.monotonic()
+        # the evaluation lasts until node B has judged its rank's wait (EVAL_S at least): on a
+        # loaded box a round of stacks can take longer than a fixed evaluation would
+        pairs[0][1].wait_for(judged_elsewhere, timeout=EVAL_S + 240)
+        (tmp_path / "eval.bin.go").touch()
         exits = [
             node.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "exit", EVAL_S + 300)
             for node in every
@@ -119,6 +123,15 @@ def test_a_rank_waiting_in_a_barrier_for_another_nodes_eval_or_save_is_never_end
     assert "barrier" in " ".join(str(c.fields.get("why")) for c in checks)
     assert not nodes[0].events("hang_suspect") or all(
         c.fields.get("finding") == "working" for c in nodes[0].events("hang_check")
+    )
+
+
+def judged_elsewhere(record: object) -> bool:
+    """A round of node B's that found its rank waiting on work elsewhere."""
+    return (
+        isinstance(record, EventRecord)
+        and record.event == "hang_check"
+        and record.fields.get("finding") == "elsewhere"
     )
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from dflashd.logs import EventRecord, LineRecord
 from tests.helpers import run_cli
-from tests.multinode.test_remote_wait import _node
+from tests.multinode.test_remote_wait import _node, judged_elsewhere
 from tests.multinode.two_nodes import free_port, worker_of
 
 pytestmark = pytest.mark.trainer  # torch and torchrun
@@ -57,6 +57,9 @@ def test_a_frozen_store_host_never_gets_a_waiting_rank_ended(tmp_path: Path) -> 
             time.sleep(3.0)  # a pace for status calls, not a synchronisation
         os.kill(agent, signal.SIGCONT)
         agent = 0
+        # the evaluation goes on until node B has judged its rank's wait (EVAL_S at least)
+        peer.wait_for(judged_elsewhere, timeout=EVAL_S + 240)
+        (tmp_path / "eval.bin.go").touch()
         exits = [
             node.wait_for(lambda r: isinstance(r, EventRecord) and r.event == "exit", 300)
             for node in (host, peer)
