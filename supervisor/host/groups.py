@@ -116,7 +116,7 @@ class HostProcesses:
 
     def create_time(self, pid: int) -> float | None:
         """``/proc``'s create time, psutil's formula (boot time and start ticks) without its
-        import: a launch no longer loads psutil (a seventh of a start's own loading)."""
+        import: a launch no longer loads psutil (~14 ms of a start's CPU on the 2-core box)."""
         return create_time(pid)
 
     def start_ticks(self, pid: int) -> int | None:
