@@ -73,15 +73,47 @@ def _children_of(parents: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def take_adopted(proof: ProvenSet) -> bool:
-    """Our children (orphans adopted as subreaper) that prove the run's, taken into ``proof``
-    (one atomic read of our children list); True when there was any."""
-    took = False
+def our_live_children(stats: dict[int, ProcStat], exclude: set[int]) -> list[ProcStat]:
+    """Our live children, read now, but those in ``exclude`` or leading its groups (alert
+    commands and their sessions).  From our children list, read after ``stats`` (a scan of
+    /proc): the list is atomic where the scan is not, and a respawning chain's live link can
+    be missing from the scan, never from it (no lists on this kernel: the scan's parents)."""
+    me = os.getpid()
+    ours = child_pids(me)
+    if ours is None:
+        ours = {pid for pid, st in stats.items() if st.ppid == me}
+    found = [read_stat(pid) for pid in sorted(ours)]  # now: the scan's may predate an adoption
+    return [
+        st
+        for st in found
+        if st is not None
+        and st.state != "Z"
+        and st.ppid == me
+        and st.pid not in exclude
+        and st.pgid not in exclude
+    ]
+
+
+def adopted_members(proof: ProvenSet) -> dict[int, Member]:
+    """Our live children (orphans adopted as subreaper) that are the run's: proven before, or
+    proven and taken into ``proof`` now (one atomic read of our children list).
+
+    Read after a scan of /proc found nothing, these are what that scan can miss: a scan lists
+    /proc first and reads each process after, and a respawning chain whose links live shorter
+    than a scan (a few ms a thousand processes) is gone from it twice, its listed link exited
+    by the time it is read and the next one not yet listed.  Each link's parent has exited, so
+    the live one is ours at every moment: returned as found, never confirmed by another scan
+    (one as slow missed the chain again: a stop left it running on a host of ~500 processes,
+    tests/faults/test_custody.py)."""
+    found: dict[int, Member] = {}
     for pid in child_pids(os.getpid()) or ():
         st = read_stat(pid)
-        if st is None or st.state == "Z" or pid in proof.proven:
+        if st is None or st.state == "Z":
             continue
         with proof.lock:
-            if proof.proves(st, {}) and proof.take(st):
-                took = True
-    return took
+            member = proof.proven.get(pid)
+            if member is not None and member.start_ticks == st.start_ticks:
+                found[pid] = member
+            elif member is None and proof.proves(st, {}) and proof.take(st):
+                found[pid] = proof.proven[pid]
+    return found

@@ -40,7 +40,7 @@ from dflashd.supervisor.host.cgroups import (
     remove_cgroup,
     wait_cgroup_empty,
 )
-from dflashd.supervisor.host.closure import stop_closure, take_adopted
+from dflashd.supervisor.host.closure import adopted_members, our_live_children, stop_closure
 from dflashd.supervisor.host.procfs import (
     CLK_TCK,
     all_stats,
@@ -234,12 +234,12 @@ class HostCustody:
         """The run's members, or {} only when confirmed: one scan of /proc is not atomic, and a
         chain whose link forks and exits while it reads can fall between its pids.  Empty
         means the scan, then our adopted children (a link whose parent exited is ours at
-        once, as subreaper: one atomic read), then a second scan all found nothing."""
+        once, as subreaper: one atomic read, returned as they are), then a second scan all
+        found nothing."""
         found = self.proof.discover()
         if found:
             return found
-        take_adopted(self.proof)  # what it takes, the next scan returns (proven, alive)
-        return self.proof.discover()
+        return adopted_members(self.proof) or self.proof.discover()
 
     def cpu_time_s(self) -> float | None:
         if self.cgroup is not None:
@@ -343,11 +343,10 @@ def end_adopted(exclude: set[int]) -> dict[str, str]:
         stats = all_stats()
         spared = {pid for pid, st in stats.items() if pid in exclude or st.pgid in exclude}
         tree: dict[int, Member] = {}
-        for pid, found in stats.items():
-            if found.ppid == me and found.state != "Z" and pid not in spared:
-                fd = pidfd_open(pid)
-                if fd is not None:
-                    tree[pid] = Member(pid, found.start_ticks, fd, found.pgid)
+        for found in our_live_children(stats, exclude):
+            fd = pidfd_open(found.pid)
+            if fd is not None:
+                tree[found.pid] = Member(found.pid, found.start_ticks, fd, found.pgid)
         grew = True
         while grew:
             grew = False

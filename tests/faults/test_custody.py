@@ -9,9 +9,11 @@ cgroup2 mount; skipped, visibly, where the host does not allow it), ``pidfd`` (f
 from __future__ import annotations
 
 import ast
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -165,6 +167,22 @@ def test_a_respawning_setsid_chain_does_not_outlive_stop(
         for pid, start in _links(pidfile):  # a failed test must not leave the chain running
             if _alive(pid, start):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_chain_that_outruns_a_scan_of_proc_is_never_taken_for_ended(tmp_path: Path) -> None:
+    """pidfd custody on a host whose scans of /proc are slower than a link's life (each scan
+    reads its list 60 ms late; a busy host of thousands of processes, where stops left such a
+    chain running): the live link, adopted by the subreaper, is found without a scan, so the
+    run is ended, and only then said to be empty (before: "empty", with the chain going on)."""
+    script = Path(__file__).parents[1] / "children" / "chain_beside_slow_scans.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "chain.pids")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"empty": True, "grew": 0}
 
 
 def _links(pidfile: Path) -> list[tuple[int, int]]:
