@@ -7,7 +7,8 @@ descriptor).  One thread here starts the helper (logs/squeeze.py; it sets it to 
 policy, nice 19, idle I/O class) for each burst of files and waits for it (a wait holds no
 GIL); the helper writes a temporary name outside the numbered set, then the thread asks the
 writer, under the writer's lock, to put it in place: the file's current name (found by inode)
-gets a ``.zst`` (or ``.gz``) twin and the plain file goes.  A file that rotated out of the set meanwhile is simply dropped.
+gets a ``.zst`` (or ``.gz``) twin and the plain file goes.  A file that rotated out of the set
+meanwhile is simply dropped.
 Readers see ``base.N`` or its packed twin (the plain one wins while both briefly exist).
 
 At exit the daemon waits at most ``EXIT_WAIT_S`` (1 s); what is still plain goes to a

@@ -17,9 +17,10 @@ dflashd, and zstandard's C backend loaded from its file (``DFLASHD_ZSTD_HOME``, 
 holding the package; the package's own import brings ``platform`` and ``typing`` and doubled
 the start).  The daemon sets its priority (the idle CPU policy, nice 19, the idle I/O class)
 from outside, so no ``ctypes`` either.  It gives up when its parent is gone (checked before
-each file): a daemon never waits for it at exit.  What is left plain when the daemon ends goes to ``finish``: a
-helper of its own session that waits for the daemon to be gone, then compresses the rest
-(each file whole or not at all, under the locks a later daemon's writer also takes).
+each file): a daemon never waits for it at exit.  What is left plain when the daemon ends goes
+to ``finish``: a helper of its own session that waits for the daemon to be gone, then
+compresses the rest (each file whole or not at all, under the locks a later daemon's writer
+also takes).
 """
 
 from __future__ import annotations
