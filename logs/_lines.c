@@ -22,6 +22,9 @@
  *   read_lines(fd, held, max_read, max_line) -> (text, rest, nread, count)
  *       The drain's read of a pipe and the scan above in one call (below, where it is defined).
  *
+ *   wait_bytes(fd, bell_r, bell_w) -> int
+ *       The drain's wait on an emptied pipe without poll(2) (below, where it is defined).
+ *
  *   EchoWriter(fd, max_bytes, max_items, note_head, note_tail)
  *       The echo's writer thread, which prefixes (above) and writes frames without the GIL
  *       (below, where it is defined).
@@ -682,6 +685,51 @@ static PyObject *lines_pending(PyObject *self, PyObject *args)
     return PyLong_FromLong(avail);
 }
 
+/* wait_bytes(fd, bell_r, bell_w) -> 1 when the pipe fd has bytes or has no writer left (the
+   drain reads next), 0 when interrupted (a signal: ask again)
+
+   The drain's wait on its emptied pipe, without poll(2): Linux marks a pipe that was ever polled
+   (pipe->poll_usage, since 5.16) and then wakes its readers' queue on every write(2), which cost a
+   job printing line by line ~10 % of its own rate for the rest of the run, on every kernel
+   measured (tests/perf/poll_cost.py, issue 53).  A blocking tee(2) of one byte into the drain's
+   private bell pipe waits on the same queue as a blocking read does, taking nothing from the
+   pipe: the bytes stay where catch_up() counts them, and the read that follows frames them.
+   tee(2) honours O_NONBLOCK on either end, so the pipe's flag is cleared for the wait and set
+   again after (the drain is the pipe's only reader).  The byte rung into the bell is read back.
+   Without the GIL while it waits.  OSError for any other failure (EINVAL: fd is not a pipe, or a
+   sandbox without tee): the caller waits with poll(2) from then on. */
+static PyObject *lines_wait_bytes(PyObject *self, PyObject *args)
+{
+    int fd, bell_r, bell_w, err = 0;
+    ssize_t got;
+    if (!PyArg_ParseTuple(args, "iii:wait_bytes", &fd, &bell_r, &bell_w))
+        return NULL;
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_BEGIN_ALLOW_THREADS
+    got = tee(fd, bell_w, 1, 0);
+    if (got < 0)
+        err = errno;
+    if (fcntl(fd, F_SETFL, flags) != 0 && err == 0)
+        err = errno;
+    if (got > 0) {
+        char rung[16];
+        ssize_t back;
+        do {
+            back = read(bell_r, rung, sizeof rung);
+        } while (back < 0 && errno == EINTR);
+    }
+    Py_END_ALLOW_THREADS
+    if (err == EINTR)
+        return PyLong_FromLong(0);
+    if (err != 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyLong_FromLong(1);
+}
+
 /* write(2) of buf's n bytes to fd, again after a short write or EINTR (without the GIL): 0 when
    all were written, else the errno of the write that failed; *written: how many were. */
 static int write_fully(int fd, const char *buf, Py_ssize_t n, Py_ssize_t *written)
@@ -1117,6 +1165,8 @@ static PyTypeObject EchoWriterType = {
 };
 
 static PyMethodDef lines_methods[] = {
+    {"wait_bytes", lines_wait_bytes, METH_VARARGS,
+     "wait_bytes(fd, bell_r, bell_w) -> 1 once the pipe has bytes or no writer, 0 if interrupted."},
     {"pending", lines_pending, METH_VARARGS,
      "pending(fd) -> the bytes waiting in the pipe (FIONREAD), asked holding the GIL."},
     {"scan", lines_scan, METH_VARARGS,

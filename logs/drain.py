@@ -37,8 +37,8 @@ READ_BYTES: Final = 512 * 1024
 # one (the child is never blocked: issue 53).  The pipe's fill is asked after a large read too:
 # reading again at once took the few KiB printed meanwhile, and half a line flood's frames were
 # such slivers, each a hand-off to the writer and the echo.  A block flood refills the pipe
-# faster than a read is framed, so it never waits; an emptied pipe is a pause, and poll waits
-# for the next write.
+# faster than a read is framed, so it never waits; an emptied pipe is a pause, and the drain
+# waits for the next write (without poll(2): :meth:`PipeDrain._wait_readable`).
 SMALL_READ_BYTES: Final = 16 * 1024
 GATHER_S: Final = 0.001
 PIPE_BYTES: Final = 1 << 20
@@ -80,12 +80,23 @@ def pending_bytes(fd: int) -> int:
 def should_gather(nread: int, left_in_pipe: Callable[[], int]) -> bool:
     """Wait ``GATHER_S`` before the next read: the last one was small, or it left a little in
     the pipe (asked only after a large read: a syscall).  A large read that emptied the pipe
-    does not wait: the writer paused, and the next read waits in ``poll`` for its next write,
+    does not wait: the writer paused, and the next read waits for its next write,
     so a burst after the pause is read as it comes instead of filling the pipe meanwhile."""
     if nread < SMALL_READ_BYTES:
         return True
     left = left_in_pipe()
     return 0 < left < SMALL_READ_BYTES
+
+
+def _bell() -> tuple[int, int] | None:
+    """The drain's private bell pipe (read end non-blocking), or None where the process has no
+    descriptor to spare: the drain then waits with poll."""
+    try:
+        bell_r, bell_w = os.pipe()
+    except OSError:
+        return None
+    os.set_blocking(bell_r, False)
+    return bell_r, bell_w
 
 
 class LineTail:
@@ -150,12 +161,13 @@ class PipeDrain:
         self._framer_lock = threading.Lock()
         self._on_lines = on_lines
         self._cond = threading.Condition()
-        # Reads happen under this lock on a non-blocking fd (after poll() said readable), so
+        # Reads happen under this lock on a non-blocking fd (once a wait said readable), so
         # catch_up() sees "bytes taken from the pipe" and "bytes still in it" at one instant.
         self._read_lock = threading.Lock()
-        self._poll = select.poll()
-        self._poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         os.set_blocking(fd, False)
+        self._wait_bytes = CODEC.wait_bytes
+        self._bell = _bell() if self._wait_bytes is not None else None
+        self._poll: select.poll | None = None  # the wait where the bell cannot ring
         self.read_bytes = 0
         self.consumed_bytes = 0
         self.line_count = 0
@@ -203,6 +215,7 @@ class PipeDrain:
                 self._emit(self._framer.flush())
         finally:
             os.close(self.fd)
+            self._close_bell()
             with self._cond:
                 self.eof = True
                 self._cond.notify_all()
@@ -232,10 +245,30 @@ class PipeDrain:
             return nread
 
     def _wait_readable(self) -> None:
+        """Until the emptied pipe has bytes or no writer.  Not with ``poll(2)`` where it can be
+        helped: Linux then wakes the pipe's readers' queue on every later write(2) of the job's,
+        ~10 % of a line-by-line job's own rate for the rest of the run (issue 53,
+        ``tests/perf/poll_cost.py``).  A blocking ``tee(2)`` into the drain's private bell pipe
+        waits on the same queue and takes nothing from the pipe (``_lines.c``); poll where C
+        was not built, the fd is no pipe or the host refuses tee."""
+        if self._bell is not None and self._wait_bytes is not None:
+            try:
+                self._wait_bytes(self.fd, *self._bell)
+                return
+            except OSError:
+                self._close_bell()
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         try:
             self._poll.poll()
         except InterruptedError:
             pass
+
+    def _close_bell(self) -> None:
+        bell, self._bell = self._bell, None
+        for fd in bell or ():
+            os.close(fd)
 
     def catch_up(self, timeout_s: float) -> bool:
         """Wait until everything in the pipe right now is framed (or EOF); then cut a pending partial.

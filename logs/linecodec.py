@@ -6,6 +6,7 @@
     mentions(data, words)                      -> bool
     read_lines(fd, held, max_read, max_line)   -> (text, rest, nread, count)   (C only)
     pending(fd)                                -> bytes waiting in a pipe     (C only)
+    wait_bytes(fd, bell_r, bell_w)             -> 1 once the pipe has bytes   (C only)
     append_records(fd, dir_fd, name, dev, ino, frames, tail) -> (written, total, err)  (C only)
     EchoWriter(fd, max_bytes, max_items, note_head, note_tail)  the echo's thread   (C only)
 
@@ -21,6 +22,9 @@ asks of every 256 KiB frame it matches (CPython's search took 0.2 ms a word ther
 landing behind the held-back bytes (``_lines.c`` says what it returns); it has no Python twin:
 where C was not built it is None and the drain reads with ``os.read`` and frames with
 :meth:`~dflashd.logs.framer.LineFramer.feed`, which makes the same frames.
+``CODEC.wait_bytes`` is the drain's wait on its emptied pipe without ``poll(2)``, which would
+make every later write of the job's dearer (``_lines.c`` says why); None where C was not built
+(the drain then polls).
 ``CODEC.append_records`` is the writer's append of scanned frames (the live file's name
 checked, the records encoded and written) in one such call; where C was not built it is None
 and the writer checks, encodes and writes in three (:meth:`~dflashd.logs.livefile.LiveFile.append`).
@@ -107,6 +111,7 @@ Prefix = Callable[[bytes, int, bytes], bytes]
 Mentions = Callable[[bytes, tuple[bytes, ...]], bool]
 ReadLines = Callable[[int, bytes, int, int], tuple[bytes, bytes | None, int, int]]
 Pending = Callable[[int], int]
+WaitBytes = Callable[[int, int, int], int]
 FrameRecords = tuple[
     bytes, int, bytes, int, bytes
 ]  # text, count, head, seq0, mid: as encode takes them
@@ -147,6 +152,7 @@ class Codec:
     split: Split | None = None  # Python: the scan that keeps the lines (the framer uses it)
     read_lines: ReadLines | None = None  # C: the drain's read and scan in one call
     pending: Pending | None = None  # C: a pipe's fill, asked without giving the GIL away
+    wait_bytes: WaitBytes | None = None  # C: the drain's wait on its pipe, without poll(2)
     append_records: AppendRecords | None = None  # C: the writer's check, encode and write in one
     echo_writer: EchoWriterMaker | None = None  # C: the echo's thread, without the GIL
 
@@ -172,6 +178,7 @@ def _codec(built: ModuleType | None) -> Codec:
         built.mentions,
         read_lines=built.read_lines,
         pending=built.pending,
+        wait_bytes=built.wait_bytes,
         append_records=built.append_records,
         echo_writer=built.EchoWriter,
     )
@@ -188,7 +195,7 @@ def use(implementation: str) -> Codec:
     CODEC.encode, CODEC.split = chosen.encode, chosen.split
     CODEC.prefix, CODEC.mentions = chosen.prefix, chosen.mentions
     CODEC.read_lines, CODEC.append_records = chosen.read_lines, chosen.append_records
-    CODEC.pending = chosen.pending
+    CODEC.pending, CODEC.wait_bytes = chosen.pending, chosen.wait_bytes
     CODEC.echo_writer = chosen.echo_writer
     return previous
 
