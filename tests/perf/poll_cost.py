@@ -76,7 +76,7 @@ def one_run(reader: str, mib: float) -> float:
             if not data:
                 break
             if len(data) < SMALL_READ_BYTES:
-                time.sleep(0.001)
+                time.sleep(0.001)  # the drain's gather: the pace it reads a line flood at
         child.wait()
         return float(os.read(report_r, 64))
     finally:
