@@ -19,7 +19,7 @@ from dflashd.logs.drain import PipeDrain, pending_bytes
 from dflashd.logs.framer import Frame
 from dflashd.logs.linecodec import CODEC
 
-needs_c = pytest.mark.skipif(CODEC.wait_bytes is None, reason="the C loops were not built here")
+needs_c = pytest.mark.skipif(CODEC.wait_bytes is None, reason="the C loops are not in use here")
 
 
 @pytest.fixture
