@@ -21,10 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from dflashd.logs.laterclose import close_later
 from dflashd.logs.linecodec import CODEC, FrameRecords
 from dflashd.logs.resume import numbered_names
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# a file about to be removed, held open so its blocks are freed elsewhere (never blocks: a FIFO)
+_HOLD_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _NEW_FLAGS: Final = (
     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -61,8 +64,17 @@ class LogDir:
         os.rename(src, dst, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
     def unlink(self, name: str) -> None:
-        """Remove ``name``."""
-        os.unlink(name, dir_fd=self.fd)
+        """Remove ``name``; the file is held open across it and closed by the closer thread
+        (:mod:`laterclose`), where its blocks are freed (100 MiB: ~55 ms on ext4), not here."""
+        try:
+            held = os.open(name, _HOLD_FLAGS, dir_fd=self.fd)
+        except OSError:  # a link, a file not ours to read: removed as it is
+            held = -1
+        try:
+            os.unlink(name, dir_fd=self.fd)
+        finally:
+            if held >= 0:
+                close_later(held)
 
     def listdir(self) -> list[str]:
         """The names in the directory."""
