@@ -26,8 +26,9 @@ from dflashd.logs.linecodec import CODEC, FrameRecords
 from dflashd.logs.resume import numbered_names
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# a file about to be removed, held open so its blocks are freed elsewhere (never blocks: a FIFO)
-_HOLD_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+# a file about to be removed, held so its blocks are freed elsewhere: O_PATH opens nothing (a
+# FIFO or a device planted there is only referred to) and needs no read permission
+_HOLD_FLAGS: Final = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _NEW_FLAGS: Final = (
     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
@@ -68,7 +69,7 @@ class LogDir:
         (:mod:`laterclose`), where its blocks are freed (100 MiB: ~55 ms on ext4), not here."""
         try:
             held = os.open(name, _HOLD_FLAGS, dir_fd=self.fd)
-        except OSError:  # a link, a file not ours to read: removed as it is
+        except OSError:  # gone already: the unlink says so
             held = -1
         try:
             os.unlink(name, dir_fd=self.fd)

@@ -23,6 +23,7 @@ from dflashd.logs import (
     read_records,
 )
 from dflashd.logs.laterclose import THREAD_NAME, wait_closed
+from dflashd.logs.logdir import LogDir
 from tests.faults.fsfaults import faulty_writer
 
 
@@ -279,3 +280,19 @@ def test_the_oldest_file_is_removed_without_its_blocks_freed_on_the_writers_thre
     writer.close()
     assert len(log_files(tmp_path)) == 3  # the live file and two backups: the rest removed
     assert closed_on and set(closed_on) == {THREAD_NAME}, closed_on
+
+
+def test_a_fifo_or_a_link_in_the_set_is_removed_without_being_opened(tmp_path: Path) -> None:
+    """What the rotation holds across an unlink is an O_PATH reference: a FIFO planted in the
+    set (an open for reading would wait for a writer) or a link is removed at once."""
+    os.mkfifo(tmp_path / "dflashd.jsonl.3")
+    (tmp_path / "dflashd.jsonl.4").symlink_to("/etc/passwd")
+    logdir = LogDir(tmp_path)
+    try:
+        logdir.unlink("dflashd.jsonl.3")
+        logdir.unlink("dflashd.jsonl.4")
+    finally:
+        logdir.close()
+    assert wait_closed(10)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert Path("/etc/passwd").exists()
