@@ -4,8 +4,8 @@ A removed file's blocks are freed when its last descriptor closes, not when its 
 ext4 took ~55 ms to free a 100 MiB log file already written back (~6 ms for one still in the
 page cache; 2-core box, issue 53).  Rotation removes the oldest file on the writer's thread,
 under its lock, while the job's lines queue up behind it; :meth:`LogDir.unlink
-<dflashd.logs.logdir.LogDir.unlink>` holds the file open across the unlink and hands the
-descriptor here, so only a name goes on the writer's thread.
+<dflashd.logs.logdir.LogDir.unlink>` holds the file (an ``O_PATH`` reference) across the
+unlink and hands the descriptor here, so only a name goes on the writer's thread.
 """
 
 from __future__ import annotations
