@@ -36,7 +36,8 @@ def close_later(fd: int) -> None:
 
 
 def wait_closed(timeout_s: float) -> bool:
-    """Until every descriptor handed over so far is closed (tests, an orderly exit)."""
+    """Until every descriptor handed over so far is closed (tests; an exit needs no wait: the
+    process's end closes what is left)."""
     with _idle:
         return _idle.wait_for(lambda: _pending == 0, timeout_s)
 
