@@ -99,7 +99,9 @@ def test_an_uncaught_exception_in_a_warm_run_reads_as_a_cold_ones(
 def test_a_warm_run_is_stopped_by_its_signals_as_a_cold_one(
     start_daemon: Start, helper: Path, home: Path
 ) -> None:
-    daemon = _warm(start_daemon, helper, child("warm_job.py", "wait"))
+    # run 1 takes 200 steps (10 s): run 2, read as it redoes them, is not back past them
+    # however slowly status answers on a loaded machine (20 steps: it was, 55 in, once)
+    daemon = _warm(start_daemon, helper, child("warm_job.py", "wait"), RUN1_STEPS="200")
     daemon.wait_for(
         lambda r: isinstance(r, LineRecord) and r.run == 2 and r.line.startswith("step 3 "), 180
     )

@@ -34,10 +34,11 @@ print(
 mode = sys.argv[1]
 if run == 1:
     manifest = os.path.join(os.environ["DFLASHD_HOME"], ".standby-run-2.json")
+    least = int(os.environ.get("RUN1_STEPS", "20"))  # run 1's steps at least (run 2 redoes them)
     for step in range(1, 100000):
         print(f"step {step} loss {2.0 - step * 0.001:.4f}", flush=True)
         time.sleep(0.05)
-        if os.path.exists(manifest) and step > 20 and not os.environ.get("HOLD"):
+        if os.path.exists(manifest) and step > least and not os.environ.get("HOLD"):
             break
     if os.environ.get("TOUCH"):
         with open(os.environ["TOUCH"], "a") as fh:
